@@ -78,7 +78,7 @@ def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: 
     num_args = len(node._get_node("_args_")) if "_args_" in node else 0
     provided = set(given) | set(injected)
     positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    for index, param in enumerate(params.values()):
+    for param in params.values():
         if param.default is not param.empty or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         if param in positional and positional.index(param) < num_args:
