@@ -68,6 +68,9 @@ def get_dotted_path(obj: Any) -> str:
     """
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
+    owner = getattr(obj, "__self__", None)
+    if module is None and isinstance(owner, type):  # classmethods of builtin types have no __module__
+        module = owner.__module__
     if not callable(obj) or module is None or qualname is None:
         raise ConfigError(
             f"LazyCall target must be an importable class or function; got {obj!r} of type "

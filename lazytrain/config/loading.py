@@ -14,8 +14,9 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from lazytrain.config.lazy import to_config_value
 from lazytrain.errors import ConfigError
 
 __all__ = ["execute_config_file", "public_values"]
@@ -39,7 +40,12 @@ def _relative_import(name: str, importer_file: str, level: int) -> types.ModuleT
             f"{importer_file}: 'from {'.' * level}{name} import ...' refers to config file {target}, "
             "which does not exist. Relative imports in config files resolve by file location."
         )
-    return execute_config_file(target)
+    module = execute_config_file(target)
+    # Imported dicts become DictConfigs so the importer can write `train.max_iter = 20`, as in detectron2.
+    for name, value in public_values(module).items():
+        if isinstance(value, (Mapping, Sequence)) and not isinstance(value, (str, DictConfig, ListConfig)):
+            setattr(module, name, OmegaConf.create(to_config_value(value, name=name)))
+    return module
 
 
 def _make_import(importer_file: str):

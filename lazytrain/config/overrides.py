@@ -111,13 +111,13 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
             ``+``, overriding inside a non-config value, or a sweep (use ``-m``).
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
+    from hydra.errors import HydraException
 
     parser = OverridesParser.create()
     for line in overrides:
         try:
             override = parser.parse_override(line)
-        except OverrideParseException as e:
+        except HydraException as e:
             raise ConfigError(f"cannot parse override '{line}': {e}") from None
         key = override.key_or_group
         if override.is_sweep_override():

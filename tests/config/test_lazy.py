@@ -1,0 +1,70 @@
+import pickle
+import subprocess
+import sys
+
+import pytest
+from omegaconf import DictConfig
+
+from lazytrain.config import ConfigError, L, LazyCall, instantiate, locate
+from tests.config import helpers
+
+
+def test_lazycall_stores_dotted_target_and_args():
+    node = L(helpers.add)(1, b=2, scale=3)
+    assert isinstance(node, DictConfig)
+    assert node._target_ == "tests.config.helpers.add"
+    assert list(node._args_) == [1]
+    assert node.b == 2 and node.scale == 3
+    assert instantiate(node) == 9
+
+
+def test_lazycall_node_pickles_as_plain_data():
+    node = L(helpers.Loader)(dataset=L(helpers.make_dataset)(size=4), sampler=None)
+    again = pickle.loads(pickle.dumps(node))
+    assert again == node
+    assert instantiate(again).dataset == [0, 1, 2, 3]
+
+
+def test_classmethod_target_round_trips():
+    node = L(dict.fromkeys)(["a", "b"], 0)
+    assert node._target_ == "builtins.dict.fromkeys"
+    assert instantiate(node) == {"a": 0, "b": 0}
+    node = L(helpers.Registry.from_size)(size=3)
+    assert node._target_ == "tests.config.helpers.Registry.from_size"
+    assert instantiate(node).size == 3
+
+
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        pytest.param(lambda x: x, "lambda or local function", id="lambda"),
+        pytest.param(helpers.make_adder(1), "lambda or local function", id="local-function"),
+        pytest.param(3, "importable class or function", id="not-callable"),
+    ],
+)
+def test_lazycall_rejects_non_importable_targets(target, message):
+    with pytest.raises(ConfigError, match=message):
+        LazyCall(target)
+
+
+def test_lazycall_converts_dataclass_and_classes_passed_as_values():
+    node = L(helpers.record)(point=helpers.Point(1, 2), factory=helpers.Point)
+    assert node.point._target_ == "tests.config.helpers.Point"
+    built = instantiate(node)
+    assert built["point"] == helpers.Point(1, 2)
+    assert built["factory"] is helpers.Point
+
+
+def test_lazycall_rejects_unrepresentable_value_naming_argument():
+    with pytest.raises(ConfigError, match="weights: a config cannot hold"):
+        L(helpers.record)(weights=object())
+
+
+def test_locate_names_missing_attribute():
+    with pytest.raises(ImportError, match="'tests.config.helpers' has no attribute 'nope'"):
+        locate("tests.config.helpers.nope")
+
+
+def test_import_config_does_not_import_torch():
+    code = "import sys, lazytrain.config; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

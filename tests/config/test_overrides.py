@@ -1,0 +1,123 @@
+import pytest
+from omegaconf import OmegaConf
+
+from lazytrain.config import ConfigError, L, LazyConfig, instantiate
+from tests.config import helpers
+
+
+@pytest.fixture
+def cfg():
+    return OmegaConf.create(
+        {
+            "dataloader": {
+                "train": L(helpers.Loader)(
+                    dataset=L(helpers.make_dataset)(size=5),
+                    sampler=L(helpers.Sampler)(dataset_dicts="${..dataset}", repeat_thresh=0.001),
+                )
+            },
+            "train": {
+                "max_iter": 100,
+                "lr": 0.1,
+                "amp": False,
+                "name": "run",
+                "steps": [1, 2],
+                "opts": {"a": 1, "b": 2},
+            },
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "override, key, expected",
+    [
+        pytest.param("train.max_iter=7", "train.max_iter", 7, id="int"),
+        pytest.param("train.lr=1e-3", "train.lr", 1e-3, id="float"),
+        pytest.param("train.amp=true", "train.amp", True, id="bool"),
+        pytest.param("train.name=null", "train.name", None, id="null"),
+        pytest.param("train.name='10'", "train.name", "10", id="quoted-string"),
+        pytest.param("train.steps=[3,4,5]", "train.steps", [3, 4, 5], id="list"),
+        pytest.param(
+            "dataloader.train.sampler.repeat_thresh=0.01",
+            "dataloader.train.sampler.repeat_thresh",
+            0.01,
+            id="nested",
+        ),
+        pytest.param("+train.new_key=1", "train.new_key", 1, id="add"),
+        pytest.param("+extra.deep.key=abc", "extra.deep.key", "abc", id="add-creates-parents"),
+        pytest.param("++train.max_iter=9", "train.max_iter", 9, id="force-add-existing"),
+        pytest.param("++train.other=9", "train.other", 9, id="force-add-new"),
+    ],
+)
+def test_override_values_and_types(cfg, override, key, expected):
+    LazyConfig.apply_overrides(cfg, [override])
+    value = OmegaConf.select(cfg, key)
+    value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_dict_override_merges(cfg):
+    LazyConfig.apply_overrides(cfg, ["train.opts={b:3,c:4}"])
+    assert OmegaConf.to_container(cfg.train.opts) == {"a": 1, "b": 3, "c": 4}
+
+
+def test_interpolation_override(cfg):
+    LazyConfig.apply_overrides(cfg, ["train.lr=${train.max_iter}"])
+    assert cfg.train.lr == 100
+    LazyConfig.apply_overrides(cfg, ["train.max_iter=5"])
+    assert cfg.train.lr == 5
+
+
+def test_delete(cfg):
+    LazyConfig.apply_overrides(cfg, ["~train.amp", "~train.opts.a"])
+    assert "amp" not in cfg.train and "a" not in cfg.train.opts
+
+
+def test_delete_with_value_must_match(cfg):
+    with pytest.raises(ConfigError, match="nothing deleted"):
+        LazyConfig.apply_overrides(cfg, ["~train.max_iter=3"])
+    LazyConfig.apply_overrides(cfg, ["~train.max_iter=100"])
+    assert "max_iter" not in cfg.train
+
+
+def test_override_changes_what_instantiate_builds(cfg):
+    LazyConfig.apply_overrides(
+        cfg, ["dataloader.train.dataset.size=2", "dataloader.train.sampler.repeat_thresh=0.5"]
+    )
+    loader = instantiate(cfg.dataloader.train)
+    assert loader.dataset == [0, 1]
+    assert loader.sampler.repeat_thresh == 0.5
+
+
+def test_unknown_key_names_key_and_suggests(cfg):
+    with pytest.raises(ConfigError) as info:
+        LazyConfig.apply_overrides(cfg, ["dataloader.train.sampler.repeat_tresh=0.1"])
+    message = str(info.value)
+    assert "'dataloader.train.sampler.repeat_tresh' is not in the config" in message
+    assert "Did you mean: dataloader.train.sampler.repeat_thresh" in message
+
+
+def test_unknown_top_level_key_suggests_by_leaf_name(cfg):
+    with pytest.raises(ConfigError, match=r"Did you mean: train\.max_iter"):
+        LazyConfig.apply_overrides(cfg, ["max_iter=3"])
+
+
+def test_add_existing_key_is_error(cfg):
+    with pytest.raises(ConfigError, match=r"'train\.lr' already exists"):
+        LazyConfig.apply_overrides(cfg, ["+train.lr=1"])
+
+
+def test_override_inside_non_config_value_is_error(cfg):
+    with pytest.raises(ConfigError, match=r"'train\.max_iter' holds a int value, not a config node"):
+        LazyConfig.apply_overrides(cfg, ["train.max_iter.x=1"])
+
+
+@pytest.mark.parametrize("sweep", ["train.lr=0.1,0.2", "train.max_iter=range(1,3)", "train.lr=choice(1,2)"])
+def test_sweep_syntax_asks_for_multirun(cfg, sweep):
+    with pytest.raises(ConfigError, match="-m/--multirun"):
+        LazyConfig.apply_overrides(cfg, [sweep])
+
+
+def test_unparsable_override(cfg):
+    with pytest.raises(ConfigError, match="cannot parse override"):
+        LazyConfig.apply_overrides(cfg, ["train.lr"])
