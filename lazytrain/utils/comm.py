@@ -1,0 +1,144 @@
+"""Process-group helpers: rank, world size, barriers, gathering and reducing across processes.
+
+Every function works with and without an initialised `torch.distributed` process group (a single process
+behaves as rank 0 of a world of size 1), so library code can call them unconditionally.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "all_gather",
+    "create_local_process_group",
+    "gather",
+    "get_local_process_group",
+    "get_local_rank",
+    "get_local_size",
+    "get_rank",
+    "get_world_size",
+    "is_main_process",
+    "reduce_dict",
+    "shared_random_seed",
+    "synchronize",
+]
+
+_LOCAL_PROCESS_GROUP = None
+
+
+def is_initialized() -> bool:
+    """Whether a torch.distributed process group is up."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_world_size() -> int:
+    """Number of processes in the job (1 without a process group)."""
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def get_rank() -> int:
+    """Global rank of this process (0 without a process group)."""
+    return dist.get_rank() if is_initialized() else 0
+
+
+def create_local_process_group(num_workers_per_machine: int) -> None:
+    """Create the group of processes on this machine; every rank must call it (collective)."""
+    global _LOCAL_PROCESS_GROUP
+    world_size = get_world_size()
+    if world_size % num_workers_per_machine != 0:
+        raise ValueError(
+            f"create_local_process_group(num_workers_per_machine={num_workers_per_machine}): world size "
+            f"{world_size} is not a multiple of it."
+        )
+    machine = get_rank() // num_workers_per_machine
+    for index in range(world_size // num_workers_per_machine):
+        ranks = list(range(index * num_workers_per_machine, (index + 1) * num_workers_per_machine))
+        group = dist.new_group(ranks)
+        if index == machine:
+            _LOCAL_PROCESS_GROUP = group
+
+
+def get_local_process_group():
+    """The group of processes on this machine (None when not created)."""
+    return _LOCAL_PROCESS_GROUP
+
+
+def get_local_rank() -> int:
+    """Rank of this process within its machine."""
+    if _LOCAL_PROCESS_GROUP is not None:
+        return dist.get_rank(group=_LOCAL_PROCESS_GROUP)
+    return int(os.environ.get("LOCAL_RANK", get_rank()))
+
+
+def get_local_size() -> int:
+    """Number of processes on this machine."""
+    if _LOCAL_PROCESS_GROUP is not None:
+        return dist.get_world_size(group=_LOCAL_PROCESS_GROUP)
+    return int(os.environ.get("LOCAL_WORLD_SIZE", get_world_size()))
+
+
+def is_main_process() -> bool:
+    """Whether this is global rank 0 (the process that writes files and logs to the console)."""
+    return get_rank() == 0
+
+
+def synchronize() -> None:
+    """Barrier across all processes; a no-op for a single process."""
+    if get_world_size() == 1:
+        return
+    if dist.get_backend() == dist.Backend.NCCL and torch.cuda.is_available():
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
+@functools.lru_cache
+def _gloo_group():
+    # Python objects are gathered over gloo (CPU) even when training uses NCCL.
+    return dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else dist.group.WORLD
+
+
+def all_gather(data: Any, group=None) -> list[Any]:
+    """Gather a picklable object from every rank; every rank gets the list in rank order."""
+    if get_world_size() == 1:
+        return [data]
+    group = group or _gloo_group()
+    output: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(output, data, group=group)
+    return output
+
+
+def gather(data: Any, dst: int = 0, group=None) -> list[Any]:
+    """Gather a picklable object on rank `dst` (the list in rank order); other ranks get ``[]``."""
+    if get_world_size() == 1:
+        return [data]
+    group = group or _gloo_group()
+    output = [None] * dist.get_world_size(group) if get_rank() == dst else None
+    dist.gather_object(data, output, dst=dst, group=group)
+    return output if get_rank() == dst else []
+
+
+def shared_random_seed() -> int:
+    """A random seed drawn on rank 0 and shared by all ranks."""
+    seed = int(np.random.randint(2**31))
+    return all_gather(seed)[0]
+
+
+def reduce_dict(values: dict[str, torch.Tensor], average: bool = True) -> dict[str, torch.Tensor]:
+    """Sum (or average) a dict of scalar tensors over all ranks; the result is valid on rank 0."""
+    world_size = get_world_size()
+    if world_size == 1:
+        return values
+    with torch.no_grad():
+        names = sorted(values)
+        stacked = torch.stack([values[name].detach().float() for name in names])
+        dist.reduce(stacked, dst=0)
+        if get_rank() == 0 and average:
+            stacked /= world_size
+    return dict(zip(names, stacked))
