@@ -7,6 +7,7 @@ overrides and pickle to spawned processes. Importing this package does not impor
 from lazytrain.config.instantiate import InstantiationError, instantiate
 from lazytrain.config.lazy import L, LazyCall, locate
 from lazytrain.config.lazy_config import LazyConfig
+from lazytrain.config.resolvers import register_resolvers
 from lazytrain.config.validation import find_problems, validate
 from lazytrain.errors import ConfigError
 
@@ -19,5 +20,6 @@ __all__ = [
     "find_problems",
     "instantiate",
     "locate",
+    "register_resolvers",
     "validate",
 ]

@@ -92,7 +92,9 @@ class EventStorage:
         assert _STORAGE_STACK[-1] is self
         _STORAGE_STACK.pop()
 
-    def put_scalar(self, name: str, value: float, smoothing_hint: bool = True, *, cur_iter: int | None = None) -> None:
+    def put_scalar(
+        self, name: str, value: float, smoothing_hint: bool = True, *, cur_iter: int | None = None
+    ) -> None:
         """Record a scalar at the current (or given) iteration; `smoothing_hint` asks writers for a median."""
         name = self._prefix + name
         value = float(value.detach().item() if isinstance(value, torch.Tensor) else value)
@@ -101,7 +103,9 @@ class EventStorage:
         self._latest[name] = (value, iteration)
         self._smoothing_hints.setdefault(name, smoothing_hint)
 
-    def put_scalars(self, *, smoothing_hint: bool = True, cur_iter: int | None = None, **values: float) -> None:
+    def put_scalars(
+        self, *, smoothing_hint: bool = True, cur_iter: int | None = None, **values: float
+    ) -> None:
         for name, value in values.items():
             self.put_scalar(name, value, smoothing_hint, cur_iter=cur_iter)
 
@@ -115,9 +119,17 @@ class EventStorage:
         counts = torch.histc(values, bins=bins)
         edges = torch.linspace(values.min().item(), values.max().item(), bins + 1)
         self.histograms.append(
-            {"tag": self._prefix + name, "min": values.min().item(), "max": values.max().item(),
-             "num": values.numel(), "sum": values.sum().item(), "sum_squares": (values**2).sum().item(),
-             "bucket_limits": edges[1:].tolist(), "bucket_counts": counts.tolist(), "global_step": self.iter}
+            {
+                "tag": self._prefix + name,
+                "min": values.min().item(),
+                "max": values.max().item(),
+                "num": values.numel(),
+                "sum": values.sum().item(),
+                "sum_squares": (values**2).sum().item(),
+                "bucket_limits": edges[1:].tolist(),
+                "bucket_counts": counts.tolist(),
+                "global_step": self.iter,
+            }
         )
 
     def history(self, name: str) -> HistoryBuffer:
@@ -190,7 +202,9 @@ class JSONWriter(EventWriter):
             if iteration > self._last_written:
                 by_iter[iteration][name] = value
         for iteration in sorted(by_iter):
-            self._file.write(json.dumps({"iteration": iteration, **by_iter[iteration]}, sort_keys=True) + "\n")
+            self._file.write(
+                json.dumps({"iteration": iteration, **by_iter[iteration]}, sort_keys=True) + "\n"
+            )
         self._file.flush()
         try:
             os.fsync(self._file.fileno())
@@ -210,6 +224,7 @@ class CommonMetricPrinter(EventWriter):
         self._max_iter = max_iter
         self._window = window_size
         self._last: tuple[int, float] | None = None
+        self._last_printed = -1
 
     def _eta(self, storage: EventStorage) -> str:
         iteration = storage.iter
@@ -227,8 +242,9 @@ class CommonMetricPrinter(EventWriter):
     def write(self) -> None:
         storage = get_event_storage()
         iteration = storage.iter
-        if iteration >= self._max_iter:
+        if iteration >= self._max_iter or iteration == self._last_printed:
             return  # after training only eval results remain; the eval hook logs them
+        self._last_printed = iteration
         histories = storage.histories()
         losses = "  ".join(
             f"{name}: {buffer.median(self._window):.4g}"
@@ -258,7 +274,9 @@ class TensorboardWriter(EventWriter):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            logger.warning("TensorboardWriter: tensorboard is not installed; install lazytrain[tensorboard]. Skipped.")
+            logger.warning(
+                "TensorboardWriter: tensorboard is not installed; install lazytrain[tensorboard]. Skipped."
+            )
             self._writer = None
             return
         self._writer = SummaryWriter(log_dir)

@@ -1,0 +1,207 @@
+"""`Checkpointer`: save and load model + checkpointables, atomically, with safe (weights-only) loading.
+
+Files: ``<save_dir>/<name>.pth`` and ``<save_dir>/last_checkpoint`` (the basename of the newest one).
+A write goes to a temporary file in the same directory, is fsynced and renamed into place; only then is
+``last_checkpoint`` replaced the same way, so a process killed at any moment leaves a loadable newest
+checkpoint. Loading uses ``torch.load(weights_only=True)``; a file that needs arbitrary unpickling is
+refused unless ``allow_unsafe=True`` (for files you trust).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from iopath.common.file_io import PathManager as _PathManagerClass
+from torch.nn.parallel import DistributedDataParallel
+
+from lazytrain.utils import comm
+
+__all__ = ["Checkpointer", "LoadReport", "PathManager", "load_model_state"]
+
+logger = logging.getLogger(__name__)
+PathManager = _PathManagerClass()
+
+
+@dataclass
+class LoadReport:
+    """What a non-strict model load did not match."""
+
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    shape_mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = []
+        if self.shape_mismatched:
+            lines.append("skipped (shape mismatch, checkpoint vs model):")
+            lines += [f"  {k}: {tuple(a)} vs {tuple(b)}" for k, a, b in self.shape_mismatched]
+        if self.missing:
+            lines.append(f"missing in checkpoint ({len(self.missing)}): " + ", ".join(self.missing))
+        if self.unexpected:
+            lines.append(f"unexpected in checkpoint ({len(self.unexpected)}): " + ", ".join(self.unexpected))
+        return "\n".join(lines) or "all keys matched"
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> LoadReport:
+    """Load `state` into `model` non-strictly: ``module.`` prefixes removed, shape mismatches skipped.
+
+    Returns:
+        A `LoadReport` of missing, unexpected and shape-mismatched keys (also logged).
+    """
+    model = _unwrap(model)
+    if state and all(k.startswith("module.") for k in state):
+        state = {k[len("module.") :]: v for k, v in state.items()}
+    own = model.state_dict()
+    report = LoadReport()
+    filtered = {}
+    for key, value in state.items():
+        if key in own and isinstance(value, torch.Tensor) and own[key].shape != value.shape:
+            report.shape_mismatched.append((key, tuple(value.shape), tuple(own[key].shape)))
+        else:
+            filtered[key] = value
+    result = model.load_state_dict(filtered, strict=False)
+    mismatched = {k for k, _, _ in report.shape_mismatched}
+    report.missing = [k for k in result.missing_keys if k not in mismatched]
+    report.unexpected = list(result.unexpected_keys)
+    if report.missing or report.unexpected or report.shape_mismatched:
+        logger.warning("model weights loaded non-strictly:\n%s", report)
+    return report
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, write) -> None:
+    """Call ``write(file)`` on a temporary file next to `path`, fsync it, then rename it to `path`."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+class Checkpointer:
+    """Save/load a model and other objects with ``state_dict``/``load_state_dict``.
+
+    Args:
+        model: the model (DDP-wrapped or not; the saved keys never carry ``module.``).
+        save_dir: directory of checkpoints and ``last_checkpoint`` ("" disables saving).
+        allow_unsafe: allow loading files that need arbitrary unpickling (only for files you trust).
+        **checkpointables: e.g. ``optimizer=..., trainer=...``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        save_dir: str = "",
+        *,
+        allow_unsafe: bool = False,
+        **checkpointables: Any,
+    ) -> None:
+        self.model = model
+        self.save_dir = save_dir
+        self.allow_unsafe = allow_unsafe
+        self.checkpointables = checkpointables
+
+    def save(self, name: str, **extra: Any) -> str | None:
+        """Write ``<save_dir>/<name>.pth`` (all ranks must call: trainer state is gathered; rank 0 writes)."""
+        data = {"model": _unwrap(self.model).state_dict()}
+        data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
+        data.update(extra)
+        if not self.save_dir or not comm.is_main_process():
+            return None
+        path = os.path.join(self.save_dir, f"{name}.pth")
+        try:
+            os.makedirs(self.save_dir, exist_ok=True)
+            atomic_write(path, lambda f: torch.save(data, f))
+            atomic_write(
+                os.path.join(self.save_dir, "last_checkpoint"), lambda f: f.write(f"{name}.pth".encode())
+            )
+        except OSError as e:
+            raise OSError(
+                f"Checkpointer: could not write checkpoint {path}: {e}. Previous checkpoints are intact; free "
+                "disk space or point train.output_dir to a writable directory."
+            ) from e
+        logger.info("Saved checkpoint to %s", path)
+        return path
+
+    def has_checkpoint(self) -> bool:
+        return bool(self.save_dir) and os.path.exists(os.path.join(self.save_dir, "last_checkpoint"))
+
+    def get_checkpoint_file(self) -> str:
+        """Path of the newest complete checkpoint ("" when there is none)."""
+        try:
+            with open(os.path.join(self.save_dir, "last_checkpoint")) as f:
+                return os.path.join(self.save_dir, f.read().strip())
+        except OSError:
+            return ""
+
+    def get_all_checkpoint_files(self) -> list[str]:
+        if not os.path.isdir(self.save_dir):
+            return []
+        return sorted(os.path.join(self.save_dir, f) for f in os.listdir(self.save_dir) if f.endswith(".pth"))
+
+    def read(self, path: str) -> dict:
+        """Read a checkpoint file safely (weights only unless `allow_unsafe`)."""
+        local = PathManager.get_local_path(path)
+        if not os.path.isfile(local):
+            raise FileNotFoundError(
+                f"Checkpointer: checkpoint not found: {path}. Check train.init_checkpoint / train.output_dir."
+            )
+        try:
+            return torch.load(local, map_location="cpu", weights_only=not self.allow_unsafe)
+        except pickle.UnpicklingError as e:
+            raise ValueError(
+                f"Checkpointer: refused to load {path}: it needs arbitrary unpickling, which can run code "
+                f"({str(e).splitlines()[0]}). Only if you trust this file, load it with allow_unsafe=True "
+                "(train.allow_unsafe_checkpoint=true)."
+            ) from None
+
+    def load(self, path: str, checkpointables: list[str] | None = None) -> dict:
+        """Load model weights and the named checkpointables (all when None); return the remaining items."""
+        logger.info("Loading checkpoint from %s", path)
+        data = self.read(path)
+        if "model" not in data:  # a bare state dict (e.g. torchvision weights)
+            data = {"model": data}
+        self.last_report = load_model_state(self.model, data.pop("model"))
+        names = self.checkpointables if checkpointables is None else checkpointables
+        for key in names:
+            if key in data:
+                self.checkpointables[key].load_state_dict(data.pop(key))
+        return data
+
+    def resume_or_load(self, path: str, *, resume: bool = True) -> dict:
+        """Resume from ``last_checkpoint`` (everything) when `resume` and one exists; else load only the
+        model weights from `path` (if given)."""
+        if resume and self.has_checkpoint():
+            return self.load(self.get_checkpoint_file())
+        if not path:
+            return {}
+        return self.load(path, checkpointables=[])

@@ -1,0 +1,381 @@
+"""The standard hooks. Each is configured with plain values (so hook configs stay saveable and overridable)
+and reaches the objects the program built through its trainer: ``self.trainer.model``, ``.optimizer``,
+``.checkpointer``, ``.test_function``, ``.storage``.
+
+Recipes list them as a named mapping in run order (``train.hooks.timer``, ``train.hooks.lr_scheduler``, ...),
+so ``~train.hooks.eval`` removes one and ``train.hooks.checkpointer.period=1000`` tunes one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from lazytrain.engine.train_loop import HookBase
+from lazytrain.utils import comm
+from lazytrain.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardWriter
+
+__all__ = [
+    "BestCheckpointer",
+    "CallbackHook",
+    "EvalHook",
+    "IterationTimer",
+    "LRScheduler",
+    "PeriodicCheckpointer",
+    "PeriodicWriter",
+    "TorchMemoryStats",
+    "TorchProfiler",
+    "flatten_results",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def _is_period_end(trainer, period: int) -> bool:
+    return period > 0 and (trainer.iter + 1) % period == 0
+
+
+class CallbackHook(HookBase):
+    """Run plain functions ``fn(trainer)`` at chosen moments."""
+
+    def __init__(
+        self,
+        *,
+        before_train: Callable | None = None,
+        after_train: Callable | None = None,
+        before_step: Callable | None = None,
+        after_step: Callable | None = None,
+    ) -> None:
+        self._callbacks = {
+            "before_train": before_train,
+            "after_train": after_train,
+            "before_step": before_step,
+            "after_step": after_step,
+        }
+
+    def _run(self, moment: str) -> None:
+        if self._callbacks[moment] is not None:
+            self._callbacks[moment](self.trainer)
+
+    def before_train(self) -> None:
+        self._run("before_train")
+
+    def after_train(self) -> None:
+        self._run("after_train")
+
+    def before_step(self) -> None:
+        self._run("before_step")
+
+    def after_step(self) -> None:
+        self._run("after_step")
+
+
+class IterationTimer(HookBase):
+    """Put the step time as ``time`` and log the total training time at the end."""
+
+    def __init__(self, warmup_iter: int = 3) -> None:
+        self._warmup = warmup_iter
+        self._step_start = 0.0
+        self._train_start = 0.0
+        self._steps = 0
+        self._measured = 0.0
+
+    def before_train(self) -> None:
+        self._train_start = time.perf_counter()
+
+    def before_step(self) -> None:
+        self._step_start = time.perf_counter()
+
+    def after_step(self) -> None:
+        seconds = time.perf_counter() - self._step_start
+        self._steps += 1
+        if self._steps > self._warmup:
+            self._measured += seconds
+        self.trainer.storage.put_scalar("time", seconds)
+
+    def after_train(self) -> None:
+        total = time.perf_counter() - self._train_start
+        counted = self._steps - self._warmup
+        if counted > 0:
+            logger.info(
+                "Overall training speed: %d iterations in %s (%.4f s / it)",
+                counted,
+                datetime.timedelta(seconds=int(self._measured)),
+                self._measured / counted,
+            )
+        logger.info("Total training time: %s", datetime.timedelta(seconds=int(total)))
+
+
+class LRScheduler(HookBase):
+    """Set every param group's LR to ``initial_lr * multiplier(iteration)`` before each step.
+
+    Args:
+        multiplier: a callable ``iteration -> factor`` (see `lazytrain.engine.lr_schedule`); in configs,
+            ``multiplier="${lr_multiplier}"``.
+    """
+
+    def __init__(self, multiplier: Callable[[int], float]) -> None:
+        self.multiplier = multiplier
+
+    def before_train(self) -> None:
+        for group in self.trainer.optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+
+    def before_step(self) -> None:
+        factor = self.multiplier(self.trainer.iter)
+        groups = self.trainer.optimizer.param_groups
+        for group in groups:
+            group["lr"] = group["initial_lr"] * factor
+        self.trainer.storage.put_scalar("lr", groups[0]["lr"], smoothing_hint=False)
+
+
+class PeriodicCheckpointer(HookBase):
+    """Save ``model_{iter:07d}.pth`` every `period` iterations, keep the last `max_to_keep`, and save
+    ``model_final.pth`` after the last iteration."""
+
+    def __init__(self, period: int, max_to_keep: int | None = None, file_prefix: str = "model") -> None:
+        if period <= 0:
+            raise ValueError(f"PeriodicCheckpointer(period=) must be > 0; got {period}")
+        self.period = period
+        self.max_to_keep = max_to_keep
+        self.file_prefix = file_prefix
+        self._saved: list[str] = []
+
+    def after_step(self) -> None:
+        trainer = self.trainer
+        if trainer.checkpointer is None:
+            return
+        if _is_period_end(trainer, self.period) and trainer.iter + 1 < trainer.max_iter:
+            path = trainer.checkpointer.save(f"{self.file_prefix}_{trainer.iter:07d}", iteration=trainer.iter)
+            self._remove_old(path)
+        if trainer.iter + 1 >= trainer.max_iter:
+            trainer.checkpointer.save(f"{self.file_prefix}_final", iteration=trainer.iter)
+
+    def _remove_old(self, path: str | None) -> None:
+        if path is None or self.max_to_keep is None:
+            return
+        self._saved.append(path)
+        while len(self._saved) > self.max_to_keep:
+            old = self._saved.pop(0)
+            if os.path.exists(old):
+                os.remove(old)
+
+    def state_dict(self) -> dict:
+        return {"saved": list(self._saved)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._saved = list(state.get("saved", []))
+
+
+def flatten_results(results: Mapping, prefix: str = "") -> dict[str, float]:
+    """``{"bbox": {"AP": 1.0}}`` -> ``{"bbox/AP": 1.0}``; values must be numbers."""
+    flat: dict[str, float] = {}
+    for key, value in results.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_results(value, f"{name}/"))
+        else:
+            try:
+                flat[name] = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"EvalHook: evaluation result '{name}' must be a number; got {value!r}"
+                ) from None
+    return flat
+
+
+class EvalHook(HookBase):
+    """Evaluate every `eval_period` iterations and after training; results go to storage as ``task/metric``.
+
+    Args:
+        eval_period: 0 evaluates only after training.
+        eval_function: ``() -> dict`` of results; default ``trainer.test_function`` set by the program.
+        eval_after_train: also evaluate at the end.
+    """
+
+    def __init__(
+        self,
+        eval_period: int,
+        eval_function: Callable[[], Mapping] | None = None,
+        eval_after_train: bool = True,
+    ) -> None:
+        self.eval_period = eval_period
+        self.eval_function = eval_function
+        self.eval_after_train = eval_after_train
+        self._last_eval_iter = -1
+
+    def _evaluate(self) -> None:
+        function = self.eval_function or self.trainer.test_function
+        if function is None:
+            raise ValueError("EvalHook: no eval_function given and trainer.test_function is not set.")
+        results = function() or {}
+        flat = flatten_results(results)
+        if flat:
+            self.trainer.storage.put_scalars(**flat, smoothing_hint=False, cur_iter=self.trainer.iter)
+        self.trainer.last_eval_results = results
+        self._last_eval_iter = self.trainer.iter
+        comm.synchronize()
+
+    def after_step(self) -> None:
+        is_last = self.trainer.iter + 1 >= self.trainer.max_iter
+        if _is_period_end(self.trainer, self.eval_period) and not (is_last and self.eval_after_train):
+            self._evaluate()
+
+    def after_train(self) -> None:
+        # Evaluate at the end of a completed run only (not after an exception).
+        if self.eval_after_train and self.trainer.iter >= self.trainer.max_iter:
+            self._evaluate()  # recorded at iteration max_iter, after the last training metrics
+
+
+class BestCheckpointer(HookBase):
+    """Save ``model_best.pth`` when `val_metric` (e.g. ``segm/AP``) improves; NaN is never best.
+
+    Place it after the `EvalHook` in ``train.hooks`` with the same period.
+    """
+
+    def __init__(
+        self, eval_period: int, val_metric: str, mode: str = "max", file_prefix: str = "model_best"
+    ) -> None:
+        if mode not in ("max", "min"):
+            raise ValueError(f"BestCheckpointer(mode=) must be 'max' or 'min'; got {mode!r}")
+        self.eval_period = eval_period
+        self.val_metric = val_metric
+        self.mode = mode
+        self.file_prefix = file_prefix
+        self.best_value: float | None = None
+        self.best_iter: int | None = None
+
+    def _improves(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        if self.best_value is None:
+            return True
+        return value > self.best_value if self.mode == "max" else value < self.best_value
+
+    def _check(self) -> None:
+        latest = self.trainer.storage.latest()
+        if self.val_metric not in latest:
+            logger.warning(
+                "BestCheckpointer: metric '%s' not found; recorded: %s", self.val_metric, sorted(latest)
+            )
+            return
+        value, iteration = latest[self.val_metric]
+        if iteration != self.trainer.iter or not self._improves(value):
+            return
+        self.best_value, self.best_iter = value, iteration
+        if self.trainer.checkpointer is not None:
+            self.trainer.checkpointer.save(self.file_prefix, iteration=iteration)
+        logger.info("New best %s = %.4f at iteration %d", self.val_metric, value, iteration)
+
+    def after_step(self) -> None:
+        if _is_period_end(self.trainer, self.eval_period):
+            self._check()
+
+    def after_train(self) -> None:
+        if self.trainer.iter >= self.trainer.max_iter:
+            self._check()
+
+    def state_dict(self) -> dict:
+        return {"best_value": self.best_value, "best_iter": self.best_iter}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best_value, self.best_iter = state.get("best_value"), state.get("best_iter")
+
+
+class PeriodicWriter(HookBase):
+    """Run the writers every `period` iterations and at the end (main process only).
+
+    Args:
+        output_dir: where ``metrics.json`` and TensorBoard events go (``${train.output_dir}``).
+        period: write every this many iterations.
+        writers: explicit writers; default: console line, ``metrics.json`` and TensorBoard (if installed).
+        tensorboard: include the TensorBoard writer in the defaults.
+    """
+
+    def __init__(
+        self,
+        output_dir: str = "",
+        period: int = 20,
+        writers: Sequence[EventWriter] | None = None,
+        tensorboard: bool = True,
+    ) -> None:
+        self.output_dir = output_dir
+        self.period = period
+        self.writers = list(writers) if writers is not None else None
+        self.tensorboard = tensorboard
+
+    def before_train(self) -> None:
+        if self.writers is None:
+            self.writers = []
+            if comm.is_main_process():
+                self.writers.append(CommonMetricPrinter(self.trainer.max_iter))
+                if self.output_dir:
+                    self.writers.append(JSONWriter(os.path.join(self.output_dir, "metrics.json")))
+                    if self.tensorboard:
+                        self.writers.append(TensorboardWriter(self.output_dir))
+
+    def after_step(self) -> None:
+        if _is_period_end(self.trainer, self.period) or self.trainer.iter + 1 >= self.trainer.max_iter:
+            for writer in self.writers:
+                writer.write()
+
+    def after_train(self) -> None:
+        for writer in self.writers or []:
+            writer.write()
+            writer.close()
+
+
+class TorchProfiler(HookBase):
+    """Profile iterations ``[start_iter, end_iter)`` with torch.profiler and write a Chrome trace."""
+
+    def __init__(self, output_dir: str, start_iter: int = 5, end_iter: int = 10) -> None:
+        self.output_dir = output_dir
+        self.start_iter = start_iter
+        self.end_iter = end_iter
+        self._profiler = None
+
+    def before_step(self) -> None:
+        if self.trainer.iter == self.start_iter:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._profiler = torch.profiler.profile(activities=activities, record_shapes=True)
+            self._profiler.__enter__()
+
+    def after_step(self) -> None:
+        if self._profiler is not None and self.trainer.iter + 1 >= self.end_iter:
+            self._profiler.__exit__(None, None, None)
+            os.makedirs(self.output_dir, exist_ok=True)
+            path = os.path.join(
+                self.output_dir, f"profiler-trace-rank{comm.get_rank()}-iter{self.trainer.iter}.json"
+            )
+            self._profiler.export_chrome_trace(path)
+            logger.info("Profiler trace written to %s", path)
+            self._profiler = None
+
+
+class TorchMemoryStats(HookBase):
+    """Log CUDA memory statistics every `period` iterations (a no-op without CUDA)."""
+
+    def __init__(self, period: int = 20, max_runs: int = 10) -> None:
+        self.period = period
+        self.max_runs = max_runs
+        self._runs = 0
+
+    def after_step(self) -> None:
+        if not torch.cuda.is_available() or self._runs >= self.max_runs:
+            return
+        if _is_period_end(self.trainer, self.period):
+            self._runs += 1
+            allocated = torch.cuda.max_memory_allocated() / 1024**2
+            reserved = torch.cuda.max_memory_reserved() / 1024**2
+            logger.info(
+                "iter %d: max allocated %.0f MB, max reserved %.0f MB", self.trainer.iter, allocated, reserved
+            )
+            torch.cuda.reset_peak_memory_stats()

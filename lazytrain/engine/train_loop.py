@@ -1,0 +1,284 @@
+"""The training loop: `HookBase`, `TrainerBase` (iterations and hook calls) and `SimpleTrainer` (one step).
+
+A step of `SimpleTrainer`: next batch -> forward (a dict of losses) -> non-finite check -> backward ->
+``after_backward`` hooks -> optional gradient clipping -> optimizer step -> metrics. Mixed precision is an
+option of the same trainer. Hooks do everything else (LR schedule, checkpoints, eval, logging).
+
+What the trainer saves for exact resume (see `SimpleTrainer.state_dict`): iteration, hook states, grad
+scaler, and per rank the data-loader position and the torch/numpy/python RNG states.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import torch
+
+from lazytrain.utils import comm
+from lazytrain.utils.events import EventStorage, get_event_storage
+
+__all__ = ["HookBase", "SimpleTrainer", "TrainerBase"]
+
+logger = logging.getLogger(__name__)
+
+
+class HookBase:
+    """A hook runs at five moments of training; `self.trainer` is set when it is registered.
+
+    Implement only the moments you need and keep ``before_step`` cheap. Hooks that hold state worth
+    resuming implement `state_dict`/`load_state_dict`.
+    """
+
+    trainer: TrainerBase
+
+    def before_train(self) -> None:
+        pass
+
+    def after_train(self) -> None:
+        pass
+
+    def before_step(self) -> None:
+        pass
+
+    def after_backward(self) -> None:
+        pass
+
+    def after_step(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class TrainerBase:
+    """Runs iterations ``start_iter .. max_iter - 1`` and calls hooks in registration order.
+
+    Attributes set by the default program for hooks to use: ``checkpointer``, ``test_function``.
+    """
+
+    def __init__(self) -> None:
+        self._hooks: dict[str, HookBase] = {}
+        self.iter = 0
+        self.start_iter = 0
+        self.max_iter = 0
+        self.storage: EventStorage | None = None
+        self.checkpointer = None
+        self.test_function = None
+
+    def register_hooks(self, hooks: Mapping[str, HookBase | None] | Iterable[HookBase | None]) -> None:
+        """Register hooks (a name -> hook mapping or a list); ``None`` entries are skipped."""
+        items = hooks.items() if isinstance(hooks, Mapping) else ((type(h).__name__, h) for h in hooks)
+        for name, hook in items:
+            if hook is None:
+                continue
+            if not isinstance(hook, HookBase):
+                raise TypeError(f"train.hooks.{name}: expected a HookBase, got {type(hook).__name__}")
+            hook.trainer = weakref.proxy(self)
+            unique = name
+            while unique in self._hooks:
+                unique += "_"
+            self._hooks[unique] = hook
+
+    @property
+    def hooks(self) -> list[HookBase]:
+        return list(self._hooks.values())
+
+    def train(self, start_iter: int, max_iter: int) -> None:
+        """Train from `start_iter` up to (excluding) `max_iter`; after_train hooks always run."""
+        logger.info("Starting training from iteration %d", start_iter)
+        self.iter = self.start_iter = start_iter
+        self.max_iter = max_iter
+        with EventStorage(start_iter) as self.storage:
+            try:
+                self._call("before_train")
+                for self.iter in range(start_iter, max_iter):
+                    self._call("before_step")
+                    self.run_step()
+                    self._call("after_step")
+                self.iter = max_iter  # after_train sees iter == max_iter on a completed run
+            except Exception:
+                logger.exception("Exception during training at iteration %d:", self.iter)
+                raise
+            finally:
+                self._call("after_train")
+
+    def _call(self, moment: str) -> None:
+        if moment == "before_step":
+            self.storage.iter = self.iter
+        for hook in self._hooks.values():
+            getattr(hook, moment)()
+
+    def run_step(self) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        hooks = {name: hook.state_dict() for name, hook in self._hooks.items()}
+        return {"iteration": self.iter, "hooks": {name: state for name, state in hooks.items() if state}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.iter = state["iteration"]
+        for name, hook_state in state.get("hooks", {}).items():
+            if name in self._hooks:
+                self._hooks[name].load_state_dict(hook_state)
+            else:
+                logger.warning("checkpoint holds state for hook '%s', which is not registered; ignored", name)
+
+
+def get_rng_state() -> dict:
+    """torch/numpy/python RNG states in a form ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "python": {"version": version, "internal": list(internal), "gauss": gauss},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what `get_rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class SimpleTrainer(TrainerBase):
+    """The standard step for a model whose forward returns a dict of losses.
+
+    Args:
+        model: returns ``dict[str, Tensor]`` of losses in training mode (already on its device/DDP-wrapped).
+        data_loader: an iterable of batches; if it has ``state_dict``/``load_state_dict`` the position
+            is checkpointed for exact resume.
+        optimizer: a torch optimizer.
+        clip_grad_norm: clip the global gradient norm to this value (None: no clipping).
+        amp_enabled: run the forward in autocast.
+        amp_dtype: ``"bfloat16"`` or ``"float16"`` (float16 uses a grad scaler, checkpointed).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        data_loader: Iterable,
+        optimizer: torch.optim.Optimizer,
+        *,
+        clip_grad_norm: float | None = None,
+        amp_enabled: bool = False,
+        amp_dtype: str = "bfloat16",
+    ) -> None:
+        super().__init__()
+        if amp_dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"SimpleTrainer(amp_dtype=) must be 'bfloat16' or 'float16'; got {amp_dtype!r}")
+        if clip_grad_norm is not None and clip_grad_norm <= 0:
+            raise ValueError(f"SimpleTrainer(clip_grad_norm=) must be > 0 or None; got {clip_grad_norm}")
+        model.train()
+        self.model = model
+        self.data_loader = data_loader
+        self.optimizer = optimizer
+        self.clip_grad_norm = clip_grad_norm
+        self.amp_enabled = amp_enabled
+        self.amp_dtype = getattr(torch, amp_dtype)
+        self.device_type = next(model.parameters()).device.type
+        use_scaler = amp_enabled and amp_dtype == "float16"
+        self.grad_scaler = torch.amp.GradScaler(self.device_type) if use_scaler else None
+        self._data_iter = None
+
+    def run_step(self) -> None:
+        if self._data_iter is None:
+            self._data_iter = iter(self.data_loader)
+        start = time.perf_counter()
+        data = next(self._data_iter)
+        data_time = time.perf_counter() - start
+
+        with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_enabled):
+            loss_dict = self.model(data)
+        if isinstance(loss_dict, torch.Tensor):
+            loss_dict = {"total_loss": loss_dict}
+        losses = sum(loss.float() for loss in loss_dict.values())
+        self._check_finite(losses, loss_dict)
+
+        self.optimizer.zero_grad(set_to_none=True)
+        (self.grad_scaler.scale(losses) if self.grad_scaler else losses).backward()
+        self._call("after_backward")
+        if self.clip_grad_norm is not None:
+            if self.grad_scaler:
+                self.grad_scaler.unscale_(self.optimizer)
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
+        if self.grad_scaler:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            self.optimizer.step()
+        self._write_metrics(loss_dict, data_time)
+
+    def _check_finite(self, losses: torch.Tensor, loss_dict: dict[str, torch.Tensor]) -> None:
+        if not torch.isfinite(losses).all():
+            values = ", ".join(f"{k}={v.item():.4g}" for k, v in loss_dict.items())
+            raise FloatingPointError(
+                f"Loss became infinite or NaN at iteration {self.iter}: {values}. The last checkpoint on disk is "
+                "intact; lower the learning rate, enable train.clip_grad, or check the data of this batch."
+            )
+
+    def _write_metrics(self, loss_dict: dict[str, torch.Tensor], data_time: float) -> None:
+        metrics = {name: loss.detach().float() for name, loss in loss_dict.items()}
+        metrics = comm.reduce_dict(metrics)
+        if comm.is_main_process():
+            storage = get_event_storage()
+            values = {name: value.item() for name, value in metrics.items()}
+            storage.put_scalar("data_time", data_time)
+            if len(values) > 1:
+                storage.put_scalar("total_loss", sum(values.values()))
+            storage.put_scalars(**values)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.grad_scaler is not None:
+            state["grad_scaler"] = self.grad_scaler.state_dict()
+        per_rank = {"rng": get_rng_state()}
+        if hasattr(self.data_loader, "state_dict"):
+            per_rank["data_loader"] = self.data_loader.state_dict()
+        state["per_rank"] = comm.all_gather(per_rank)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.grad_scaler is not None and "grad_scaler" in state:
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
+        per_rank = state.get("per_rank", [])
+        rank = comm.get_rank()
+        if len(per_rank) != comm.get_world_size():
+            logger.warning(
+                "checkpoint was written by %d process(es), this run has %d: data position and RNG states are "
+                "not restored (training continues, but not bit-exactly).",
+                len(per_rank),
+                comm.get_world_size(),
+            )
+            return
+        mine = per_rank[rank]
+        if "data_loader" in mine and hasattr(self.data_loader, "load_state_dict"):
+            self.data_loader.load_state_dict(mine["data_loader"])
+            self._data_iter = None
+        set_rng_state(mine["rng"])
