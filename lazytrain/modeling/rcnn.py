@@ -1,0 +1,268 @@
+"""`RCNN`: torchvision's two-stage detectors (Faster/Mask R-CNN) speaking lazytrain's data format.
+
+Input is the mapper's list of dicts (uint8 CHW images already augmented and resized, ``instances`` in
+training); output is a loss dict in training and, in eval, one ``{"instances": ...}`` per image in the
+ORIGINAL image size (``height``/``width`` of the record). See docs/architecture.md for the contract.
+
+Images are resized once, by the mapper: `NoResizeTransform` only normalises and pads, so the backbone sees
+each image at exactly the mapper's size.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
+from torchvision.models.detection.roi_heads import RoIHeads, paste_masks_in_image
+from torchvision.models.detection.rpn import RegionProposalNetwork
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
+from torchvision.ops import boxes as box_ops
+
+from lazytrain.modeling.backbone import get_feature_map_names
+from lazytrain.utils.logger import log_first_n
+
+__all__ = ["IMAGENET_PIXEL_MEAN", "IMAGENET_PIXEL_STD", "NoResizeTransform", "RCNN"]
+
+logger = logging.getLogger(__name__)
+
+# ImageNet statistics of RGB images on the 0-255 scale (torchvision's 0-1 values times 255).
+IMAGENET_PIXEL_MEAN = (123.675, 116.28, 103.53)
+IMAGENET_PIXEL_STD = (58.395, 57.12, 57.375)
+
+
+class NoResizeTransform(GeneralizedRCNNTransform):
+    """torchvision's detection transform minus the resize: normalise, then pad into one batch tensor.
+
+    Args:
+        pixel_mean: per-channel mean, on the scale of the images it receives (0-255 inside `RCNN`).
+        pixel_std: per-channel standard deviation, same scale.
+        size_divisible: the padded batch height and width are multiples of this (32 suits FPN strides).
+    """
+
+    def __init__(
+        self, pixel_mean: Sequence[float], pixel_std: Sequence[float], size_divisible: int = 32
+    ) -> None:
+        # min_size/max_size are unused: `resize` below is the identity.
+        super().__init__(
+            min_size=0, max_size=0, image_mean=list(pixel_mean), image_std=list(pixel_std),
+            size_divisible=size_divisible,
+        )  # fmt: skip
+
+    def resize(
+        self, image: Tensor, target: dict[str, Tensor] | None = None
+    ) -> tuple[Tensor, dict[str, Tensor] | None]:
+        return image, target
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(mean={self.image_mean}, std={self.image_std}, "
+            f"size_divisible={self.size_divisible}, no resize)"
+        )
+
+
+def _check_stats(name: str, values: Sequence[float]) -> list[float]:
+    values = [float(v) for v in values]
+    if len(values) != 3 or (name == "pixel_std" and min(values) <= 0):
+        raise ValueError(
+            f"RCNN({name}=) must be 3 per-channel values (std > 0) on the 0-255 scale; got {values}"
+        )
+    return values
+
+
+class RCNN(GeneralizedRCNN):
+    """A torchvision `GeneralizedRCNN` that takes mapper dicts and returns results in the original size.
+
+    Sub-modules keep torchvision's names (``backbone``, ``rpn``, ``roi_heads``), so a config overrides e.g.
+    ``model.roi_heads.detections_per_img=300`` and torchvision Mask R-CNN checkpoints load key for key.
+    To wrap a model built by torchvision (``maskrcnn_resnet50_fpn(...)``) use `RCNN.from_torchvision`.
+
+    Images are converted to float on the 0-255 scale and normalised with `pixel_mean`/`pixel_std` (also
+    0-255 scale, RGB); no resize happens inside the model, the mapper decides the size.
+
+    Args:
+        backbone: returns an ordered dict of feature maps and has an ``out_channels`` attribute.
+        rpn: torchvision `RegionProposalNetwork` (anchor generator + head).
+        roi_heads: torchvision `RoIHeads`; a mask head and predictor make it Mask R-CNN.
+        num_classes: number of foreground classes, checked against the box (and mask) predictor.
+        pixel_mean: per-channel RGB mean on the 0-255 scale.
+        pixel_std: per-channel RGB std on the 0-255 scale.
+        size_divisible: padding multiple of the batched image tensor.
+        mask_threshold: mask probability above which a pixel belongs to the instance in eval outputs.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        rpn: RegionProposalNetwork,
+        roi_heads: RoIHeads,
+        *,
+        num_classes: int | None = None,
+        pixel_mean: Sequence[float] = IMAGENET_PIXEL_MEAN,
+        pixel_std: Sequence[float] = IMAGENET_PIXEL_STD,
+        size_divisible: int = 32,
+        mask_threshold: float = 0.5,
+    ) -> None:
+        transform = NoResizeTransform(
+            _check_stats("pixel_mean", pixel_mean), _check_stats("pixel_std", pixel_std), size_divisible
+        )
+        super().__init__(backbone, rpn, roi_heads, transform)
+        self.num_classes = self._check_num_classes(num_classes)
+        self.mask_threshold = float(mask_threshold)
+        self._check_feature_maps()
+
+    @classmethod
+    def from_torchvision(
+        cls,
+        model: GeneralizedRCNN,
+        *,
+        pixel_mean: Sequence[float] | None = None,
+        pixel_std: Sequence[float] | None = None,
+    ) -> RCNN:
+        """Wrap a torchvision Faster/Mask R-CNN, sharing its modules and replacing its resizing transform.
+
+        Args:
+            model: e.g. ``torchvision.models.detection.maskrcnn_resnet50_fpn(weights=None)``.
+            pixel_mean: 0-255 scale; default: the model's own (0-1 scale) mean times 255.
+            pixel_std: 0-255 scale; default: the model's own std times 255.
+        """
+        transform = model.transform
+        if pixel_mean is None:
+            pixel_mean = [255.0 * v for v in transform.image_mean]
+        if pixel_std is None:
+            pixel_std = [255.0 * v for v in transform.image_std]
+        return cls(
+            model.backbone, model.rpn, model.roi_heads, pixel_mean=pixel_mean, pixel_std=pixel_std,
+            size_divisible=transform.size_divisible,
+        )  # fmt: skip
+
+    def _check_num_classes(self, num_classes: int | None) -> int:
+        predictor = self.roi_heads.box_predictor
+        found = predictor.cls_score.out_features - 1 if hasattr(predictor, "cls_score") else num_classes
+        if num_classes is not None and found != num_classes:
+            raise ValueError(
+                f"RCNN(num_classes={num_classes}) disagrees with roi_heads.box_predictor, which predicts "
+                f"{found} foreground classes. Set the predictors' num_classes from the same key "
+                "(e.g. num_classes='${...num_classes}')."
+            )
+        mask_predictor = self.roi_heads.mask_predictor
+        logits = getattr(mask_predictor, "mask_fcn_logits", None)
+        if logits is not None and found is not None and logits.out_channels - 1 != found:
+            raise ValueError(
+                f"RCNN: roi_heads.mask_predictor predicts {logits.out_channels - 1} foreground classes but "
+                f"the box predictor {found}; give both the same num_classes."
+            )
+        return found
+
+    def _check_feature_maps(self) -> None:
+        anchors = self.rpn.anchor_generator
+        per_location = set(anchors.num_anchors_per_location())
+        head_anchors = getattr(getattr(self.rpn.head, "cls_logits", None), "out_channels", None)
+        if head_anchors is not None and per_location != {head_anchors}:
+            raise ValueError(
+                f"RCNN: the anchor generator places {sorted(per_location)} anchors per location but "
+                f"rpn.head predicts {head_anchors}; set rpn.head.num_anchors to len(sizes per level) * "
+                "len(aspect_ratios per level)."
+            )
+        names = get_feature_map_names(self.backbone)
+        if names is None:
+            return
+        if len(anchors.sizes) != len(names):
+            raise ValueError(
+                f"RCNN: the backbone returns {len(names)} feature maps {names} but the anchor generator has "
+                f"{len(anchors.sizes)} size groups {list(anchors.sizes)}; give one size group per map."
+            )
+        for pool_name in ("box_roi_pool", "mask_roi_pool"):
+            pool = getattr(self.roi_heads, pool_name, None)
+            missing = set(getattr(pool, "featmap_names", [])) - set(names)
+            if missing:
+                raise ValueError(
+                    f"RCNN: roi_heads.{pool_name}.featmap_names refers to {sorted(missing)}, which the backbone "
+                    f"does not return (it returns {names})."
+                )
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def forward(self, batched_inputs: list[dict[str, Any]]) -> dict[str, Tensor] | list[dict[str, Any]]:
+        """Run the detector on a batch of mapper outputs.
+
+        Args:
+            batched_inputs: one dict per image with ``image`` (uint8 [3, H, W] RGB), in training
+                ``instances`` (``boxes`` XYXY, ``classes`` contiguous 0..K-1, ``masks`` for Mask R-CNN),
+                and optionally the original ``height``/``width``.
+
+        Returns:
+            In training, a dict of scalar losses. In eval, per image ``{"instances": {"boxes", "scores",
+            "classes", "masks"}}`` at the original ``height`` x ``width`` (``masks`` only for Mask R-CNN,
+            uint8 0/1).
+        """
+        device = self.device
+        images = [self._to_float_image(record, device) for record in batched_inputs]
+        targets = [self._to_target(record, device) for record in batched_inputs] if self.training else None
+        image_list, targets = self.transform(images, targets)
+        features = self.backbone(image_list.tensors)
+        if isinstance(features, Tensor):
+            features = OrderedDict([("0", features)])
+        proposals, proposal_losses = self.rpn(image_list, features, targets)
+        detections, detector_losses = self.roi_heads(features, proposals, image_list.image_sizes, targets)
+        if self.training:
+            return {**detector_losses, **proposal_losses}
+        return [
+            {"instances": self._to_original_size(detection, tuple(image.shape[-2:]), record)}
+            for detection, image, record in zip(detections, images, batched_inputs)
+        ]
+
+    @staticmethod
+    def _to_float_image(record: Mapping[str, Any], device: torch.device) -> Tensor:
+        image = record["image"]
+        if not isinstance(image, Tensor) or image.dim() != 3 or image.shape[0] != 3:
+            shape = tuple(image.shape) if isinstance(image, Tensor) else type(image).__name__
+            raise ValueError(f"RCNN: 'image' must be a [3, H, W] RGB tensor (uint8, 0-255); got {shape}")
+        return image.to(device, non_blocking=True).float()
+
+    def _to_target(self, record: Mapping[str, Any], device: torch.device) -> dict[str, Tensor]:
+        instances = record.get("instances")
+        if instances is None:
+            raise ValueError(
+                "RCNN: training inputs need 'instances' (boxes, classes[, masks]); the mapper must be built "
+                "with is_train=True."
+            )
+        boxes = torch.as_tensor(instances["boxes"], dtype=torch.float32).to(device).reshape(-1, 4)
+        target = {"boxes": boxes, "labels": torch.as_tensor(instances["classes"]).to(device).long() + 1}
+        if self.roi_heads.has_mask():
+            if "masks" not in instances:
+                raise ValueError(
+                    "RCNN: this model has a mask head but 'instances' has no 'masks'; build the mapper with "
+                    "use_instance_mask=True (or drop the mask head)."
+                )
+            target["masks"] = torch.as_tensor(instances["masks"]).to(device)
+        # torchvision rejects empty boxes; augmentations (crops) can produce them.
+        keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        if not bool(keep.all()):
+            log_first_n(
+                logging.WARNING, "RCNN: dropped ground-truth boxes with zero width or height.", name=__name__
+            )
+            target = {key: value[keep] for key, value in target.items()}
+        return target
+
+    def _to_original_size(
+        self, detection: dict[str, Tensor], input_size: tuple[int, int], record: Mapping[str, Any]
+    ) -> dict[str, Tensor]:
+        height = int(record.get("height", input_size[0]))
+        width = int(record.get("width", input_size[1]))
+        scale = detection["boxes"].new_tensor(
+            [width / input_size[1], height / input_size[0], width / input_size[1], height / input_size[0]]
+        )
+        boxes = box_ops.clip_boxes_to_image(detection["boxes"] * scale, (height, width))
+        instances = {"boxes": boxes, "scores": detection["scores"], "classes": detection["labels"] - 1}
+        if "masks" in detection:
+            # Pasting the 28x28 mask probabilities straight at the original size avoids a second resampling.
+            probabilities = paste_masks_in_image(detection["masks"], boxes, (height, width))
+            instances["masks"] = (probabilities[:, 0] > self.mask_threshold).to(torch.uint8)
+        return instances

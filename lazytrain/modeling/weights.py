@@ -1,0 +1,220 @@
+"""Initial weights (``train.init_checkpoint``): lazytrain checkpoints, torchvision detection and ImageNet files.
+
+`load_init_weights` recognises three kinds of files and loads them non-strictly, skipping tensors whose
+shape differs from the model's (a new box predictor for another class count), and returns a readable
+`WeightsReport`:
+
+- a lazytrain checkpoint (``{"model": state_dict, ...}``; the other entries are ignored here);
+- a torchvision detection state dict (``backbone.body.*``, ``rpn.*``, ``roi_heads.*``): `RCNN` keeps
+  torchvision's module names, so keys map one to one;
+- an ImageNet classification ResNet state dict (``conv1.*``, ``layer1.*``, ``fc.*``): loaded into the
+  model's ResNet (found by its keys, ``backbone.body.`` for `RCNN`); the classifier ``fc`` is ignored.
+
+Paths may be local files or URLs (iopath; downloads are cached under ``$FVCORE_CACHE`` or
+``~/.torch/iopath_cache``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from iopath.common.file_io import HTTPURLHandler, PathManager
+from torch import nn
+
+__all__ = ["WeightsReport", "get_local_path", "load_init_weights", "load_state_dict_report"]
+
+logger = logging.getLogger(__name__)
+
+_path_manager = PathManager()
+_path_manager.register_handler(HTTPURLHandler())
+
+_IMAGENET_RESNET_KEYS = ("conv1.weight", "layer1.0.conv1.weight")
+
+
+@dataclass
+class WeightsReport:
+    """What `load_init_weights` did. ``str(report)`` is a short readable summary.
+
+    Attributes:
+        path: the file or URL read.
+        source: the detected kind of file.
+        loaded: model keys that received a tensor.
+        missing: model keys the file did not provide (they keep their initial values).
+        unexpected: file keys the model does not have (ignored).
+        shape_mismatched: ``(key, shape in file, shape in model)`` for tensors skipped.
+        ignored: file keys dropped on purpose (e.g. the ImageNet classifier ``fc``).
+    """
+
+    path: str
+    source: str
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    shape_mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        total = len(self.loaded) + len(self.missing) + len(self.shape_mismatched)
+        lines = [
+            f"init weights from {self.path} ({self.source}): {len(self.loaded)} of {total} model tensors loaded"
+        ]
+        if self.shape_mismatched:
+            lines.append("  skipped, shape differs (file vs model):")
+            lines += [f"    {key}: {tuple(a)} vs {tuple(b)}" for key, a, b in self.shape_mismatched]
+        for title, keys in (
+            ("missing in file (kept at init)", self.missing),
+            ("unexpected in file (unused)", self.unexpected),
+            ("dropped on purpose", self.ignored),
+        ):
+            if keys:
+                lines.append(f"  {title}: {_summarise_keys(keys)}")
+        return "\n".join(lines)
+
+
+def _summarise_keys(keys: list[str]) -> str:
+    """``roi_heads.box_predictor (4), rpn.head (6)``: keys grouped by their first two components."""
+    groups: dict[str, int] = defaultdict(int)
+    for key in keys:
+        groups[".".join(key.split(".")[:2])] += 1
+    return ", ".join(f"{name} ({count})" for name, count in groups.items())
+
+
+def get_local_path(path: str) -> str:
+    """A local file for `path`, downloading (and caching) URLs.
+
+    Raises:
+        OSError: an URL could not be fetched (the message names it).
+        FileNotFoundError: the local file does not exist.
+    """
+    local = path
+    if "://" in path:
+        try:
+            local = _path_manager.get_local_path(path)
+        except Exception as e:  # iopath raises whatever urllib or the handler raises
+            raise OSError(
+                f"load_init_weights: could not fetch {path}: {e}. Check the URL and the network, or download "
+                "the file and set train.init_checkpoint to its local path."
+            ) from e
+    if not os.path.isfile(local):
+        raise FileNotFoundError(
+            f"load_init_weights: init checkpoint not found: {path}. Check train.init_checkpoint."
+        )
+    return local
+
+
+def _read_state_dict(path: str, allow_unsafe: bool) -> tuple[dict[str, torch.Tensor], str]:
+    local = get_local_path(path)
+    try:
+        data = torch.load(local, map_location="cpu", weights_only=not allow_unsafe)
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"load_init_weights: refused to load {path}: it needs arbitrary unpickling, which can run code "
+            f"({str(e).splitlines()[0]}). Only if you trust this file, pass allow_unsafe=True "
+            "(train.allow_unsafe_checkpoint=true)."
+        ) from None
+    if not isinstance(data, Mapping):
+        raise ValueError(f"load_init_weights: {path} holds a {type(data).__name__}, not a state dict.")
+    source = "state dict"
+    if isinstance(data.get("model"), Mapping):
+        data, source = data["model"], "lazytrain checkpoint"
+    elif isinstance(data.get("state_dict"), Mapping):
+        data = data["state_dict"]
+    state = {str(k): v for k, v in data.items() if isinstance(v, torch.Tensor)}
+    if state and all(k.startswith("module.") for k in state):
+        state = {k[len("module.") :]: v for k, v in state.items()}
+    return state, source
+
+
+def _find_resnet_prefix(model: nn.Module) -> str | None:
+    """The key prefix of the model's ResNet trunk (``backbone.body.`` for `RCNN`), or None."""
+    own = model.state_dict()
+    prefixes = [
+        key[: -len(_IMAGENET_RESNET_KEYS[0])] for key in own if key.endswith(_IMAGENET_RESNET_KEYS[0])
+    ]
+    for prefix in sorted(prefixes, key=len):
+        if prefix + _IMAGENET_RESNET_KEYS[1] in own and (not prefix or prefix.endswith(".")):
+            return prefix
+    return None
+
+
+def _convert(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> tuple[dict, str, list[str]]:
+    """Rename file keys to model keys; returns (state, source, keys dropped on purpose)."""
+    if source == "state dict" and all(key in state for key in _IMAGENET_RESNET_KEYS):
+        prefix = _find_resnet_prefix(model)
+        if prefix is None:
+            raise ValueError(
+                "load_init_weights: the file is an ImageNet ResNet state dict but the model has no ResNet "
+                "trunk (no '<prefix>conv1.weight' and '<prefix>layer1.0.conv1.weight' keys)."
+            )
+        ignored = [key for key in state if key.startswith("fc.")]
+        converted = {prefix + key: value for key, value in state.items() if not key.startswith("fc.")}
+        return converted, f"ImageNet ResNet state dict, loaded into {prefix or 'the model'}", ignored
+    if source == "state dict" and any(key.startswith("roi_heads.") for key in state):
+        source = "torchvision detection state dict"
+    return state, source, []
+
+
+def load_state_dict_report(
+    model: nn.Module, state: Mapping[str, torch.Tensor], *, path: str = "<memory>", source: str = "state dict"
+) -> WeightsReport:
+    """Load `state` into `model` non-strictly, skipping shape mismatches; return what matched.
+
+    Args:
+        model: the module to fill (unwrap DDP first).
+        state: tensors keyed like ``model.state_dict()``.
+        path: shown in the report.
+        source: shown in the report.
+    """
+    own = model.state_dict()
+    report = WeightsReport(path=path, source=source)
+    accepted = {}
+    for key, value in state.items():
+        if key in own and own[key].shape != value.shape:
+            report.shape_mismatched.append((key, tuple(value.shape), tuple(own[key].shape)))
+        else:
+            accepted[key] = value
+    result = model.load_state_dict(accepted, strict=False)
+    skipped = {key for key, _, _ in report.shape_mismatched}
+    # BatchNorm's step counter is bookkeeping, not a weight; FrozenBatchNorm2d drops it on load.
+    report.missing = [
+        k for k in result.missing_keys if k not in skipped and not k.endswith("num_batches_tracked")
+    ]
+    report.unexpected = [k for k in result.unexpected_keys if not k.endswith("num_batches_tracked")]
+    not_loaded = skipped | set(result.missing_keys)
+    report.loaded = [key for key in own if key not in not_loaded and key in accepted]
+    return report
+
+
+def load_init_weights(model: nn.Module, path: str, *, allow_unsafe: bool = False) -> WeightsReport:
+    """Load initial weights from a lazytrain checkpoint, torchvision detection or ImageNet ResNet file.
+
+    Loading is non-strict: missing and unexpected keys and shape mismatches are reported (and logged),
+    never fatal, so a COCO checkpoint can start an LVIS model with a fresh predictor.
+
+    Args:
+        model: the model (not DDP-wrapped).
+        path: local path or URL (``https://...``), read through iopath.
+        allow_unsafe: allow files that need arbitrary unpickling (only for files you trust).
+
+    Returns:
+        A `WeightsReport`; ``str(report)`` is the logged summary.
+
+    Raises:
+        FileNotFoundError: `path` does not exist. OSError: the URL could not be fetched.
+        ValueError: the file is not a state dict, or is an ImageNet ResNet file and the model has no ResNet.
+    """
+    state, source = _read_state_dict(path, allow_unsafe)
+    state, source, ignored = _convert(model, state, source)
+    report = load_state_dict_report(model, state, path=path, source=source)
+    report.ignored = ignored
+    if not report.loaded:
+        logger.warning("%s\nNo tensor matched: is this file meant for this model?", report)
+    else:
+        logger.info("%s", report)
+    return report
