@@ -1,1 +1,14 @@
-"""Evaluation: the evaluator protocol, the inference loop, COCO and LVIS evaluators."""
+"""Evaluation: the evaluator protocol, the inference loop, COCO and LVIS instance evaluators."""
+
+from lazytrain.evaluation.coco_evaluation import COCOEvaluator, instances_to_coco_json
+from lazytrain.evaluation.evaluator import DatasetEvaluator, DatasetEvaluators, inference_on_dataset
+from lazytrain.evaluation.lvis_evaluation import LVISEvaluator
+
+__all__ = [
+    "COCOEvaluator",
+    "DatasetEvaluator",
+    "DatasetEvaluators",
+    "LVISEvaluator",
+    "inference_on_dataset",
+    "instances_to_coco_json",
+]

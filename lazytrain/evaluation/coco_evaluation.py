@@ -1,217 +1,320 @@
-"""COCO and LVIS instance evaluation (bbox and segm) on faster-coco-eval.
+"""COCO-style instance evaluation (box and mask AP) on faster-coco-eval, with pycocotools as a cross-check.
 
-`COCOEvaluator` reports AP, AP50, AP75, APs, APm, APl; `LVISEvaluator` uses the federated LVIS protocol
-(``lvis_style=True``: detections of a category count as false positives only in images where it is
-annotated or a verified negative) and adds APr, APc, APf. Both write ``<task>_instances_results.json`` and
-a per-category AP table (with each category's r/c/f bucket and train image count when the json has them).
-``COCOEvaluator(backend="pycocotools")`` uses the reference implementation as a cross-check.
+`COCOEvaluator` turns model outputs into COCO result entries as they arrive (boxes to XYWH, masks to RLE,
+contiguous classes to the json's category ids), gathers them on the main process and runs the COCO
+protocol on the ground-truth json. `LVISEvaluator` (lvis_evaluation.py) reuses it with the federated LVIS
+protocol. Results are AP x 100; a metric that cannot be computed (no ground truth in that range) is NaN.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 import json
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+import pycocotools.mask as mask_util
+import torch
 
 from lazytrain.evaluation.evaluator import DatasetEvaluator
 from lazytrain.utils import comm
 from lazytrain.utils.logger import create_small_table
 
-__all__ = ["COCOEvaluator", "LVISEvaluator", "instances_to_coco_json"]
+__all__ = ["COCOEvaluator", "instances_to_coco_json"]
 
 logger = logging.getLogger(__name__)
 
-_COCO_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
-# faster-coco-eval's stats_as_dict names -> the names lazytrain reports
-_STATS_KEYS = {
+TASKS = ("bbox", "segm")
+BACKENDS = ("faster_coco_eval", "pycocotools")
+# Our metric names and faster-coco-eval's `stats_as_dict` labels for them.
+_COCO_METRICS = {
     "AP": "AP_all",
     "AP50": "AP_50",
     "AP75": "AP_75",
     "APs": "AP_small",
     "APm": "AP_medium",
     "APl": "AP_large",
-    "APr": "APr",
-    "APc": "APc",
-    "APf": "APf",
 }
+_LVIS_METRICS = {**_COCO_METRICS, "APr": "APr", "APc": "APc", "APf": "APf"}
 
 
-def instances_to_coco_json(instances: dict, image_id: int, contiguous_to_json: Sequence[int]) -> list[dict]:
-    """One image's predicted instances -> COCO result dicts (XYWH boxes, RLE masks, json category ids)."""
-    from pycocotools import mask as mask_util
+def instances_to_coco_json(
+    instances: Mapping[str, Any], image_id: int, category_ids: Sequence[int]
+) -> list[dict[str, Any]]:
+    """COCO result entries for one image's predicted instances.
 
-    boxes = instances["boxes"].detach().cpu().numpy().astype(np.float64)
-    scores = instances["scores"].detach().cpu().numpy().tolist()
-    classes = instances["classes"].detach().cpu().numpy().tolist()
+    Args:
+        instances: ``boxes`` [N, 4] XYXY, ``scores`` [N], ``classes`` [N] contiguous, optional ``masks``
+            [N, H, W] (0/1) in the original image size.
+        image_id: the json image id.
+        category_ids: json category id of each contiguous class.
+
+    Returns:
+        One dict per instance: ``image_id``, ``category_id``, ``bbox`` (XYWH), ``score`` and, with masks,
+        ``segmentation`` (compressed RLE, ``counts`` as str).
+
+    Raises:
+        ValueError: a class is outside ``0 .. len(category_ids) - 1``.
+    """
+    boxes = torch.as_tensor(instances["boxes"]).detach().cpu().double().reshape(-1, 4)
+    scores = torch.as_tensor(instances["scores"]).detach().cpu().tolist()
+    classes = torch.as_tensor(instances["classes"]).detach().cpu().long().tolist()
+    if not classes:
+        return []
+    outside = [c for c in classes if not 0 <= c < len(category_ids)]
+    if outside:
+        raise ValueError(
+            f"prediction for image {image_id} has class {outside[0]}, outside the data set's "
+            f"{len(category_ids)} categories (contiguous ids 0..{len(category_ids) - 1}). Does the model's "
+            "num_classes match the evaluated data set?"
+        )
+    boxes[:, 2:] -= boxes[:, :2]
+    entries = [
+        {"image_id": int(image_id), "category_id": int(category_ids[c]), "bbox": box, "score": float(s)}
+        for c, box, s in zip(classes, boxes.tolist(), scores)
+    ]
     masks = instances.get("masks")
-    results = []
-    for i, (box, score, cls) in enumerate(zip(boxes, scores, classes)):
-        if not 0 <= cls < len(contiguous_to_json):
-            raise ValueError(
-                f"evaluator: image {image_id} has a prediction of class {cls}, outside the data set's "
-                f"{len(contiguous_to_json)} categories; check model.num_classes against the data set."
-            )
-        result = {
-            "image_id": int(image_id),
-            "category_id": int(contiguous_to_json[cls]),
-            "score": float(score),
-            "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]],
-        }
-        if masks is not None:
-            mask = masks[i].detach().cpu().numpy().astype(np.uint8)
-            rle = mask_util.encode(np.asfortranarray(mask))
-            result["segmentation"] = {"size": rle["size"], "counts": rle["counts"].decode("ascii")}
-        results.append(result)
-    return results
+    if masks is not None:
+        array = np.asfortranarray(
+            torch.as_tensor(masks).detach().cpu().numpy().astype(np.uint8).transpose(1, 2, 0)
+        )
+        for entry, rle in zip(entries, mask_util.encode(array)):
+            rle["counts"] = rle["counts"].decode("ascii")
+            entry["segmentation"] = rle
+    return entries
+
+
+def _nan_if_missing(value: float) -> float:
+    return float("nan") if value is None or value < 0 else float(value) * 100.0
+
+
+def _get_metadata(dataset_name: str | None) -> Any:
+    if dataset_name is None:
+        return None
+    from lazytrain.data.catalog import MetadataCatalog
+
+    return MetadataCatalog.get(dataset_name)
 
 
 class COCOEvaluator(DatasetEvaluator):
-    """COCO-style AP for bbox and segm.
+    """Box and mask AP with the COCO protocol.
+
+    Ground truth is the COCO json of the data set: ``json_file`` if given, else
+    ``MetadataCatalog.get(dataset_name).json_file``. Contiguous classes map to json category ids through the
+    metadata's ``thing_dataset_id_to_contiguous_id`` when there is one, else through the json's sorted
+    category ids. Only the images seen by `process` are evaluated (so a subset run is a fair score).
+
+    Writes to `output_dir` (main process): ``<prefix>_instances_results.json`` (all predictions) and
+    ``<prefix>_per_category_ap.csv``/``.md`` (AP per category with its frequency bucket and train image
+    count when the json has them), where the prefix is ``coco`` or ``lvis``.
 
     Args:
-        dataset_name: a registered data set (its metadata gives ``json_file``), used when `json_file` is None.
-        tasks: ``("bbox", "segm")`` or a subset.
-        max_dets_per_image: detections per image counted.
-        output_dir: where result json and per-category table go (None: not written).
-        backend: "faster_coco_eval" (default) or "pycocotools".
-        json_file: ground truth annotation file (overrides the metadata's).
+        dataset_name: registered data set, used for its metadata (may be None with `json_file`).
+        tasks: ``"bbox"`` and/or ``"segm"``; ``segm`` is skipped (with a warning) if outputs have no masks.
+        max_dets_per_image: detections per image considered (COCO's ``maxDets`` upper value).
+        output_dir: where to write results; None writes nothing.
+        backend: ``"faster_coco_eval"`` (default) or ``"pycocotools"`` (reference implementation).
+        json_file: ground-truth json path; overrides the metadata's.
     """
 
-    lvis_style = False
+    _prefix = "coco"
+    _lvis_style = False
+    _metrics = _COCO_METRICS
 
     def __init__(
         self,
         dataset_name: str | None = None,
-        tasks: Sequence[str] = ("bbox", "segm"),
+        tasks: Sequence[str] = TASKS,
         max_dets_per_image: int = 100,
         output_dir: str | None = None,
+        *,
         backend: str = "faster_coco_eval",
         json_file: str | None = None,
     ) -> None:
-        if backend not in ("faster_coco_eval", "pycocotools"):
+        name = type(self).__name__
+        tasks = (tasks,) if isinstance(tasks, str) else tuple(tasks)
+        if not tasks or any(task not in TASKS for task in tasks):
+            raise ValueError(f"{name}(tasks=) must be a non-empty subset of {TASKS}; got {tasks!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"{name}(backend=) must be one of {BACKENDS}; got {backend!r}")
+        if int(max_dets_per_image) < 1:
+            raise ValueError(f"{name}(max_dets_per_image=) must be >= 1; got {max_dets_per_image!r}")
+        self.metadata = _get_metadata(dataset_name)
+        json_file = json_file or getattr(self.metadata, "json_file", None)
+        if not json_file:
             raise ValueError(
-                f"{type(self).__name__}(backend=) must be 'faster_coco_eval' or 'pycocotools'; got {backend!r}"
+                f"{name}: no ground-truth json: pass json_file= or register json_file in the metadata of "
+                f"dataset {dataset_name!r}."
             )
-        if backend == "pycocotools" and self.lvis_style:
-            raise ValueError(
-                "LVISEvaluator needs backend='faster_coco_eval' (pycocotools has no LVIS protocol)"
-            )
-        if json_file is None:
-            from lazytrain.data.catalog import MetadataCatalog
+        self.dataset_name = dataset_name
+        self.json_file = str(json_file)
+        self.tasks = tasks
+        self.max_dets_per_image = int(max_dets_per_image)
+        self.output_dir = output_dir
+        self.backend = backend
+        self._ground_truth: Any = None
+        self._category_ids: list[int] | None = None
+        self._predictions: list[dict[str, Any]] = []
 
-            json_file = MetadataCatalog.get(dataset_name).get("json_file")
-            if json_file is None:
-                raise ValueError(
-                    f"{type(self).__name__}: data set '{dataset_name}' has no json_file in its metadata; load it first or pass json_file="
-                )
-        self.json_file, self.tasks, self.max_dets = json_file, tuple(tasks), max_dets_per_image
-        self.output_dir, self.backend = output_dir, backend
-        with open(json_file) as f:
-            self._gt_data = json.load(f)
-        self._contiguous_to_json = sorted(c["id"] for c in self._gt_data["categories"])
-        self.reset()
+    # ------------------------------------------------------------------ ground truth
+    def _load_ground_truth(self) -> Any:
+        if self._ground_truth is None:
+            with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
+                if self.backend == "pycocotools":
+                    from pycocotools.coco import COCO
+                else:
+                    from faster_coco_eval import COCO
+                self._ground_truth = COCO(self.json_file)
+            self._prepare_ground_truth(self._ground_truth)
+        return self._ground_truth
 
+    def _prepare_ground_truth(self, ground_truth: Any) -> None:
+        """Hook for subclasses to complete the loaded ground truth (LVIS fills category frequencies)."""
+
+    def get_category_ids(self) -> list[int]:
+        """Json category id of each contiguous class."""
+        if self._category_ids is None:
+            mapping = getattr(self.metadata, "thing_dataset_id_to_contiguous_id", None)
+            if mapping:
+                inverse = {int(contiguous): int(json_id) for json_id, contiguous in mapping.items()}
+                self._category_ids = [inverse[i] for i in range(len(inverse))]
+            else:
+                self._category_ids = sorted(int(c) for c in self._load_ground_truth().getCatIds())
+        return self._category_ids
+
+    # ------------------------------------------------------------------ protocol
     def reset(self) -> None:
-        self._predictions: list[dict] = []
+        self._predictions = []
 
-    def process(self, inputs: list[dict], outputs: list[dict]) -> None:
-        for item, output in zip(inputs, outputs):
-            self._predictions.extend(
-                instances_to_coco_json(output["instances"], item["image_id"], self._contiguous_to_json)
+    def process(self, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> None:
+        category_ids = self.get_category_ids()
+        for record, output in zip(inputs, outputs):
+            instances = output["instances"]
+            if self._lvis_style and len(instances["scores"]) > self.max_dets_per_image:
+                # LVIS caps detections per image over all categories (not per category like COCO).
+                keep = torch.as_tensor(instances["scores"]).topk(self.max_dets_per_image).indices
+                instances = {key: value[keep] for key, value in instances.items()}
+            entries = instances_to_coco_json(instances, record["image_id"], category_ids)
+            self._predictions.append(
+                {"image_id": int(record["image_id"]), "instances": entries, "has_masks": "masks" in instances}
             )
 
-    def _coco_api(self):
-        if self.backend == "pycocotools":
-            from pycocotools.coco import COCO
-            from pycocotools.cocoeval import COCOeval
-
-            return COCO, COCOeval
-        from faster_coco_eval import COCO, COCOeval_faster
-
-        return COCO, COCOeval_faster
-
-    def evaluate(self) -> dict:
-        predictions = [p for chunk in comm.gather(self._predictions) for p in chunk]
+    def evaluate(self) -> dict[str, Any]:
+        gathered = comm.gather(self._predictions, dst=0)
         if not comm.is_main_process():
             return {}
-        if not predictions:
-            logger.warning("%s: no predictions to evaluate; returning an empty result.", type(self).__name__)
-            return {}
+        per_image: dict[int, dict[str, Any]] = {}
+        for part in gathered:
+            for prediction in part:
+                per_image.setdefault(prediction["image_id"], prediction)
+        results = [entry for prediction in per_image.values() for entry in prediction["instances"]]
         if self.output_dir:
             os.makedirs(self.output_dir, exist_ok=True)
-        coco_class, eval_class = self._coco_api()
-        with contextlib.redirect_stdout(io.StringIO()):
-            gt = coco_class(self.json_file)
-        results = {}
+            path = os.path.join(self.output_dir, f"{self._prefix}_instances_results.json")
+            with open(path, "w") as f:
+                json.dump(results, f)
+            logger.info("Wrote %d predictions to %s", len(results), path)
+        if not results:
+            logger.warning(
+                "%s received no predictions (%d images processed); returning no metrics.",
+                type(self).__name__, len(per_image),
+            )  # fmt: skip
+            return {}
+        ground_truth = self._load_ground_truth()
+        unknown = sorted(set(per_image) - set(ground_truth.getImgIds()))
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__}: predictions for image ids {unknown[:5]} that are not in {self.json_file}; "
+                "is the evaluator reading the same data set as the test loader?"
+            )
+        has_masks = all(prediction["has_masks"] for prediction in per_image.values())
+        metrics: dict[str, dict[str, float]] = {}
+        per_category: dict[str, list[float]] = {}
         for task in self.tasks:
-            task_predictions = [p for p in predictions if task == "bbox" or "segmentation" in p]
-            if self.output_dir:
-                with open(os.path.join(self.output_dir, f"{task}_instances_results.json"), "w") as f:
-                    json.dump(task_predictions, f)
-            results[task] = self._evaluate_task(gt, eval_class, task, task_predictions)
-            logger.info("Evaluation results for %s:\n%s", task, create_small_table(results[task]))
-        return results
-
-    def _evaluate_task(self, gt, eval_class, task: str, predictions: list[dict]) -> dict:
-        if task == "bbox":
-            predictions = [{k: v for k, v in p.items() if k != "segmentation"} for p in predictions]
-        with contextlib.redirect_stdout(io.StringIO()):
-            dt = gt.loadRes(predictions)
-            kwargs = {"lvis_style": True} if self.lvis_style else {}
-            if self.backend == "faster_coco_eval":
-                kwargs["print_function"] = logger.debug
-            evaluation = eval_class(gt, dt, task, **kwargs)
-            evaluation.params.maxDets = [1, 10, self.max_dets]
-            evaluation.evaluate()
-            evaluation.accumulate()
-            evaluation.summarize()
-        if self.backend == "pycocotools":
-            values = dict(zip(_COCO_METRICS, evaluation.stats[:6]))
-        else:
-            stats = evaluation.stats_as_dict
-            values = {name: stats[key] for name, key in _STATS_KEYS.items() if key in stats}
-        metrics = {name: float(value * 100) if value >= 0 else math.nan for name, value in values.items()}
-        self._write_per_category(task, evaluation)
+            if task == "segm" and not has_masks:
+                logger.warning("%s: outputs carry no masks; skipping segm.", type(self).__name__)
+                continue
+            metrics[task], per_category[task] = self._evaluate_task(
+                ground_truth, results, task, sorted(per_image)
+            )
+            logger.info(
+                "Evaluation results for %s (%s):\n%s", task, self._prefix, create_small_table(metrics[task])
+            )
+        if self.output_dir and per_category:
+            self._write_per_category_table(ground_truth, per_category)
         return metrics
 
-    def _write_per_category(self, task: str, evaluation) -> None:
-        if not self.output_dir:
-            return
-        precision = evaluation.eval["precision"]  # [iou, recall, category, area, max dets]
-        categories = {c["id"]: c for c in self._gt_data["categories"]}
-        lines = ["| category | id | frequency | train image count | AP |", "|---|---|---|---|---|"]
-        for k, category_id in enumerate(evaluation.params.catIds):
-            values = precision[:, :, k, 0, -1]
+    # ------------------------------------------------------------------ COCO API
+    def _evaluate_task(
+        self, ground_truth: Any, results: list[dict[str, Any]], task: str, image_ids: list[int]
+    ) -> tuple[dict[str, float], list[float]]:
+        # One geometry per entry: with both, the COCO API takes instance areas (S/M/L) from the box.
+        drop = "segmentation" if task == "bbox" else "bbox"
+        task_results = [{k: v for k, v in entry.items() if k != drop} for entry in results]
+        max_dets = [self.max_dets_per_image] if self._lvis_style else [1, 10, self.max_dets_per_image]
+        with contextlib.redirect_stdout(io.StringIO()):
+            detections = ground_truth.loadRes(task_results)
+            if self.backend == "pycocotools":
+                from pycocotools.cocoeval import COCOeval
+
+                coco_eval = COCOeval(ground_truth, detections, task)
+            else:
+                from faster_coco_eval import COCOeval_faster
+
+                coco_eval = COCOeval_faster(
+                    ground_truth, detections, task, lvis_style=self._lvis_style, print_function=logger.debug
+                )
+            coco_eval.params.imgIds = image_ids
+            coco_eval.params.maxDets = max_dets
+            coco_eval.evaluate()
+            coco_eval.accumulate()
+            coco_eval.summarize()
+        if self.backend == "pycocotools":
+            stats = dict(zip(_COCO_METRICS.values(), coco_eval.stats[:6]))
+        else:
+            stats = coco_eval.stats_as_dict
+        metrics = {name: _nan_if_missing(stats[label]) for name, label in self._metrics.items()}
+        # precision: [IoU thresholds, recall thresholds, categories, area ranges, max dets]
+        precision = np.asarray(coco_eval.eval["precision"])[:, :, :, 0, -1]
+        per_category = []
+        for index in range(precision.shape[2]):
+            values = precision[:, :, index]
             values = values[values > -1]
-            ap = float(values.mean() * 100) if values.size else math.nan
-            c = categories[category_id]
-            lines.append(
-                f"| {c['name']} | {category_id} | {c.get('frequency', '-')} | {c.get('image_count', '-')} | {ap:.2f} |"
+            per_category.append(float(values.mean()) * 100.0 if values.size else float("nan"))
+        return metrics, per_category
+
+    def _write_per_category_table(self, ground_truth: Any, per_category: dict[str, list[float]]) -> None:
+        categories = [ground_truth.cats[c] for c in sorted(ground_truth.getCatIds())]
+        counts = self._train_image_counts()
+        header = ["id", "name", "frequency", "train_images", *[f"{task}_AP" for task in per_category]]
+        rows = []
+        for index, category in enumerate(categories):
+            count = category.get("image_count", counts.get(category["id"], ""))
+            ap_cells = [_format_ap(values[index]) for values in per_category.values()]
+            rows.append(
+                [category["id"], category.get("name", ""), category.get("frequency", ""), count, *ap_cells]
             )
-        with open(os.path.join(self.output_dir, f"{task}_per_category_ap.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+        base = os.path.join(self.output_dir, f"{self._prefix}_per_category_ap")
+        with open(base + ".csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            writer.writerows(rows)
+        with open(base + ".md", "w") as f:
+            f.write("| " + " | ".join(header) + " |\n|" + "|".join("---" for _ in header) + "|\n")
+            f.writelines("| " + " | ".join(str(cell) for cell in row) + " |\n" for row in rows)
+        logger.info("Wrote per-category AP to %s.csv and .md", base)
+
+    def _train_image_counts(self) -> dict[int, int]:
+        """Train image count per json category id, from the metadata's ``class_image_count``."""
+        entries = getattr(self.metadata, "class_image_count", None) or []
+        return {int(entry["id"]): int(entry["image_count"]) for entry in entries}
 
 
-class LVISEvaluator(COCOEvaluator):
-    """LVIS federated evaluation (AP, AP50, AP75, APs/m/l, APr, APc, APf), 300 detections per image.
-
-    Args: as `COCOEvaluator` (backend is always faster_coco_eval).
-    """
-
-    lvis_style = True
-
-    def __init__(
-        self,
-        dataset_name: str | None = None,
-        tasks: Sequence[str] = ("bbox", "segm"),
-        max_dets_per_image: int = 300,
-        output_dir: str | None = None,
-        json_file: str | None = None,
-    ) -> None:
-        super().__init__(dataset_name, tasks, max_dets_per_image, output_dir, "faster_coco_eval", json_file)
+def _format_ap(value: float) -> str:
+    return "nan" if math.isnan(value) else f"{value:.2f}"

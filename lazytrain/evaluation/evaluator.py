@@ -1,8 +1,8 @@
-"""The evaluator protocol and the inference loop.
+"""The evaluator protocol (`DatasetEvaluator`), combining evaluators, and the inference loop.
 
-An evaluator implements ``reset()``, ``process(inputs, outputs)`` for each batch and ``evaluate()``, which
-returns ``{task: {metric: float}}`` on the main process (after gathering from all ranks) and ``{}`` on the
-others. `inference_on_dataset` runs a model over a loader and feeds an evaluator.
+An evaluator sees every batch given to the model and the model's outputs (`process`), then computes metrics
+once (`evaluate`) on the main process after gathering what each process saw. `inference_on_dataset` runs a
+model over a loader and feeds an evaluator.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import datetime
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from contextlib import contextmanager
+from typing import Any
 
 import torch
+from torch import nn
+from tqdm import tqdm
 
 from lazytrain.utils import comm
 
@@ -23,20 +25,30 @@ logger = logging.getLogger(__name__)
 
 
 class DatasetEvaluator:
-    """Base of evaluators: accumulate predictions in `process`, compute metrics in `evaluate`."""
+    """Base class of evaluators: accumulate model outputs batch by batch, then compute metrics.
+
+    Subclasses implement `reset`, `process` and `evaluate`. In a multi-process run every process calls
+    `process` on its shard and `evaluate`; the evaluator gathers to the main process (`comm.gather`), which
+    returns the metrics while the others return ``{}``.
+    """
 
     def reset(self) -> None:
-        pass
+        """Forget everything processed so far (called before each evaluation)."""
 
-    def process(self, inputs: list[dict], outputs: list[dict]) -> None:
-        raise NotImplementedError
+    def process(self, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> None:
+        """Take in one batch given to the model (`inputs`) and its outputs (same order)."""
 
-    def evaluate(self) -> dict:
-        raise NotImplementedError
+    def evaluate(self) -> dict[str, Any]:
+        """Metrics as ``{task: {metric: float}}`` on the main process; ``{}`` elsewhere or when empty."""
+        return {}
 
 
 class DatasetEvaluators(DatasetEvaluator):
-    """Several evaluators as one; their result dicts are merged (task names must not clash)."""
+    """Several evaluators run as one; their results are merged (a task name may appear only once).
+
+    Args:
+        evaluators: the evaluators, called in order.
+    """
 
     def __init__(self, evaluators: Sequence[DatasetEvaluator]) -> None:
         self.evaluators = list(evaluators)
@@ -45,63 +57,90 @@ class DatasetEvaluators(DatasetEvaluator):
         for evaluator in self.evaluators:
             evaluator.reset()
 
-    def process(self, inputs: list[dict], outputs: list[dict]) -> None:
+    def process(self, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> None:
         for evaluator in self.evaluators:
             evaluator.process(inputs, outputs)
 
-    def evaluate(self) -> dict:
-        results: dict = {}
+    def evaluate(self) -> dict[str, Any]:
+        results: dict[str, Any] = {}
         for evaluator in self.evaluators:
             for task, metrics in (evaluator.evaluate() or {}).items():
                 if task in results:
-                    raise ValueError(f"DatasetEvaluators: two evaluators report task '{task}'")
+                    raise ValueError(
+                        f"DatasetEvaluators: two evaluators report task '{task}' ({type(evaluator).__name__} "
+                        "and an earlier one); give them distinct task names."
+                    )
                 results[task] = metrics
         return results
 
 
-@contextmanager
-def _eval_mode(model: torch.nn.Module):
-    was_training = model.training
-    model.eval()
+def _length(loader: Iterable) -> int | None:
     try:
-        yield
-    finally:
-        model.train(was_training)
+        return len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def inference_on_dataset(
-    model: torch.nn.Module, data_loader: Iterable, evaluator: DatasetEvaluator | None
-) -> dict:
-    """Run `model` on every batch of `data_loader` in eval + inference mode and evaluate.
+    model: nn.Module,
+    data_loader: Iterable[list[dict[str, Any]]],
+    evaluator: DatasetEvaluator | Sequence[DatasetEvaluator] | None,
+) -> dict[str, Any]:
+    """Run `model` on every batch of `data_loader` in eval and inference mode and evaluate the outputs.
 
-    The model's training mode is restored afterwards. Shows a progress bar on the main process and logs the
-    total and per-image time. Returns the evaluator's results ({} on non-main ranks or without evaluator).
+    The model's training/eval mode is restored afterwards. The main process shows a progress bar (images/s,
+    ETA) and logs the total time and the time per image (model time excludes the first few warm-up batches).
+
+    Args:
+        model: takes a list of dicts (one per image) and returns one output per image.
+        data_loader: yields lists of dicts; in a multi-process run each process gets its own shard.
+        evaluator: an evaluator, a list of them, or None to only time the model.
+
+    Returns:
+        The evaluator's results on the main process (``{}`` on the others or without an evaluator).
     """
-    from tqdm import tqdm
-
-    if evaluator is not None:
-        evaluator.reset()
-    total = len(data_loader) if hasattr(data_loader, "__len__") else None
-    logger.info("Start inference on %s batches", total if total is not None else "?")
-    num_images = 0
+    if evaluator is None:
+        evaluator = DatasetEvaluators([])
+    elif not isinstance(evaluator, DatasetEvaluator):
+        evaluator = DatasetEvaluators(evaluator)
+    evaluator.reset()
+    num_batches = _length(data_loader)
+    warmup = min(5, num_batches - 1) if num_batches else 0
+    num_images, model_time, timed_images = 0, 0.0, 0
+    was_training = model.training
     start = time.perf_counter()
     progress = tqdm(
-        total=total, desc="inference", unit="batch", disable=not comm.is_main_process(), mininterval=2.0
+        total=num_batches,
+        desc="inference",
+        unit="batch",
+        disable=not comm.is_main_process(),
+        dynamic_ncols=True,
     )
-    with _eval_mode(model), torch.inference_mode():
-        for inputs in data_loader:
-            outputs = model(inputs)
-            if evaluator is not None:
+    try:
+        model.eval()
+        with torch.inference_mode():
+            for index, inputs in enumerate(data_loader):
+                if index == warmup:
+                    model_time, timed_images = 0.0, 0
+                tick = time.perf_counter()
+                outputs = model(inputs)
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                model_time += time.perf_counter() - tick
+                timed_images += len(inputs)
                 evaluator.process(inputs, outputs)
-            num_images += len(inputs)
-            progress.update(1)
-    progress.close()
-    seconds = time.perf_counter() - start
+                num_images += len(inputs)
+                progress.update(1)
+                progress.set_postfix(img_s=f"{num_images / (time.perf_counter() - start):.2f}", refresh=False)
+    finally:
+        progress.close()
+        model.train(was_training)
+    total = time.perf_counter() - start
     logger.info(
-        "Inference done: %d images in %s (%.4f s / image on this rank)",
-        num_images,
-        datetime.timedelta(seconds=int(seconds)),
-        seconds / max(num_images, 1),
-    )
-    results = evaluator.evaluate() if evaluator is not None else {}
-    return results if comm.is_main_process() else {}
+        "Inference on %d images took %s (%.4f s/image; model %.4f s/image after %d warm-up batches) on %d "
+        "process(es)",
+        num_images, datetime.timedelta(seconds=int(total)), total / max(num_images, 1),
+        model_time / max(timed_images, 1), warmup, comm.get_world_size(),
+    )  # fmt: skip
+    results = evaluator.evaluate()
+    return results if results is not None else {}
