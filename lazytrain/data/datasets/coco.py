@@ -42,7 +42,8 @@ def _clean_segmentation(segmentation: Any, dropped: Counter) -> Any:
     if isinstance(segmentation, dict):  # RLE
         return segmentation
     polygons = [p for p in segmentation if len(p) >= 6 and len(p) % 2 == 0]
-    dropped["polygons with < 3 points"] += len(segmentation) - len(polygons)
+    if len(polygons) < len(segmentation):
+        dropped["polygons with < 3 points"] += len(segmentation) - len(polygons)
     return polygons
 
 
