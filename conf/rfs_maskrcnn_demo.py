@@ -30,6 +30,5 @@ train.checkpointer.period = 100
 train.checkpointer.max_to_keep = 1
 train.clip_grad.max_norm = 10.0
 train.device = "cpu"
-train.output_dir = "./output/rfs_maskrcnn_demo"
 
 launch = dict(num_gpus=0, num_processes=1)

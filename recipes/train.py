@@ -12,7 +12,7 @@ from lazytrain.engine import hooks
 from lazytrain.engine.train_loop import SimpleTrainer
 
 train = dict(
-    output_dir="./output",
+    output_dir="./output",  # under `python -m lazytrain`: the Hydra job directory (hydra.run.dir)
     max_iter=90000,
     seed=0,  # each rank seeds seed + rank; negative: one random seed shared by all ranks
     device="cuda",

@@ -1,0 +1,215 @@
+"""``python -m lazytrain CONFIG [Hydra flags and overrides]``: a LazyConfig file run as a Hydra app.
+
+How it works: CONFIG (a ``.py`` LazyConfig or a saved ``.yaml``, anywhere in argv) is taken out of argv and
+loaded once into plain data, which is registered as Hydra's primary config in the ConfigStore; the rest of
+argv goes to a ``hydra.main`` app, so every Hydra habit works (overrides, ``-m`` sweeps, ``--cfg job``,
+``hydra.run.dir``, launchers, sweepers, callbacks). Each job resolves its config, validates it (all
+problems at once, with key paths), checks the data sets are on disk, and then launches the per-rank program
+(``launch.main``, default `lazytrain.engine.defaults.run`) in one process per GPU or CPU worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+__all__ = ["CONFIG_NAME", "main", "run_job"]
+
+CONFIG_NAME = "lazytrain_config"
+DEFAULT_MAIN = "lazytrain.engine.defaults.run"
+LAUNCH_DEFAULTS = {
+    "num_gpus": 0,
+    "num_processes": 1,
+    "num_machines": 1,
+    "machine_rank": 0,
+    "dist_url": "auto",
+    "main": DEFAULT_MAIN,
+}
+_USAGE = "usage: python -m lazytrain CONFIG.py|CONFIG.yaml [-m] [key=value ...] [Hydra flags]"
+
+logger = logging.getLogger("lazytrain.launch")
+
+
+def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
+    for index, arg in enumerate(argv):
+        if not arg.startswith("-") and "=" not in arg and arg.endswith((".py", ".yaml", ".yml")):
+            return arg, argv[:index] + argv[index + 1 :]
+    return None, argv
+
+
+def _fail(message: str) -> None:
+    print(f"lazytrain: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def _precheck_overrides(cfg, overrides: list[str]) -> None:
+    """Report unknown keys with did-you-mean suggestions before Hydra starts (Hydra's message has none)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from lazytrain.config import LazyConfig
+    from lazytrain.config.overrides import suggest_keys
+
+    parser = OverridesParser.create()
+    plain = []
+    for line in overrides:
+        if line.startswith("-") or "=" not in line and not line.startswith("~"):
+            continue
+        override = parser.parse_override(line)
+        key = override.key_or_group
+        if key.startswith("hydra") or "/" in key:
+            continue
+        if override.is_sweep_override():
+            if not (override.is_add() or override.is_force_add()) and _select(cfg, key) is _MISSING:
+                suggestions = suggest_keys(cfg, key)
+                hint = f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""
+                raise _config_error(f"override '{line}': key '{key}' is not in the config.{hint}")
+            continue
+        plain.append(line)
+    LazyConfig.apply_overrides(cfg.copy(), plain)
+
+
+_MISSING = object()
+
+
+def _select(cfg, key: str) -> Any:
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False)
+    return value
+
+
+def _config_error(message: str):
+    from lazytrain.errors import ConfigError
+
+    return ConfigError(message)
+
+
+def _primary_config(cfg, config_path: str) -> dict:
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(cfg, resolve=False)
+    launch = {**LAUNCH_DEFAULTS, **data.get("launch", {})}
+    data["launch"] = launch
+    if isinstance(data.get("train"), dict) and data["train"].get("output_dir") in (None, "", "./output"):
+        data["train"]["output_dir"] = "${hydra:runtime.output_dir}"
+    stem = os.path.splitext(os.path.basename(config_path))[0]
+    data["hydra"] = {
+        "job": {"name": stem, "chdir": False},
+        "callbacks": {
+            "lazytrain_sweep_summary": {"_target_": "lazytrain.launch.summary.SweepSummaryCallback"}
+        },
+    }
+    return data
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command-line entrypoint (also the ``lazytrain`` console script)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config_path, rest = _split_config(argv)
+    if config_path is None:
+        if any(a in ("-h", "--help") for a in argv):
+            print(_USAGE)
+            return
+        _fail(f"no CONFIG file given.\n{_USAGE}")
+    from lazytrain.config import LazyConfig
+    from lazytrain.errors import ConfigError
+
+    try:
+        cfg = LazyConfig.load(config_path)
+        _precheck_overrides(cfg, rest)
+    except ConfigError as e:
+        _fail(str(e))
+    import hydra
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=CONFIG_NAME, node=_primary_config(cfg, config_path))
+    sys.argv = [sys.argv[0], *rest]
+    hydra.main(version_base="1.3", config_path=None, config_name=CONFIG_NAME)(_hydra_task)()
+
+
+def _hydra_task(cfg) -> Any:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from lazytrain.errors import ConfigError
+
+    try:
+        return run_job(cfg)
+    except ConfigError as e:
+        if HydraConfig.get().mode == RunMode.RUN:
+            _fail(str(e))
+        raise
+
+
+def _check_datasets(cfg) -> None:
+    """Fail before spawning when a data set the config names is not on disk."""
+    from lazytrain.data.datasets.builtin import find_missing_data
+
+    problems = find_missing_data(cfg)
+    if problems:
+        raise _config_error("\n".join(problems))
+
+
+def run_job(cfg) -> Any:
+    """One Hydra job: resolve, validate, check data, launch the per-rank program."""
+    import multiprocessing
+
+    from omegaconf import OmegaConf
+
+    from lazytrain.config import locate, validate
+    from lazytrain.engine.defaults import INJECTED_ARGUMENTS
+
+    multiprocessing.set_start_method("spawn", force=True)
+    OmegaConf.resolve(cfg)
+    launch_cfg = cfg.launch
+    validate(cfg, INJECTED_ARGUMENTS)
+    _check_datasets(cfg)
+    num_gpus = launch_cfg.num_gpus
+    use_gpu = cfg.get("train", {}).get("device", "cpu") == "cuda"
+    if use_gpu:
+        num_gpus = _resolve_num_gpus(num_gpus)
+    per_machine = num_gpus if use_gpu else int(launch_cfg.num_processes)
+    main_path = str(launch_cfg.main)
+    locate(main_path)  # fail here, not in every rank
+    from lazytrain.launch.launch import launch
+
+    container = OmegaConf.to_container(cfg, resolve=True)
+    return launch(
+        _run_rank,
+        per_machine,
+        num_machines=int(launch_cfg.num_machines),
+        machine_rank=int(launch_cfg.machine_rank),
+        dist_url=launch_cfg.dist_url,
+        args=(container, main_path),
+        use_gpu=use_gpu,
+    )
+
+
+def _resolve_num_gpus(requested) -> int:
+    import torch
+
+    visible = torch.cuda.device_count()
+    if requested == "auto" or requested is None:
+        if visible == 0:
+            raise _config_error(
+                "train.device=cuda but no GPU is visible; use train.device=cpu (and launch.num_processes=N)."
+            )
+        return visible
+    requested = int(requested)
+    if requested > visible:
+        raise _config_error(
+            f"launch.num_gpus={requested} but only {visible} GPU(s) are visible; lower launch.num_gpus or use "
+            "train.device=cpu with launch.num_processes."
+        )
+    return max(requested, 1)
+
+
+def _run_rank(container: dict, main_path: str) -> Any:
+    """What every rank runs: rebuild the config and call the program."""
+    from omegaconf import OmegaConf
+
+    from lazytrain.config import locate
+
+    return locate(main_path)(OmegaConf.create(container))

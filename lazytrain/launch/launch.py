@@ -1,0 +1,213 @@
+"""`launch`: run a function in one process per GPU (or CPU worker), on one or several machines.
+
+World size 1 runs in-process. Otherwise processes are spawned with torch.multiprocessing (NCCL + one GPU
+each, or gloo on CPU). Under torchrun or a SLURM/submitit multi-task job the process group is initialised
+from the environment instead (no spawn). A rank that raises stops the others and the error, naming the
+rank, is re-raised in the parent: never a silent hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["find_free_port", "get_env_rank_info", "launch"]
+
+logger = logging.getLogger(__name__)
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+def find_free_port() -> int:
+    """A free TCP port on localhost (chosen per job so concurrent jobs never collide)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check_port_free(dist_url: str) -> None:
+    if not dist_url.startswith("tcp://"):
+        return
+    host, port = dist_url[len("tcp://") :].rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("" if host in ("127.0.0.1", "localhost", "0.0.0.0") else host, int(port)))
+        except OSError as e:
+            raise ValueError(
+                f"launch.dist_url={dist_url}: port {port} is already in use ({e.strerror}). Choose another port or "
+                "use launch.dist_url=auto (single machine)."
+            ) from None
+
+
+def get_env_rank_info() -> dict[str, Any] | None:
+    """Rank info from torchrun (RANK/WORLD_SIZE/LOCAL_RANK) or SLURM (SLURM_PROCID/NTASKS/LOCALID); None
+    when the process was not started by such a launcher."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
+        return {
+            "rank": int(env["RANK"]),
+            "world_size": int(env["WORLD_SIZE"]),
+            "local_rank": int(env.get("LOCAL_RANK", 0)),
+            "local_size": int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+        }
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        if "MASTER_ADDR" not in env:
+            nodes = env.get("SLURM_JOB_NODELIST", "127.0.0.1").split(",")[0].replace("[", "").split("-")[0]
+            env["MASTER_ADDR"] = nodes
+        env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+        return {
+            "rank": int(env["SLURM_PROCID"]),
+            "world_size": int(env["SLURM_NTASKS"]),
+            "local_rank": int(env.get("SLURM_LOCALID", 0)),
+            "local_size": int(env.get("SLURM_NTASKS_PER_NODE", env["SLURM_NTASKS"]).split("(")[0]),
+        }
+    return None
+
+
+def _backend(backend: str, use_gpu: bool) -> str:
+    if backend != "auto":
+        return backend
+    return "nccl" if use_gpu else "gloo"
+
+
+def _run_in_group(
+    main_func: Callable,
+    args: tuple,
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    local_size: int,
+    init_method: str,
+    backend: str,
+    timeout: timedelta,
+) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    from lazytrain.utils import comm
+
+    use_gpu = backend == "nccl"
+    if use_gpu:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(
+        backend=backend, init_method=init_method, world_size=world_size, rank=rank, timeout=timeout
+    )
+    try:
+        comm.create_local_process_group(local_size)
+        comm.synchronize()
+        return main_func(*args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawned_worker(
+    local_rank: int, main_func, args, world_size, num_per_machine, machine_rank, dist_url, backend, timeout
+) -> None:
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_per_machine))
+    os.environ["LOCAL_RANK"] = str(local_rank)
+    rank = machine_rank * num_per_machine + local_rank
+    _run_in_group(
+        main_func,
+        args,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_size=num_per_machine,
+        init_method=dist_url,
+        backend=backend,
+        timeout=timeout,
+    )
+
+
+def launch(
+    main_func: Callable,
+    num_gpus_per_machine: int,
+    num_machines: int = 1,
+    machine_rank: int = 0,
+    dist_url: str | None = None,
+    args: tuple = (),
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    *,
+    use_gpu: bool = True,
+    backend: str = "auto",
+) -> Any:
+    """Run ``main_func(*args)`` in every process of the job.
+
+    Args:
+        main_func: a module-level (picklable) function.
+        num_gpus_per_machine: processes per machine (GPUs, or CPU workers when `use_gpu` is False).
+        num_machines: machines in the job.
+        machine_rank: this machine's index.
+        dist_url: ``tcp://host:port`` of machine 0, or "auto" (a free local port; one machine only).
+        args: arguments of `main_func` (picklable).
+        timeout: process-group timeout.
+        use_gpu: one GPU per process with NCCL; False: gloo on CPU.
+        backend: "auto" (nccl on GPU, gloo on CPU), or an explicit backend.
+
+    Returns:
+        `main_func`'s return value when run in-process (world size 1); None after a spawn.
+    """
+    import multiprocessing
+
+    env_info = get_env_rank_info()
+    if env_info is not None:
+        logger.info("Process group from the environment: %s", env_info)
+        return _run_in_group(
+            main_func,
+            args,
+            **env_info,
+            init_method="env://",
+            backend=_backend(backend, use_gpu),
+            timeout=timeout,
+        )
+    world_size = num_machines * num_gpus_per_machine
+    if world_size <= 1:
+        return main_func(*args)
+    if dist_url in (None, "auto"):
+        if num_machines > 1:
+            raise ValueError(
+                "launch: dist_url='auto' works on one machine only; give launch.dist_url=tcp://HOST:PORT of machine 0"
+            )
+        dist_url = f"tcp://127.0.0.1:{find_free_port()}"
+    elif machine_rank == 0:
+        _check_port_free(dist_url)
+    multiprocessing.set_start_method("spawn", force=True)
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(
+        _spawned_worker,
+        args=(
+            main_func,
+            args,
+            world_size,
+            num_gpus_per_machine,
+            machine_rank,
+            dist_url,
+            _backend(backend, use_gpu),
+            timeout,
+        ),
+        nprocs=num_gpus_per_machine,
+        start_method="spawn",
+        join=False,
+    )
+    try:
+        while not context.join(timeout=1.0):
+            pass
+    except mp.ProcessRaisedException as e:
+        rank = machine_rank * num_gpus_per_machine + e.error_index
+        raise RuntimeError(
+            f"rank {rank} (process {e.error_index} on machine {machine_rank}) failed:\n{e}"
+        ) from None
+    except mp.ProcessExitedException as e:
+        rank = machine_rank * num_gpus_per_machine + e.error_index
+        raise RuntimeError(
+            f"rank {rank} (process {e.error_index} on machine {machine_rank}) exited with code {e.exit_code}"
+        ) from None
+    return None

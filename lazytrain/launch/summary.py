@@ -1,0 +1,101 @@
+"""The multirun summary: a Hydra callback writing ``summary.csv`` and ``summary.md`` at the sweep root.
+
+One row per job: its overrides, status (ok/failed), wall time and the final metrics (every ``*/AP*`` key of
+the last evaluation in the job's ``metrics.json``). Registered automatically by the entrypoint.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+__all__ = ["SweepSummaryCallback", "collect_sweep", "read_final_metrics"]
+
+_STATUS_FILE = "lazytrain_job.json"
+
+
+def read_final_metrics(output_dir: str) -> dict[str, float]:
+    """The newest value of every evaluation metric (keys containing ``/AP``) in ``metrics.json``."""
+    path = os.path.join(output_dir, "metrics.json")
+    metrics: dict[str, float] = {}
+    if not os.path.exists(path):
+        return metrics
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            metrics.update({k: v for k, v in record.items() if "/AP" in k})
+    return metrics
+
+
+def collect_sweep(sweep_dir: str) -> list[dict[str, Any]]:
+    """Rows of the sweep's jobs, in job-number order."""
+    import yaml
+
+    rows = []
+    jobs = [
+        d
+        for d in os.listdir(sweep_dir)
+        if os.path.isfile(os.path.join(sweep_dir, d, ".hydra", "overrides.yaml"))
+    ]
+    for job in sorted(jobs, key=lambda d: (len(d), d)):
+        job_dir = os.path.join(sweep_dir, job)
+        with open(os.path.join(job_dir, ".hydra", "overrides.yaml")) as f:
+            overrides = yaml.safe_load(f) or []
+        status = {"status": "failed", "seconds": float("nan")}
+        if os.path.exists(os.path.join(job_dir, _STATUS_FILE)):
+            with open(os.path.join(job_dir, _STATUS_FILE)) as f:
+                status = json.load(f)
+        rows.append({"job": job, "overrides": " ".join(overrides), **status, **read_final_metrics(job_dir)})
+    return rows
+
+
+def _format(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def write_summary(sweep_dir: str) -> str:
+    """Write summary.csv/summary.md for `sweep_dir` and return the markdown table."""
+    rows = collect_sweep(sweep_dir)
+    metric_keys = sorted(
+        {k for r in rows for k in r if "/AP" in k}, key=lambda k: (k.split("/")[0] != "segm", k)
+    )
+    columns = ["job", "overrides", "status", "seconds", *metric_keys]
+    with open(os.path.join(sweep_dir, "summary.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_format(r.get(c, "")) for c in columns) + " |" for r in rows]
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(sweep_dir, "summary.md"), "w") as f:
+        f.write(table)
+    return table
+
+
+class SweepSummaryCallback(Callback):
+    """Records each job's status and wall time; at the end of a multirun writes and prints the summary."""
+
+    def on_job_start(self, config, **kwargs: Any) -> None:
+        self._start = time.perf_counter()
+
+    def on_job_end(self, config, job_return, **kwargs: Any) -> None:
+        from hydra.core.utils import JobStatus
+
+        output_dir = config.hydra.runtime.output_dir
+        status = "ok" if job_return.status == JobStatus.COMPLETED else "failed"
+        seconds = time.perf_counter() - getattr(self, "_start", time.perf_counter())
+        with open(os.path.join(output_dir, _STATUS_FILE), "w") as f:
+            json.dump({"status": status, "seconds": round(seconds, 1)}, f)
+
+    def on_multirun_end(self, config, **kwargs: Any) -> None:
+        sweep_dir = config.hydra.sweep.dir
+        if os.path.isdir(sweep_dir):
+            print(f"\nSweep summary ({sweep_dir}/summary.md):\n{write_summary(sweep_dir)}")

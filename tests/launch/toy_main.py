@@ -1,0 +1,35 @@
+"""Per-rank programs for launch tests (importable by spawned processes)."""
+
+import json
+import os
+
+from lazytrain.utils import comm
+
+
+def record_ranks(cfg):
+    """Write this rank's view of the process group and a gathered value into the output dir."""
+    values = comm.all_gather(comm.get_rank() * 10)
+    out = os.path.join(cfg.train.output_dir, f"rank{comm.get_rank()}.json")
+    os.makedirs(cfg.train.output_dir, exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(
+            {
+                "rank": comm.get_rank(),
+                "world_size": comm.get_world_size(),
+                "gathered": values,
+                "seed": comm.shared_random_seed(),
+                "lr": cfg.train.lr,
+            },
+            f,
+        )
+    if comm.is_main_process():
+        with open(os.path.join(cfg.train.output_dir, "metrics.json"), "w") as f:
+            f.write(json.dumps({"iteration": 0, "bbox/AP": float(cfg.train.lr) * 100}) + "\n")
+    return {"bbox": {"AP": float(cfg.train.lr)}}
+
+
+def fail_on_rank_one(cfg):
+    comm.synchronize()
+    if comm.get_rank() == 1:
+        raise RuntimeError("deliberate failure on rank 1")
+    comm.synchronize()  # rank 0 would wait here forever if the failure were not propagated
