@@ -3,7 +3,7 @@ import math
 import torch
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from lazytrain.config import LazyConfig, instantiate
+from lazytrain.config import LazyConfig, find_problems, instantiate
 from tests.modeling.helpers import CPU_RECIPE, R50_RECIPE, build_model, load_model_config, make_record
 
 
@@ -96,3 +96,8 @@ def test_cpu_model_overfits_two_images_and_evaluates():
         instances = output["instances"]
         assert set(instances) == {"boxes", "scores", "classes", "masks"}
         assert instances["masks"].shape[1:] == (record["height"], record["width"])
+
+
+def test_recipes_validate_without_building():
+    for recipe in (CPU_RECIPE, R50_RECIPE):
+        assert find_problems(LazyConfig.load(recipe)) == []
