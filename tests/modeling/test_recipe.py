@@ -101,3 +101,24 @@ def test_cpu_model_overfits_two_images_and_evaluates():
 def test_recipes_validate_without_building():
     for recipe in (CPU_RECIPE, R50_RECIPE):
         assert find_problems(LazyConfig.load(recipe)) == []
+
+
+def test_dropping_the_mask_branch_gives_faster_rcnn():
+    model = build_model(
+        overrides=(
+            "model.num_classes=3",
+            "~model.roi_heads.mask_roi_pool",
+            "~model.roi_heads.mask_head",
+            "~model.roi_heads.mask_predictor",
+        )
+    )
+    assert not model.roi_heads.has_mask()
+    record = make_record(64, 96)
+    del record["instances"]["masks"]
+    model.train()
+    assert "loss_mask" not in model([record])
+    model.eval()
+    model.roi_heads.score_thresh = 0.0
+    with torch.inference_mode():
+        (output,) = model([record])
+    assert set(output["instances"]) == {"boxes", "scores", "classes"}
