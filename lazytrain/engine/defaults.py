@@ -61,7 +61,10 @@ def default_setup(cfg: DictConfig) -> None:
     logger.info("Full config:\n%s", OmegaConf.to_yaml(cfg, resolve=False))
     if comm.is_main_process() and output_dir:
         path = os.path.join(output_dir, "config.yaml")
-        LazyConfig.save(cfg, path)
+        saved = cfg.copy()
+        # Fed back as CONFIG, the saved file must write to its new run's directory, not over this one.
+        saved.train.output_dir = "./output"
+        LazyConfig.save(saved, path)
         logger.info("Config saved to %s", path)
     seed = int(cfg.train.get("seed", 0))
     if seed < 0:

@@ -92,7 +92,12 @@ def _primary_config(cfg, config_path: str) -> dict:
     data = OmegaConf.to_container(cfg, resolve=False)
     launch = {**LAUNCH_DEFAULTS, **data.get("launch", {})}
     data["launch"] = launch
-    if isinstance(data.get("train"), dict) and data["train"].get("output_dir") in (None, "", "./output"):
+    if isinstance(data.get("train"), dict) and data["train"].get("output_dir") in (
+        None,
+        "",
+        "???",
+        "./output",
+    ):
         data["train"]["output_dir"] = "${hydra:runtime.output_dir}"
     stem = os.path.splitext(os.path.basename(config_path))[0]
     data["hydra"] = {
@@ -106,6 +111,9 @@ def _primary_config(cfg, config_path: str) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     """The command-line entrypoint (also the ``lazytrain`` console script)."""
+    # Busy-waiting OpenMP threads make CPU training up to 10x slower when the cores are shared (measured:
+    # 8.5 s vs 0.7 s per Mask R-CNN step); must be set before torch is imported. Spawned ranks inherit it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     config_path, rest = _split_config(argv)
     if config_path is None:
@@ -113,18 +121,20 @@ def main(argv: list[str] | None = None) -> None:
             print(_USAGE)
             return
         _fail(f"no CONFIG file given.\n{_USAGE}")
+    from omegaconf import OmegaConf
+
     from lazytrain.config import LazyConfig
     from lazytrain.errors import ConfigError
 
     try:
-        cfg = LazyConfig.load(config_path)
-        _precheck_overrides(cfg, rest)
+        primary = _primary_config(LazyConfig.load(config_path), config_path)
+        _precheck_overrides(OmegaConf.create({k: v for k, v in primary.items() if k != "hydra"}), rest)
     except ConfigError as e:
         _fail(str(e))
     import hydra
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name=CONFIG_NAME, node=_primary_config(cfg, config_path))
+    ConfigStore.instance().store(name=CONFIG_NAME, node=primary)
     sys.argv = [sys.argv[0], *rest]
     hydra.main(version_base="1.3", config_path=None, config_name=CONFIG_NAME)(_hydra_task)()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -113,16 +114,32 @@ def _spawned_worker(
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_per_machine))
     os.environ["LOCAL_RANK"] = str(local_rank)
     rank = machine_rank * num_per_machine + local_rank
-    _run_in_group(
-        main_func,
-        args,
-        rank=rank,
-        world_size=world_size,
-        local_rank=local_rank,
-        local_size=num_per_machine,
-        init_method=dist_url,
-        backend=backend,
-        timeout=timeout,
+    try:
+        _run_in_group(
+            main_func,
+            args,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_size=num_per_machine,
+            init_method=dist_url,
+            backend=backend,
+            timeout=timeout,
+        )
+    except Exception as e:
+        # A rank that fails only because a peer died (its collective broke) waits a moment, so that the parent
+        # reports the rank that failed first, with its own traceback.
+        if _is_peer_failure(e):
+            time.sleep(5)
+        raise
+
+
+def _is_peer_failure(error: Exception) -> bool:
+    import torch.distributed as dist
+
+    text = str(error)
+    return (
+        isinstance(error, dist.DistError) or "Connection closed by peer" in text or "Connection reset" in text
     )
 
 

@@ -3,7 +3,11 @@ sampling, COCO evaluation with 100 detections per image.
 """
 
 from lazytrain.config import LazyCall as L
-from lazytrain.data.build import build_detection_test_loader, build_detection_train_loader, get_detection_dataset_dicts
+from lazytrain.data.build import (
+    build_detection_test_loader,
+    build_detection_train_loader,
+    get_detection_dataset_dicts,
+)
 from lazytrain.data.mappers import DatasetMapper
 from lazytrain.data.transforms import RandomFlip, ResizeShortestEdge
 from lazytrain.evaluation import COCOEvaluator
@@ -14,7 +18,9 @@ dataloader = dict(
         mapper=L(DatasetMapper)(
             is_train=True,
             augmentations=[
-                L(ResizeShortestEdge)(short_edge_length=[640, 672, 704, 736, 768, 800], max_size=1333, sample_style="choice"),
+                L(ResizeShortestEdge)(
+                    short_edge_length=[640, 672, 704, 736, 768, 800], max_size=1333, sample_style="choice"
+                ),
                 L(RandomFlip)(prob=0.5, horizontal=True),
             ],
             image_format="RGB",
@@ -28,8 +34,12 @@ dataloader = dict(
     ),
     test=L(build_detection_test_loader)(
         dataset=L(get_detection_dataset_dicts)(names="coco_2017_val", filter_empty=False),
-        mapper=L(DatasetMapper)(is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=800, max_size=1333)]),
+        mapper=L(DatasetMapper)(
+            is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=800, max_size=1333)]
+        ),
         num_workers=4,
     ),
-    evaluator=L(COCOEvaluator)(dataset_name="coco_2017_val", max_dets_per_image=100, output_dir="${train.output_dir}"),
+    evaluator=L(COCOEvaluator)(
+        dataset_name="coco_2017_val", max_dets_per_image=100, output_dir="${train.output_dir}"
+    ),
 )

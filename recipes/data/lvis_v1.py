@@ -3,7 +3,11 @@ Repeat Factor Sampling t=0.001, LVIS federated evaluation with 300 detections pe
 """
 
 from lazytrain.config import LazyCall as L
-from lazytrain.data.build import build_detection_test_loader, build_detection_train_loader, get_detection_dataset_dicts
+from lazytrain.data.build import (
+    build_detection_test_loader,
+    build_detection_train_loader,
+    get_detection_dataset_dicts,
+)
 from lazytrain.data.mappers import DatasetMapper
 from lazytrain.data.samplers import RepeatFactorTrainingSampler
 from lazytrain.data.transforms import RandomFlip, ResizeShortestEdge
@@ -15,7 +19,9 @@ dataloader = dict(
         mapper=L(DatasetMapper)(
             is_train=True,
             augmentations=[
-                L(ResizeShortestEdge)(short_edge_length=[640, 672, 704, 736, 768, 800], max_size=1333, sample_style="choice"),
+                L(ResizeShortestEdge)(
+                    short_edge_length=[640, 672, 704, 736, 768, 800], max_size=1333, sample_style="choice"
+                ),
                 L(RandomFlip)(prob=0.5, horizontal=True),
             ],
             image_format="RGB",
@@ -31,8 +37,12 @@ dataloader = dict(
     ),
     test=L(build_detection_test_loader)(
         dataset=L(get_detection_dataset_dicts)(names="lvis_v1_val", filter_empty=False),
-        mapper=L(DatasetMapper)(is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=800, max_size=1333)]),
+        mapper=L(DatasetMapper)(
+            is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=800, max_size=1333)]
+        ),
         num_workers=4,
     ),
-    evaluator=L(LVISEvaluator)(dataset_name="lvis_v1_val", max_dets_per_image=300, output_dir="${train.output_dir}"),
+    evaluator=L(LVISEvaluator)(
+        dataset_name="lvis_v1_val", max_dets_per_image=300, output_dir="${train.output_dir}"
+    ),
 )

@@ -5,7 +5,11 @@ The sampler is Repeat Factor Sampling; ``dataloader.train.sampler.repeat_thresh=
 """
 
 from lazytrain.config import LazyCall as L
-from lazytrain.data.build import build_detection_test_loader, build_detection_train_loader, get_detection_dataset_dicts
+from lazytrain.data.build import (
+    build_detection_test_loader,
+    build_detection_train_loader,
+    get_detection_dataset_dicts,
+)
 from lazytrain.data.mappers import DatasetMapper
 from lazytrain.data.samplers import RepeatFactorTrainingSampler
 from lazytrain.data.transforms import RandomFlip, ResizeShortestEdge
@@ -34,7 +38,9 @@ dataloader = dict(
     ),
     test=L(build_detection_test_loader)(
         dataset=L(get_detection_dataset_dicts)(names="synthetic_lt_val", filter_empty=False),
-        mapper=L(DatasetMapper)(is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=192, max_size=320)]),
+        mapper=L(DatasetMapper)(
+            is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=192, max_size=320)]
+        ),
         num_workers=2,
     ),
     evaluator=L(LVISEvaluator)(dataset_name="synthetic_lt_val", output_dir="${train.output_dir}"),

@@ -1,0 +1,236 @@
+"""End-to-end tests of `python -m lazytrain` on toy configs (CPU, gloo)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+TOY = os.path.join(HERE, "toy_launch_config.py")
+ENGINE_TOY = os.path.join(REPO, "tests", "engine", "toy_config.py")
+
+
+def lazytrain(*args, cwd, timeout=180, env=None):
+    environment = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "lazytrain", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment,
+    )
+
+
+def read_rank(run_dir, rank):
+    with open(os.path.join(run_dir, f"rank{rank}.json")) as f:
+        return json.load(f)
+
+
+def test_two_cpu_processes_share_a_process_group(tmp_path):
+    result = lazytrain(TOY, f"hydra.run.dir={tmp_path}/run", "train.lr=0.25", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [read_rank(tmp_path / "run", r) for r in (0, 1)]
+    assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["world_size"] == 2
+    assert ranks[0]["gathered"] == ranks[1]["gathered"] == [0, 10]
+    assert ranks[0]["seed"] == ranks[1]["seed"]
+    assert ranks[0]["lr"] == 0.25
+    assert (tmp_path / "run" / ".hydra" / "overrides.yaml").read_text().strip() == "- train.lr=0.25"
+
+
+def test_single_process_and_add_delete_overrides(tmp_path):
+    result = lazytrain(
+        TOY,
+        f"hydra.run.dir={tmp_path}/run",
+        "launch.num_processes=1",
+        "+train.extra=1",
+        "++train.lr=0.5",
+        "~train.device",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_rank(tmp_path / "run", 0)["world_size"] == 1
+    saved = (tmp_path / "run" / ".hydra" / "config.yaml").read_text()
+    assert "extra: 1" in saved and "device" not in saved
+
+
+@pytest.mark.slow
+def test_multirun_sweep_of_two_process_jobs_writes_summary(tmp_path):
+    result = lazytrain(
+        TOY, "-m", "train.lr=0.1,0.2,0.3", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = (tmp_path / "sweep" / "summary.md").read_text()
+    assert "| 0 | train.lr=0.1 | ok |" in summary and "| 2 | train.lr=0.3 | ok |" in summary
+    csv_lines = (tmp_path / "sweep" / "summary.csv").read_text().splitlines()
+    assert csv_lines[0] == "job,overrides,status,seconds,bbox/AP" and csv_lines[2].endswith(",20.0")
+    for job in range(3):
+        assert read_rank(tmp_path / "sweep" / str(job), 1)["world_size"] == 2
+    assert "Sweep summary" in result.stdout
+
+
+def test_cfg_job_prints_config_without_running(tmp_path):
+    result = lazytrain(TOY, "--cfg", "job", "train.lr=0.75", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "lr: 0.75" in result.stdout and "main: tests.launch.toy_main.record_ranks" in result.stdout
+    assert not list(tmp_path.glob("outputs"))
+
+
+def test_unknown_key_error_suggests_and_exits_nonzero(tmp_path):
+    result = lazytrain(TOY, "train.lrr=3", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "key 'train.lrr' is not in the config. Did you mean: train.lr" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_sweep_syntax_without_multirun_is_explained(tmp_path):
+    result = lazytrain(TOY, "train.lr=0.1,0.2", cwd=tmp_path)
+    assert result.returncode == 1 and "--multirun" in result.stderr
+
+
+def test_validation_reports_problems_before_spawning(tmp_path):
+    result = lazytrain(ENGINE_TOY, f"hydra.run.dir={tmp_path}/run", "+model.dims=3", cwd=tmp_path)
+    assert result.returncode == 1
+    assert (
+        "model.dims: tests.engine.toy.ToyRegressor has no argument 'dims'. Did you mean 'dim'?"
+        in result.stderr
+    )
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_missing_lvis_stops_before_spawn_with_layout_help(tmp_path):
+    result = lazytrain(
+        os.path.join(REPO, "conf", "rfs_maskrcnn.py"),
+        f"hydra.run.dir={tmp_path}/run",
+        cwd=tmp_path,
+        env={"LAZYTRAIN_DATASETS": str(tmp_path / "nodata")},
+    )
+    assert result.returncode == 1
+    assert "data set 'lvis_v1_train' is not on disk" in result.stderr
+    assert "python -m lazytrain conf/rfs_maskrcnn_demo.py" in result.stderr
+
+
+@pytest.mark.slow
+def test_failing_rank_exits_nonzero_quickly_naming_rank(tmp_path):
+    start = time.time()
+    result = lazytrain(
+        TOY,
+        "launch.main=tests.launch.toy_main.fail_on_rank_one",
+        f"hydra.run.dir={tmp_path}/run",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert time.time() - start < 60
+    assert result.returncode != 0
+    assert "rank 1" in result.stderr and "deliberate failure on rank 1" in result.stderr
+
+
+def test_explicit_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = lazytrain(
+            TOY, f"launch.dist_url=tcp://127.0.0.1:{port}", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path
+        )
+    assert result.returncode != 0 and f"port {port} is already in use" in result.stderr
+
+
+@pytest.mark.slow
+def test_resume_via_run_dir_and_config_yaml_reproduces(tmp_path):
+    run = tmp_path / "run"
+    first = lazytrain(ENGINE_TOY, f"hydra.run.dir={run}", "train.max_iter=12", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = lazytrain(
+        ENGINE_TOY, f"hydra.run.dir={run}", "train.max_iter=20", "train.resume=true", cwd=tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming from iteration 12" in (run / "log.txt").read_text()
+    again = lazytrain(
+        str(run / "config.yaml"), f"hydra.run.dir={tmp_path}/again", "train.resume=false", cwd=tmp_path
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    import torch
+
+    a = torch.load(run / "model_final.pth", weights_only=True)["trainer"]["iteration"]
+    b = torch.load(tmp_path / "again" / "model_final.pth", weights_only=True)["trainer"]["iteration"]
+    assert a == b == 19
+
+
+@pytest.mark.slow
+def test_two_machines_on_localhost(tmp_path):
+    from lazytrain.launch.launch import find_free_port
+
+    url = f"tcp://127.0.0.1:{find_free_port()}"
+    common = [TOY, "launch.num_processes=1", "launch.num_machines=2", f"launch.dist_url={url}"]
+    environment = {**os.environ, "PYTHONPATH": REPO}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lazytrain",
+                *common,
+                f"launch.machine_rank={m}",
+                f"hydra.run.dir={tmp_path}/m{m}",
+            ],
+            cwd=tmp_path,
+            env=environment,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for m in (0, 1)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0], [p.stderr.read()[-2000:] for p in procs]
+    assert read_rank(tmp_path / "m0", 0)["world_size"] == 2
+    assert read_rank(tmp_path / "m1", 1)["gathered"] == [0, 10]
+
+
+@pytest.mark.slow
+def test_torchrun_style_environment_launch(tmp_path):
+    from lazytrain.launch.launch import find_free_port
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(find_free_port()),
+            "-m",
+            "lazytrain",
+            TOY,
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_rank(tmp_path / "run", 1)["world_size"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_hydra_launchers_run_a_sweep(tmp_path, launcher):
+    result = lazytrain(
+        TOY,
+        "-m",
+        f"hydra/launcher={launcher}",
+        "launch.num_processes=1",
+        "train.lr=0.1,0.2",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_rank(tmp_path / "sweep" / "1", 0)["lr"] == 0.2
