@@ -1,6 +1,6 @@
 """The embedded long-tailed data set (generated on first use): loaders, mapper, RFS sampler, LVIS evaluator.
 
-Images are 128-320 px; training resizes the short edge to 160-224 (step 32) and flips; testing uses 192.
+Images are 128-320 px; training resizes the short edge to 160-192 (long edge <= 256) and flips; testing uses 176.
 The sampler is Repeat Factor Sampling; ``dataloader.train.sampler.repeat_thresh=0`` gives uniform sampling.
 """
 
@@ -21,7 +21,7 @@ dataloader = dict(
         mapper=L(DatasetMapper)(
             is_train=True,
             augmentations=[
-                L(ResizeShortestEdge)(short_edge_length=[160, 192, 224], max_size=320, sample_style="choice"),
+                L(ResizeShortestEdge)(short_edge_length=[160, 176, 192], max_size=256, sample_style="choice"),
                 L(RandomFlip)(prob=0.5, horizontal=True),
             ],
             image_format="RGB",
@@ -33,15 +33,15 @@ dataloader = dict(
         ),
         total_batch_size=4,
         aspect_ratio_grouping=True,
-        num_workers=2,
+        num_workers=1,
         seed="${train.seed}",
     ),
     test=L(build_detection_test_loader)(
         dataset=L(get_detection_dataset_dicts)(names="synthetic_lt_val", filter_empty=False),
         mapper=L(DatasetMapper)(
-            is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=192, max_size=320)]
+            is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=176, max_size=256)]
         ),
-        num_workers=2,
+        num_workers=1,
     ),
     evaluator=L(LVISEvaluator)(dataset_name="synthetic_lt_val", output_dir="${train.output_dir}"),
 )
