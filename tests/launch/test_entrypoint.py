@@ -39,6 +39,9 @@ def test_two_cpu_processes_share_a_process_group(tmp_path):
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["world_size"] == 2
     assert ranks[0]["gathered"] == ranks[1]["gathered"] == [0, 10]
     assert ranks[0]["seed"] == ranks[1]["seed"]
+    assert ranks[0]["gather"] == [1, 2] and ranks[1]["gather"] == []
+    assert ranks[0]["reduced"] == 0.5  # mean of ranks 0 and 1
+    assert [r["local_rank"] for r in ranks] == [0, 1] and ranks[1]["local_size"] == 2
     assert ranks[0]["lr"] == 0.25
     assert (tmp_path / "run" / ".hydra" / "overrides.yaml").read_text().strip() == "- train.lr=0.25"
 
@@ -79,6 +82,14 @@ def test_cfg_job_prints_config_without_running(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "lr: 0.75" in result.stdout and "main: tests.launch.toy_main.record_ranks" in result.stdout
     assert not list(tmp_path.glob("outputs"))
+
+
+def test_cfg_job_shows_trainer_and_named_hooks(tmp_path):
+    result = lazytrain(ENGINE_TOY, "--cfg", "job", "~train.hooks.checkpointer", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "_target_: lazytrain.engine.train_loop.SimpleTrainer" in result.stdout
+    assert "lr_scheduler:" in result.stdout and "writer:" in result.stdout
+    assert "PeriodicCheckpointer" not in result.stdout
 
 
 def test_unknown_key_error_suggests_and_exits_nonzero(tmp_path):

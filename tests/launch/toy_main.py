@@ -8,7 +8,11 @@ from lazytrain.utils import comm
 
 def record_ranks(cfg):
     """Write this rank's view of the process group and a gathered value into the output dir."""
+    import torch
+
     values = comm.all_gather(comm.get_rank() * 10)
+    gathered = comm.gather(comm.get_rank() + 1)
+    reduced = comm.reduce_dict({"x": torch.tensor(float(comm.get_rank()))})
     out = os.path.join(cfg.train.output_dir, f"rank{comm.get_rank()}.json")
     os.makedirs(cfg.train.output_dir, exist_ok=True)
     with open(out, "w") as f:
@@ -19,6 +23,10 @@ def record_ranks(cfg):
                 "gathered": values,
                 "seed": comm.shared_random_seed(),
                 "lr": cfg.train.lr,
+                "gather": gathered,
+                "reduced": reduced["x"].item() if comm.is_main_process() else None,
+                "local_rank": comm.get_local_rank(),
+                "local_size": comm.get_local_size(),
             },
             f,
         )

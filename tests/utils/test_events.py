@@ -1,0 +1,73 @@
+import json
+import os
+
+import pytest
+import torch
+
+from lazytrain.engine.hooks import PeriodicWriter, TorchMemoryStats, TorchProfiler
+from lazytrain.engine.train_loop import SimpleTrainer
+from lazytrain.utils.events import EventStorage, JSONWriter, TensorboardWriter, get_event_storage
+from tests.engine import toy
+
+
+def test_storage_history_smoothing_and_name_scope():
+    with EventStorage(start_iter=5) as storage:
+        assert get_event_storage() is storage
+        for i, value in enumerate([1.0, 9.0, 2.0, 3.0]):
+            storage.iter = 5 + i
+            storage.put_scalar("loss", value)
+            storage.put_scalar("lr", value, smoothing_hint=False)
+        with storage.name_scope("val"):
+            storage.put_scalar("AP", 0.5)
+        assert storage.history("loss").median(3) == 3.0
+        assert storage.history("loss").avg(4) == pytest.approx(3.75)
+        assert storage.history("loss").global_avg() == pytest.approx(3.75)
+        assert storage.latest_with_smoothing_hint(3)["loss"] == (3.0, 8)
+        assert storage.latest_with_smoothing_hint(3)["lr"] == (3.0, 8)
+        assert storage.latest()["val/AP"] == (0.5, 8)
+    with pytest.raises(RuntimeError, match="inside a `with EventStorage"):
+        get_event_storage()
+
+
+def test_json_writer_writes_each_iteration_once(tmp_path):
+    path = tmp_path / "metrics.json"
+    writer = JSONWriter(str(path))
+    with EventStorage() as storage:
+        storage.put_scalar("loss", 1.0)
+        writer.write()
+        writer.write()
+        storage.iter = 1
+        storage.put_scalars(loss=2.0, smoothing_hint=False)
+        writer.write()
+    writer.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    # "loss" was first put with smoothing, so the writer reports the windowed median (1 + 2) / 2
+    assert lines == [{"iteration": 0, "loss": 1.0}, {"iteration": 1, "loss": 1.5}]
+
+
+def test_tensorboard_writer_writes_event_file(tmp_path):
+    writer = TensorboardWriter(str(tmp_path))
+    with EventStorage() as storage:
+        storage.put_scalar("loss", 1.0)
+        storage.put_image("sample", torch.rand(3, 8, 8))
+        storage.put_histogram("weights", torch.randn(100))
+        writer.write()
+    writer.close()
+    files = [f for f in os.listdir(tmp_path) if f.startswith("events.out.tfevents")]
+    assert files and os.path.getsize(tmp_path / files[0]) > 100
+
+
+def test_profiler_hook_writes_a_chrome_trace_and_memory_stats_is_noop_on_cpu(tmp_path):
+    model = toy.ToyRegressor()
+    trainer = SimpleTrainer(model, toy.ToyLoader(), torch.optim.SGD(model.parameters(), lr=0.01))
+    trainer.register_hooks(
+        {
+            "profiler": TorchProfiler(str(tmp_path), start_iter=1, end_iter=3),
+            "memory": TorchMemoryStats(period=1),
+            "writer": PeriodicWriter(str(tmp_path), period=2, tensorboard=False),
+        }
+    )
+    trainer.train(0, 4)
+    traces = [f for f in os.listdir(tmp_path) if f.startswith("profiler-trace")]
+    assert traces == ["profiler-trace-rank0-iter2.json"]
+    assert json.load(open(tmp_path / traces[0]))["traceEvents"]
