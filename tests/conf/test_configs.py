@@ -18,6 +18,7 @@ CONFIGS = sorted(f for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith
 
 SMOKE = [
     "train.max_iter=2",
+    "model.num_classes=30",  # the stand-in data sets have 30 categories
     "train.device=cpu",
     "train.log_period=1",
     "dataloader.train.total_batch_size=2",
