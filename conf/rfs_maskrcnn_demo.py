@@ -23,7 +23,7 @@ model.num_classes = 30
 dataloader.train.sampler.repeat_thresh = 0.1
 
 lr_multiplier.warmup_iters = 50
-train.max_iter = 300
+train.max_iter = 250
 train.eval_period = 0
 train.log_period = 20
 train.checkpointer.period = 100
