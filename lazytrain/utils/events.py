@@ -7,15 +7,16 @@ The trainer opens an `EventStorage` for the whole run; any code can reach it wit
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import logging
 import os
+import statistics
 import time
 from collections import defaultdict, deque
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import torch
 
 __all__ = [
@@ -40,7 +41,10 @@ def get_event_storage() -> EventStorage:
 
 
 class HistoryBuffer:
-    """The last `max_length` values of a scalar with the iteration each was put at, plus a global mean."""
+    """The last `max_length` values of a scalar with the iteration each was put at, plus a global mean.
+
+    Windowed statistics cost O(window), not O(history), so writers stay cheap in long runs.
+    """
 
     def __init__(self, max_length: int = 1000000) -> None:
         self._data: deque[tuple[float, int]] = deque(maxlen=max_length)
@@ -55,11 +59,18 @@ class HistoryBuffer:
     def latest(self) -> float:
         return self._data[-1][0]
 
+    def latest_iteration(self) -> int:
+        """The iteration the newest value was put at."""
+        return self._data[-1][1]
+
+    def _window(self, window: int) -> list[float]:
+        return [value for value, _ in itertools.islice(reversed(self._data), window)]
+
     def median(self, window: int) -> float:
-        return float(np.median([v for v, _ in list(self._data)[-window:]]))
+        return float(statistics.median(self._window(window)))
 
     def avg(self, window: int) -> float:
-        return float(np.mean([v for v, _ in list(self._data)[-window:]]))
+        return statistics.fmean(self._window(window))
 
     def global_avg(self) -> float:
         return self._total / max(self._count, 1)
@@ -249,7 +260,7 @@ class CommonMetricPrinter(EventWriter):
         losses = "  ".join(
             f"{name}: {buffer.median(self._window):.4g}"
             for name, buffer in histories.items()
-            if "loss" in name and buffer.values()[-1][1] == iteration
+            if "loss" in name and buffer.latest_iteration() == iteration
         )
 
         def timing(name: str) -> str:

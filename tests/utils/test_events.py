@@ -1,10 +1,17 @@
 import json
+import logging
 import os
 
 import pytest
 import torch
 
-from lazytrain.engine.hooks import PeriodicWriter, TorchMemoryStats, TorchProfiler
+from lazytrain.engine.hooks import (
+    IterationTimer,
+    LRScheduler,
+    PeriodicWriter,
+    TorchMemoryStats,
+    TorchProfiler,
+)
 from lazytrain.engine.train_loop import SimpleTrainer
 from lazytrain.utils.events import EventStorage, JSONWriter, TensorboardWriter, get_event_storage
 from tests.engine import toy
@@ -71,3 +78,36 @@ def test_profiler_hook_writes_a_chrome_trace_and_memory_stats_is_noop_on_cpu(tmp
     traces = [f for f in os.listdir(tmp_path) if f.startswith("profiler-trace")]
     assert traces == ["profiler-trace-rank0-iter2.json"]
     assert json.load(open(tmp_path / traces[0]))["traceEvents"]
+
+
+def test_windowed_statistics_read_only_the_window_of_a_long_history():
+    with EventStorage() as storage:
+        for i in range(50000):
+            storage.iter = i
+            storage.put_scalar("loss", float(i))
+        buffer = storage.history("loss")
+        assert buffer.median(3) == 49998.0
+        assert buffer.avg(4) == pytest.approx(49997.5)
+        assert buffer.latest_iteration() == 49999
+        assert buffer.global_avg() == pytest.approx(24999.5)
+        assert storage.latest_with_smoothing_hint(5)["loss"] == (49997.0, 49999)
+
+
+def test_metric_printer_logs_one_line_per_period_with_losses_times_and_lr(tmp_path, caplog):
+    model = toy.ToyRegressor()
+    trainer = SimpleTrainer(model, toy.ToyLoader(), torch.optim.SGD(model.parameters(), lr=0.01))
+    trainer.register_hooks(
+        {
+            "timer": IterationTimer(),
+            "lr": LRScheduler(multiplier=lambda iteration: 0.5),
+            "writer": PeriodicWriter(str(tmp_path), period=4, tensorboard=False),
+        }
+    )
+    with caplog.at_level(logging.INFO, logger="lazytrain.engine"):
+        trainer.train(0, 10)
+    lines = [r.getMessage() for r in caplog.records if "iter: " in r.getMessage()]
+    assert [int(line.split("iter: ")[1].split()[0]) for line in lines] == [3, 7, 9]
+    assert all(
+        key in lines[0]
+        for key in ("eta: ", "loss_mse: ", "loss_zero: ", "time: ", "data_time: ", "lr: 0.005")
+    )
