@@ -1,0 +1,421 @@
+"""Pictures and plots users look at: instances drawn on images, image grids, training curves and sweeps.
+
+Drawing works on uint8 HWC RGB numpy arrays with PIL and numpy only. The plotting functions import
+matplotlib (an optional dependency) when called and render with the Agg backend, so they work on machines
+without a display. The scripts in ``scripts/visualize_*.py`` and ``scripts/plot_*.py`` are thin wrappers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+__all__ = [
+    "draw_instances",
+    "draw_record",
+    "draw_mapped_sample",
+    "draw_coco_results",
+    "make_grid",
+    "save_image",
+    "read_metrics",
+    "read_overrides",
+    "get_run_dirs",
+    "get_run_labels",
+    "get_override_value",
+    "get_last_values",
+    "plot_metrics",
+    "plot_sweep",
+]
+
+logger = logging.getLogger(__name__)
+
+# Tableau-like palette: distinct, readable on photos and on the synthetic backgrounds.
+_PALETTE = np.array(
+    [
+        (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
+        (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207),
+        (174, 199, 232), (255, 187, 120), (152, 223, 138), (255, 152, 150), (197, 176, 213),
+    ],
+    dtype=np.uint8,
+)  # fmt: skip
+
+
+def _get_color(index: int) -> tuple[int, int, int]:
+    return tuple(int(c) for c in _PALETTE[index % len(_PALETTE)])
+
+
+def draw_instances(
+    image: np.ndarray,
+    boxes: np.ndarray | None = None,
+    *,
+    masks: np.ndarray | None = None,
+    labels: Sequence[str] | None = None,
+    color_ids: Sequence[int] | None = None,
+    mask_alpha: float = 0.45,
+) -> np.ndarray:
+    """Draw boxes, masks and labels of N instances on a copy of `image`.
+
+    Args:
+        image: uint8 [H, W, 3] RGB.
+        boxes: [N, 4] XYXY in pixels, or None to draw masks only.
+        masks: [N, H, W] binary, blended with `mask_alpha`.
+        labels: N strings written at the top-left corner of each box (or mask).
+        color_ids: N ints picking the palette colour (e.g. class ids, so a class keeps its colour);
+            default: instance index.
+
+    Returns:
+        A new uint8 [H, W, 3] array.
+    """
+    canvas = np.asarray(image, dtype=np.uint8)[..., :3].copy()
+    num = len(boxes) if boxes is not None else len(masks) if masks is not None else 0
+    colors = [_get_color(i if color_ids is None else int(color_ids[i])) for i in range(num)]
+    if masks is not None:
+        for mask, color in zip(np.asarray(masks).astype(bool), colors):
+            canvas[mask] = (canvas[mask] * (1 - mask_alpha) + np.array(color) * mask_alpha).astype(np.uint8)
+    picture = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(picture)
+    for i, color in enumerate(colors):
+        if boxes is not None:
+            x0, y0, x1, y1 = (float(v) for v in boxes[i])
+            draw.rectangle([x0, y0, x1, y1], outline=color, width=max(1, round(min(canvas.shape[:2]) / 200)))
+        elif masks is not None and masks[i].any():
+            ys, xs = np.nonzero(masks[i])
+            x0, y0 = float(xs.min()), float(ys.min())
+        else:
+            continue
+        if labels is not None:
+            _draw_label(draw, labels[i], (x0, y0), color)
+    return np.asarray(picture)
+
+
+def _draw_label(draw: ImageDraw.ImageDraw, text: str, corner: tuple[float, float], color: tuple) -> None:
+    left, top, right, bottom = draw.textbbox((0, 0), text)
+    x = corner[0]
+    y = max(0.0, corner[1] - (bottom - top) - 2)
+    draw.rectangle([x, y, x + right - left + 2, y + bottom - top + 2], fill=color)
+    draw.text((x + 1 - left, y + 1 - top), text, fill=(255, 255, 255))
+
+
+def _decode_segmentation(segmentation: list | dict, height: int, width: int) -> np.ndarray:
+    from pycocotools import mask as mask_util
+
+    if isinstance(segmentation, list):  # polygons
+        rles = mask_util.frPyObjects([list(map(float, p)) for p in segmentation], height, width)
+        rle = mask_util.merge(rles)
+    elif isinstance(segmentation["counts"], list):  # uncompressed RLE
+        rle = mask_util.frPyObjects(segmentation, height, width)
+    else:
+        rle = dict(
+            segmentation,
+            counts=segmentation["counts"].encode()
+            if isinstance(segmentation["counts"], str)
+            else segmentation["counts"],
+        )
+    return mask_util.decode(rle).astype(np.uint8)
+
+
+def _xywh_to_xyxy(boxes: Sequence[Sequence[float]]) -> np.ndarray:
+    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    return np.concatenate([boxes[:, :2], boxes[:, :2] + boxes[:, 2:]], axis=1)
+
+
+def _class_name(class_names: Sequence[str] | dict | None, index: int) -> str:
+    if class_names is None:
+        return str(index)
+    try:
+        return str(class_names[index])
+    except (IndexError, KeyError):
+        return str(index)
+
+
+def draw_record(image: np.ndarray, record: dict, class_names: Sequence[str] | None = None) -> np.ndarray:
+    """Draw a dataset record's annotations (XYWH boxes, polygon/RLE masks, contiguous category ids).
+
+    Args:
+        image: the record's image, uint8 [H, W, 3] RGB (e.g. from `lazytrain.data.mappers.read_image`).
+        record: a dataset dict as in docs/architecture.md.
+        class_names: ``MetadataCatalog.get(name).thing_classes``; ids are written when None.
+    """
+    annotations = record.get("annotations", [])
+    height, width = image.shape[:2]
+    boxes = _xywh_to_xyxy([a["bbox"] for a in annotations])
+    masks = None
+    if annotations and all("segmentation" in a for a in annotations):
+        masks = np.stack([_decode_segmentation(a["segmentation"], height, width) for a in annotations])
+    classes = [int(a["category_id"]) for a in annotations]
+    labels = [_class_name(class_names, c) for c in classes]
+    return draw_instances(image, boxes, masks=masks, labels=labels, color_ids=classes)
+
+
+def draw_mapped_sample(
+    sample: dict, class_names: Sequence[str] | None = None, *, bgr: bool = False
+) -> np.ndarray:
+    """Draw a mapper output (``image`` [3, H, W] tensor after augmentation, ``instances`` boxes/classes/masks).
+
+    Args:
+        class_names: ``MetadataCatalog.get(name).thing_classes``; ids are written when None.
+        bgr: the mapper produced BGR images (``image_format="BGR"``).
+    """
+    image = sample["image"].permute(1, 2, 0).cpu().numpy()
+    if bgr:
+        image = image[..., ::-1]
+    instances = sample.get("instances") or {}
+    if "boxes" not in instances:
+        return np.ascontiguousarray(image)
+    classes = instances["classes"].tolist()
+    masks = instances["masks"].cpu().numpy() if "masks" in instances else None
+    labels = [_class_name(class_names, c) for c in classes]
+    return draw_instances(
+        image, instances["boxes"].cpu().numpy(), masks=masks, labels=labels, color_ids=classes
+    )
+
+
+def draw_coco_results(
+    image: np.ndarray,
+    results: Sequence[dict],
+    class_names: dict[int, str] | None = None,
+    score_thresh: float = 0.5,
+) -> np.ndarray:
+    """Draw COCO-format detections of one image (json category ids, XYWH boxes, optional RLE masks).
+
+    Args:
+        results: entries of ``coco_instances_results.json`` / ``lvis_instances_results.json`` for this image.
+        class_names: json category id -> name; ids are written when None.
+        score_thresh: drop detections scoring below it.
+    """
+    kept = sorted((r for r in results if r["score"] >= score_thresh), key=lambda r: -r["score"])
+    height, width = image.shape[:2]
+    boxes = _xywh_to_xyxy([r["bbox"] for r in kept])
+    masks = None
+    if kept and all("segmentation" in r for r in kept):
+        masks = np.stack([_decode_segmentation(r["segmentation"], height, width) for r in kept])
+    labels = [f"{_class_name(class_names, r['category_id'])} {r['score']:.2f}" for r in kept]
+    color_ids = [int(r["category_id"]) for r in kept]
+    return draw_instances(image, boxes, masks=masks, labels=labels, color_ids=color_ids)
+
+
+def make_grid(
+    images: Sequence[np.ndarray], columns: int | None = None, cell_size: int = 256, pad: int = 4
+) -> np.ndarray:
+    """Tile images into one, each scaled to fit a `cell_size` square (aspect kept) on a white background.
+
+    Args:
+        columns: default ceil(sqrt(len(images))).
+    """
+    if not images:
+        raise ValueError("make_grid(images=) needs at least one image; got an empty list.")
+    columns = columns or math.ceil(math.sqrt(len(images)))
+    rows = math.ceil(len(images) / columns)
+    step = cell_size + pad
+    grid = Image.new("RGB", (columns * step + pad, rows * step + pad), (255, 255, 255))
+    for index, image in enumerate(images):
+        tile = Image.fromarray(np.asarray(image, dtype=np.uint8))
+        tile.thumbnail((cell_size, cell_size))
+        row, column = divmod(index, columns)
+        x = pad + column * step + (cell_size - tile.width) // 2
+        y = pad + row * step + (cell_size - tile.height) // 2
+        grid.paste(tile, (x, y))
+    return np.asarray(grid)
+
+
+def save_image(image: np.ndarray, path: str) -> None:
+    """Write a uint8 HWC RGB array (PNG when `path` ends in .png), creating the directory."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(path)
+
+
+# ----------------------------------------------------------------------------------------- run directories
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    """The JSON lines of ``<run_dir>/metrics.json``; a truncated last line (run still writing) is skipped."""
+    path = os.path.join(run_dir, "metrics.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"no metrics.json in run directory {run_dir}; pass a training output directory."
+        )
+    records = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                logger.warning("Skipping unreadable line %d of %s", number, path)
+    return records
+
+
+def read_overrides(run_dir: str) -> list[str]:
+    """The Hydra overrides of a run (``.hydra/overrides.yaml``), or [] when it has none."""
+    import yaml
+
+    path = os.path.join(run_dir, ".hydra", "overrides.yaml")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [str(o) for o in (yaml.safe_load(f) or [])]
+
+
+def get_run_dirs(paths: Sequence[str]) -> list[str]:
+    """Expand run or sweep directories into run directories (a sweep's job subdirectories in job order).
+
+    A directory with ``metrics.json`` is a run; otherwise its subdirectories holding one are its jobs.
+    """
+    runs = []
+    for path in paths:
+        if os.path.isfile(os.path.join(path, "metrics.json")):
+            runs.append(path)
+            continue
+        jobs = (
+            [d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, "metrics.json"))]
+            if os.path.isdir(path)
+            else []
+        )
+        if not jobs:
+            raise FileNotFoundError(
+                f"{path} is neither a run directory (metrics.json) nor a sweep directory (<job>/metrics.json)."
+            )
+        jobs.sort(key=lambda d: (0, int(d), d) if d.isdigit() else (1, 0, d))
+        runs.extend(os.path.join(path, d) for d in jobs)
+    return runs
+
+
+def get_run_labels(run_dirs: Sequence[str]) -> list[str]:
+    """Legend labels: the overrides that differ between runs, else the directory names."""
+    overrides = [read_overrides(d) for d in run_dirs]
+    common = set.intersection(*(set(o) for o in overrides)) if len(overrides) > 1 else set()
+    labels = []
+    for run_dir, own in zip(run_dirs, overrides):
+        distinct = [o for o in own if o not in common]
+        labels.append(" ".join(distinct) or os.path.basename(os.path.normpath(run_dir)))
+    return labels
+
+
+# ------------------------------------------------------------------------------------------------- plots
+
+
+def _get_pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series(records: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["iteration"], r[key]) for r in records if key in r and "iteration" in r]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_metrics(runs: dict[str, list[dict]], out: str, eval_metrics: Sequence[str] | None = None) -> str:
+    """One panel per loss, one for the learning rate and one per eval metric; one line per run.
+
+    Args:
+        runs: legend label -> records from `read_metrics`.
+        out: image path to write.
+        eval_metrics: eval keys to plot (e.g. ``["segm/AP", "segm/APr"]``); default: every ``*/AP*`` key of
+            the bbox/segm AP family without the size/IoU breakdowns.
+
+    Returns:
+        `out`.
+    """
+    keys = {k for records in runs.values() for r in records for k in r}
+    losses = sorted((k for k in keys if "loss" in k and "/" not in k), key=lambda k: (k != "total_loss", k))
+    if eval_metrics is None:
+        eval_metrics = sorted(
+            k for k in keys if "/" in k and k.rsplit("/", 1)[1] in ("AP", "APr", "APc", "APf")
+        )
+    panels = losses + (["lr"] if "lr" in keys else []) + [k for k in eval_metrics if k in keys]
+    if not panels:
+        raise ValueError(
+            f"plot_metrics: no loss, lr or eval metric found in {list(runs)}; is metrics.json empty?"
+        )
+    plt = _get_pyplot()
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.4 * rows), squeeze=False)
+    for axis, key in zip(axes.flat, panels):
+        for index, (label, records) in enumerate(runs.items()):
+            iterations, values = _series(records, key)
+            style = "o-" if "/" in key else "-"  # eval metrics have a few points only
+            axis.plot(iterations, values, style, color=f"C{index % 10}", label=label, markersize=3)
+        axis.set_title(key)
+        axis.set_xlabel("iteration")
+        axis.grid(alpha=0.3)
+    for axis in list(axes.flat)[len(panels) :]:
+        axis.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize="small")
+    figure.tight_layout(rect=(0, 0.04 + 0.02 * math.ceil(len(labels) / 3), 1, 1))
+    return _save_figure(plt, figure, out)
+
+
+def _save_figure(plt, figure, out: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return out
+
+
+def get_override_value(overrides: Sequence[str], key: str) -> str | None:
+    """The value given to `key` in ``key=value`` override strings (also ``+key=``/``++key=``), or None."""
+    for override in overrides:
+        name, sep, value = override.partition("=")
+        if sep and name.lstrip("+~") == key:
+            return value
+    return None
+
+
+def get_last_values(records: Sequence[dict], keys: Sequence[str]) -> dict[str, float]:
+    """The last logged value of each key present in `records`."""
+    values = {}
+    for record in records:
+        values.update({k: record[k] for k in keys if k in record})
+    return values
+
+
+def plot_sweep(points: dict[str, list[tuple[str, float]]], x_label: str, out: str) -> str:
+    """Metric against a swept value: one line per metric.
+
+    Args:
+        points: metric name -> [(swept value as in the override, metric value), ...]. Numeric swept values
+            are placed on a numeric axis; otherwise the values are categories in first-seen order.
+        x_label: the swept config key.
+        out: image path to write.
+
+    Returns:
+        `out`.
+    """
+    if not any(points.values()):
+        raise ValueError(f"plot_sweep: no job has any of the metrics {list(points)}; did the jobs evaluate?")
+    categories = list(dict.fromkeys(x for pairs in points.values() for x, _ in pairs))
+    numeric = all(_is_number(x) for x in categories)
+    plt = _get_pyplot()
+    figure, axis = plt.subplots(figsize=(6.4, 4.4))
+    for key, pairs in points.items():
+        positions = sorted((float(x) if numeric else categories.index(x), y) for x, y in pairs)
+        axis.plot([p[0] for p in positions], [p[1] for p in positions], "o-", label=key)
+    if not numeric:
+        axis.set_xticks(range(len(categories)), categories, rotation=20)
+    axis.set_xlabel(x_label)
+    axis.set_ylabel("metric")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize="small")
+    figure.tight_layout()
+    return _save_figure(plt, figure, out)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return True
