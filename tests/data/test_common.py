@@ -1,6 +1,7 @@
 import logging
 
 import pytest
+import torch
 
 from lazytrain.data.common import DatasetFromList, MapDataset
 
@@ -40,3 +41,51 @@ def test_seeded_items_map_deterministically():
 
     dataset = MapDataset(DatasetFromList([{"file_name": "a"}]), lambda r: random.random())
     assert dataset[(0, 123)] == dataset[(0, 123)] != dataset[(0, 124)]
+
+
+def _private_dirty_kb() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Dirty", "Private_Clean")))
+
+
+class _TouchAll(torch.utils.data.Dataset):
+    """Worker-side probe: read every record of the wrapped dataset, report private memory growth."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, _):
+        before = _private_dirty_kb()
+        for index in range(len(self.dataset)):
+            self.dataset[index]
+        return _private_dirty_kb() - before
+
+
+def _worker_growth_kb(dataset) -> int:
+    loader = torch.utils.data.DataLoader(
+        _TouchAll(dataset), num_workers=1, multiprocessing_context="fork", batch_size=None
+    )
+    return next(iter(loader))
+
+
+@pytest.mark.slow
+def test_serialized_records_are_not_copied_into_workers():
+    records = [
+        {
+            "file_name": f"images/{i:08d}.jpg",
+            "image_id": i,
+            "height": 480,
+            "width": 640,
+            "annotations": [{"bbox": [1.0, 2.0, 3.0, 4.0], "category_id": i % 1203}],
+        }
+        for i in range(100_000)
+    ]
+    serialized = _worker_growth_kb(DatasetFromList(records, serialize=True))
+    plain = _worker_growth_kb(DatasetFromList(records, serialize=False, copy=False))
+    # Reading Python objects writes their reference counts, copying their pages into the worker;
+    # the serialized buffer is only read.
+    assert serialized < 20_000, serialized
+    assert plain > 3 * serialized, (plain, serialized)
