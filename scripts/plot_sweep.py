@@ -1,4 +1,4 @@
-"""Final metrics of a sweep's jobs against the swept config value: one line per metric.
+r"""Final metrics of a sweep's jobs against the swept config value: one line per metric.
 
     python scripts/plot_sweep.py multirun/2024-01-01/12-00-00 --x dataloader.train.sampler.repeat_thresh \
         --y segm/AP segm/APr segm/APc segm/APf --out sweep.png

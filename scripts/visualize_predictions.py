@@ -1,4 +1,4 @@
-"""Draw a run's detections (``*_instances_results.json``) over the evaluation images.
+r"""Draw a run's detections (``*_instances_results.json``) over the evaluation images.
 
     python scripts/visualize_predictions.py outputs/demo --json-file datasets/synthetic_lt/lvis_v1_val.json \
         --image-root datasets/synthetic_lt --score-thresh 0.5 --num 8 --out vis/predictions

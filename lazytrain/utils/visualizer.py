@@ -96,9 +96,10 @@ def draw_instances(
 
 def _draw_label(draw: ImageDraw.ImageDraw, text: str, corner: tuple[float, float], color: tuple) -> None:
     left, top, right, bottom = draw.textbbox((0, 0), text)
-    x = corner[0]
-    y = max(0.0, corner[1] - (bottom - top) - 2)
-    draw.rectangle([x, y, x + right - left + 2, y + bottom - top + 2], fill=color)
+    width, height = right - left + 2, bottom - top + 2
+    x = max(0.0, min(corner[0], draw.im.size[0] - width))  # keep the label inside the image
+    y = corner[1] - height if corner[1] >= height else corner[1]
+    draw.rectangle([x, y, x + width, y + height], fill=color)
     draw.text((x + 1 - left, y + 1 - top), text, fill=(255, 255, 255))
 
 
@@ -310,19 +311,26 @@ def _get_pyplot():
     return plt
 
 
+_DEFAULT_EVAL_METRICS = ("AP", "APr", "APc", "APf")
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
+
+
 def _series(records: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
     points = [(r["iteration"], r[key]) for r in records if key in r and "iteration" in r]
     return [p[0] for p in points], [p[1] for p in points]
 
 
 def plot_metrics(runs: dict[str, list[dict]], out: str, eval_metrics: Sequence[str] | None = None) -> str:
-    """One panel per loss, one for the learning rate and one per eval metric; one line per run.
+    """One panel per loss, one for the learning rate and one per eval task; one colour per run.
+
+    Eval metrics of a task (``segm/AP``, ``segm/APr``, ...) share the task's panel, one marker per metric,
+    on the same iteration axis as the losses.
 
     Args:
         runs: legend label -> records from `read_metrics`.
         out: image path to write.
-        eval_metrics: eval keys to plot (e.g. ``["segm/AP", "segm/APr"]``); default: every ``*/AP*`` key of
-            the bbox/segm AP family without the size/IoU breakdowns.
+        eval_metrics: eval keys to plot (e.g. ``["segm/AP", "segm/APr"]``); default: the AP, APr, APc and
+            APf of every task, without the size/IoU breakdowns.
 
     Returns:
         `out`.
@@ -330,10 +338,11 @@ def plot_metrics(runs: dict[str, list[dict]], out: str, eval_metrics: Sequence[s
     keys = {k for records in runs.values() for r in records for k in r}
     losses = sorted((k for k in keys if "loss" in k and "/" not in k), key=lambda k: (k != "total_loss", k))
     if eval_metrics is None:
-        eval_metrics = sorted(
-            k for k in keys if "/" in k and k.rsplit("/", 1)[1] in ("AP", "APr", "APc", "APf")
-        )
-    panels = losses + (["lr"] if "lr" in keys else []) + [k for k in eval_metrics if k in keys]
+        eval_metrics = sorted(k for k in keys if "/" in k and k.rsplit("/", 1)[1] in _DEFAULT_EVAL_METRICS)
+    tasks: dict[str, list[str]] = {}
+    for key in (k for k in eval_metrics if k in keys):
+        tasks.setdefault(key.rsplit("/", 1)[0], []).append(key)
+    panels = losses + (["lr"] if "lr" in keys else []) + list(tasks)
     if not panels:
         raise ValueError(
             f"plot_metrics: no loss, lr or eval metric found in {list(runs)}; is metrics.json empty?"
@@ -341,20 +350,32 @@ def plot_metrics(runs: dict[str, list[dict]], out: str, eval_metrics: Sequence[s
     plt = _get_pyplot()
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.4 * rows), squeeze=False)
-    for axis, key in zip(axes.flat, panels):
+    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.4 * rows), squeeze=False, sharex=True)
+    for axis, panel in zip(axes.flat, panels):
         for index, (label, records) in enumerate(runs.items()):
-            iterations, values = _series(records, key)
-            style = "o-" if "/" in key else "-"  # eval metrics have a few points only
-            axis.plot(iterations, values, style, color=f"C{index % 10}", label=label, markersize=3)
-        axis.set_title(key)
-        axis.set_xlabel("iteration")
+            if panel not in tasks:
+                axis.plot(*_series(records, panel), "-", color=f"C{index % 10}", label=label)
+                continue
+            for number, key in enumerate(tasks[panel]):  # eval metrics have a few points only: markers
+                marker = _MARKERS[number % len(_MARKERS)]
+                axis.plot(*_series(records, key), marker + "-", color=f"C{index % 10}", markersize=5)
+        if panel in tasks:
+            for number, key in enumerate(tasks[panel]):
+                axis.plot([], [], _MARKERS[number % len(_MARKERS)], color="0.3", label=key.rsplit("/", 1)[1])
+            axis.legend(fontsize="x-small", ncol=2)
+        axis.set_title(panel)
         axis.grid(alpha=0.3)
     for axis in list(axes.flat)[len(panels) :]:
         axis.axis("off")
+    for axis in axes[-1]:
+        axis.set_xlabel("iteration")
+        axis.xaxis.set_tick_params(labelbottom=True)
     handles, labels = axes.flat[0].get_legend_handles_labels()
+    legend_rows = math.ceil(len(labels) / 3)
     figure.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize="small")
-    figure.tight_layout(rect=(0, 0.04 + 0.02 * math.ceil(len(labels) / 3), 1, 1))
+    figure.tight_layout(
+        rect=(0, (0.1 + 0.3 * legend_rows) / figure.get_figheight(), 1, 1)
+    )  # room for the legend
     return _save_figure(plt, figure, out)
 
 

@@ -194,3 +194,27 @@ def test_visualize_data(tmp_path, synthetic_root, split, source):
     if split == "train" and source == "mapped":
         with Image.open(paths[0]) as image:
             assert min(image.size) == 64  # drawn after the config's resize augmentation
+
+
+def test_plot_sweep_categorical_values(tmp_path):
+    for job, sampler in enumerate(["TrainingSampler", "RepeatFactorTrainingSampler"]):
+        write_run(str(tmp_path / "sweep" / str(job)), [f"sampler={sampler}"], final_ap=3.0 + job)
+    out = load_script("plot_sweep").main(
+        [str(tmp_path / "sweep"), "--x", "sampler", "--y", "segm/APr", "--out", str(tmp_path / "s.png")]
+    )
+    assert_picture(out)
+
+
+def test_plot_sweep_without_the_metric_explains(tmp_path, sweep_dir):
+    with pytest.raises(ValueError, match="no job has any of the metrics"):
+        load_script("plot_sweep").main(
+            [
+                sweep_dir,
+                "--x",
+                "dataloader.train.sampler.repeat_thresh",
+                "--y",
+                "lvis/AP",
+                "--out",
+                str(tmp_path / "s.png"),
+            ]
+        )
