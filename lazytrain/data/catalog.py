@@ -1,8 +1,11 @@
 """`DatasetCatalog` (name -> function returning records) and `MetadataCatalog` (name -> metadata).
 
-Built-in names (``coco_2017_*``, ``lvis_v1_*``, ``synthetic_lt_*``) are registered on first lookup by
-`lazytrain.data.datasets.builtin`; register your own with ``DatasetCatalog.register(name, func)`` and
-``MetadataCatalog.get(name).set(...)``.
+The built-in names (``coco_2017_{train,val}``, ``lvis_v1_{train,val}``, ``synthetic_lt_{train,val}``) are
+registered by `lazytrain.data.datasets.builtin` the first time either catalog is used, so importing this
+module is enough. Registration does no I/O: the files are found under ``$LAZYTRAIN_DATASETS`` when a data
+set is loaded. Register your own data set with::
+
+    DatasetCatalog.register("my_train", lambda: load_coco_json(json_file, image_root, "my_train"))
 """
 
 from __future__ import annotations
@@ -12,47 +15,72 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["DatasetCatalog", "Metadata", "MetadataCatalog"]
+__all__ = ["DatasetCatalog", "Metadata", "MetadataCatalog", "UnknownDatasetError"]
+
+
+class UnknownDatasetError(KeyError):
+    """A data set name that is not registered (a `KeyError` whose message prints unquoted)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+_builtin_registered = False
 
 
 def _ensure_builtin() -> None:
-    from lazytrain.data.datasets import builtin
+    # Imported on first use rather than at import time: builtin imports the loaders, which import this module.
+    global _builtin_registered
+    if not _builtin_registered:
+        _builtin_registered = True
+        from lazytrain.data.datasets import builtin
 
-    builtin.register_all()
+        builtin.register_all()
 
 
 class _DatasetCatalog:
+    """Maps a data set name to a function that takes no argument and returns its records."""
+
     def __init__(self) -> None:
         self._functions: dict[str, Callable[[], list[dict]]] = {}
 
     def register(self, name: str, func: Callable[[], list[dict]]) -> None:
-        """Register `func` (no arguments, returns a list of records) under `name`."""
+        """Register `func` (no arguments, returns a list of records) under `name`.
+
+        Args:
+            name: the data set name used in configs, e.g. ``"my_train"``.
+            func: called on every `get`; cache inside it if loading is slow.
+        """
+        _ensure_builtin()
         if not callable(func):
             raise TypeError(f"DatasetCatalog.register(func=) must be callable; got {func!r}")
         if name in self._functions:
             raise ValueError(
-                f"DatasetCatalog: '{name}' is already registered; remove it first to replace it."
+                f"DatasetCatalog.register: '{name}' is already registered; call DatasetCatalog.remove('{name}') "
+                "first to replace it."
             )
         self._functions[name] = func
 
     def get(self, name: str) -> list[dict]:
-        """Call the function registered under `name` and return its records."""
+        """Load and return the records of `name`.
+
+        Raises:
+            UnknownDatasetError: `name` is not registered; the message lists the registered names, closest first.
+        """
         _ensure_builtin()
-        if name not in self._functions:
-            names = sorted(self._functions)
-            close = difflib.get_close_matches(name, names, n=3)
-            hint = f" Did you mean: {', '.join(close)}?" if close else ""
-            raise KeyError(
-                f"DatasetCatalog: dataset '{name}' is not registered.{hint} Registered: {', '.join(names)}. "
-                "Register yours with DatasetCatalog.register(name, func)."
-            )
-        return self._functions[name]()
+        func = self._functions.get(name)
+        if func is None:
+            raise UnknownDatasetError(_unknown_name_message(name, self._functions))
+        return func()
 
     def list(self) -> list[str]:
+        """The registered names, sorted."""
         _ensure_builtin()
         return sorted(self._functions)
 
     def remove(self, name: str) -> None:
+        """Forget `name` (no error when it is not registered)."""
+        _ensure_builtin()
         self._functions.pop(name, None)
 
     def __contains__(self, name: str) -> bool:
@@ -60,28 +88,60 @@ class _DatasetCatalog:
         return name in self._functions
 
 
+def _unknown_name_message(name: str, registered: dict) -> str:
+    names = sorted(registered)
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+    ordered = close + [n for n in names if n not in close]
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    return (
+        f"DatasetCatalog: data set {name!r} is not registered.{hint} Registered names (closest first): "
+        f"{', '.join(ordered)}. Register a new one with DatasetCatalog.register(name, func)."
+    )
+
+
 class Metadata(SimpleNamespace):
-    """Attributes of a dataset (thing_classes, json_file, image_root, evaluator_type, ...)."""
+    """Attributes of one data set: ``thing_classes``, ``thing_dataset_id_to_contiguous_id``, ``json_file``,
+    ``image_root``, ``evaluator_type``, and for LVIS-style sets ``class_image_count`` and ``class_frequency``.
+
+    Attributes are set by the loaders when the data set is loaded, or by hand with `set`.
+    """
 
     def set(self, **kwargs: Any) -> Metadata:
+        """Set several attributes; returns self so calls can be chained."""
         for key, value in kwargs.items():
             setattr(self, key, value)
         return self
 
     def get(self, key: str, default: Any = None) -> Any:
+        """The attribute `key`, or `default` when it is not set."""
         return getattr(self, key, default)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A shallow copy of the attributes."""
+        return dict(vars(self))
 
 
 class _MetadataCatalog:
+    """Maps a data set name to its `Metadata` (created empty on first access)."""
+
     def __init__(self) -> None:
         self._metadata: dict[str, Metadata] = {}
 
     def get(self, name: str) -> Metadata:
-        """The metadata of `name` (created empty on first access)."""
+        """The metadata of `name`, created empty on first access (it fills in when the data set loads)."""
         _ensure_builtin()
-        return self._metadata.setdefault(name, Metadata(name=name))
+        metadata = self._metadata.get(name)
+        if metadata is None:
+            metadata = self._metadata[name] = Metadata(name=name)
+        return metadata
+
+    def list(self) -> list[str]:
+        """Names that have metadata, sorted."""
+        _ensure_builtin()
+        return sorted(self._metadata)
 
     def remove(self, name: str) -> None:
+        """Forget the metadata of `name`."""
         self._metadata.pop(name, None)
 
 

@@ -1,9 +1,13 @@
-"""COCO-format instance annotations -> lazytrain records (also the base of the LVIS loader).
+"""COCO-format instance annotations -> lazytrain records (the LVIS loader builds on it).
 
-Records: ``file_name``, ``height``, ``width``, ``image_id``, ``annotations`` (``bbox`` XYWH absolute,
-``bbox_mode``, ``category_id`` contiguous 0..K-1 in sorted json-id order, ``iscrowd``, ``segmentation`` as
-polygons or RLE). Problems are reported with the file and the annotation id; degenerate boxes and
-polygons with fewer than 3 points are dropped with one summary warning.
+One record per image: ``file_name``, ``height``, ``width``, ``image_id`` and ``annotations``, each with
+``bbox`` (XYWH, absolute pixels), ``bbox_mode`` ``"XYWH_ABS"``, ``category_id`` (contiguous 0..K-1 in the
+order of the sorted json category ids), ``iscrowd`` and ``segmentation`` (polygons or an RLE dict).
+
+Bad input is reported precisely: a missing file names the path and ``$LAZYTRAIN_DATASETS``; malformed JSON
+gives the line and column; an annotation pointing at an unknown image or category, or a repeated annotation
+id, names the annotation id. Degenerate boxes (w or h <= 0) and polygons with fewer than 3 points are dropped
+with one summary warning (through `logging`) per file.
 """
 
 from __future__ import annotations
@@ -16,111 +20,188 @@ from typing import Any
 
 from iopath.common.file_io import PathManager as _PathManagerClass
 
-__all__ = ["load_coco_json", "read_json"]
+__all__ = ["PathManager", "load_coco_json", "read_json"]
 
 logger = logging.getLogger(__name__)
+
 PathManager = _PathManagerClass()
+"""The iopath path manager used to read annotation files and images (register handlers on it for URLs)."""
+
+DATA_LAYOUT = (
+    "$LAZYTRAIN_DATASETS/coco/{train2017,val2017}/*.jpg, "
+    "$LAZYTRAIN_DATASETS/coco/annotations/instances_{train,val}2017.json, "
+    "$LAZYTRAIN_DATASETS/lvis/lvis_v1_{train,val}.json (LVIS images are read from coco/), "
+    "$LAZYTRAIN_DATASETS/synthetic_lt/ (generated on first use)"
+)
 
 
 def read_json(json_file: str) -> dict:
-    """Read an annotation file; missing file and malformed JSON give errors naming the file and position."""
-    local = PathManager.get_local_path(json_file)
-    if not os.path.isfile(local):
-        root = os.environ.get("LAZYTRAIN_DATASETS", "./datasets")
+    """Parse an annotation file read through iopath.
+
+    Raises:
+        FileNotFoundError: the file does not exist (the message names it, ``$LAZYTRAIN_DATASETS`` and the layout).
+        ValueError: the file is not valid JSON (the message gives the line and column).
+    """
+    if not PathManager.exists(json_file):
+        root = os.environ.get("LAZYTRAIN_DATASETS")
+        where = (
+            f"LAZYTRAIN_DATASETS={root!r}" if root else "LAZYTRAIN_DATASETS is unset, so ./datasets is used"
+        )
         raise FileNotFoundError(
-            f"annotation file not found: {json_file}. Datasets are read from $LAZYTRAIN_DATASETS (now {root!r}); "
-            "put the data there (see README 'Real data') or set LAZYTRAIN_DATASETS to where it lives."
+            f"annotation file not found: {json_file} ({where}). Set LAZYTRAIN_DATASETS to the folder that holds "
+            f"the data laid out as {DATA_LAYOUT}."
         )
-    with open(local, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"malformed JSON in {json_file}, line {e.lineno} column {e.colno}: {e.msg}") from None
-
-
-def _clean_segmentation(segmentation: Any, dropped: Counter) -> Any:
-    if isinstance(segmentation, dict):  # RLE
-        return segmentation
-    polygons = [p for p in segmentation if len(p) >= 6 and len(p) % 2 == 0]
-    if len(polygons) < len(segmentation):
-        dropped["polygons with < 3 points"] += len(segmentation) - len(polygons)
-    return polygons
-
-
-def _convert_annotation(ann: dict, id_map: dict[int, int], json_file: str, dropped: Counter) -> dict | None:
-    if ann["category_id"] not in id_map:
+    with PathManager.open(json_file, "r", encoding="utf-8") as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
         raise ValueError(
-            f"{json_file}: annotation id {ann.get('id')} has category_id {ann['category_id']}, which is not in "
-            "'categories'. Fix the annotation or add the category."
+            f"malformed JSON in {json_file}, line {e.lineno} column {e.colno}: {e.msg}. Re-download or re-export it."
+        ) from e
+
+
+def _check_top_level(data: Any, json_file: str) -> None:
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise ValueError(
+            f"{json_file}: expected a COCO-format object with 'images', 'annotations', 'categories'"
         )
-    x, y, w, h = ann["bbox"]
-    if w <= 0 or h <= 0:
-        dropped["degenerate boxes (w or h <= 0)"] += 1
-        return None
-    record = {"bbox": [x, y, w, h], "bbox_mode": "XYWH_ABS", "category_id": id_map[ann["category_id"]],
-              "iscrowd": ann.get("iscrowd", 0), "id": ann.get("id")}
-    if "segmentation" in ann:
-        segmentation = _clean_segmentation(ann["segmentation"], dropped)
-        if not segmentation:
-            dropped["annotations left without a polygon"] += 1
-            return None
-        record["segmentation"] = segmentation
-    return record
+    if not isinstance(data.get("categories"), list):
+        raise ValueError(f"{json_file}: has no 'categories' list; COCO-format instance annotations need one")
 
 
-def _group_annotations(data: dict, json_file: str) -> dict[int, list[dict]]:
-    image_ids = {image["id"] for image in data["images"]}
+def _check_annotation_ids(annotations: list[dict], json_file: str) -> None:
+    ids = [a.get("id") for a in annotations]
+    if len(set(ids)) == len(ids):
+        return
     seen: set = set()
-    by_image: dict[int, list[dict]] = {}
-    for ann in data.get("annotations", []):
-        ann_id = ann.get("id")
-        if ann_id is not None:
-            if ann_id in seen:
-                raise ValueError(f"{json_file}: duplicate annotation id {ann_id}; annotation ids must be unique.")
-            seen.add(ann_id)
-        if ann["image_id"] not in image_ids:
+    for index, ann_id in enumerate(ids):
+        if ann_id is None:
             raise ValueError(
-                f"{json_file}: annotation id {ann_id} refers to image_id {ann['image_id']}, which is not in 'images'."
+                f"{json_file}: annotation number {index} has no 'id'; every annotation needs a unique id."
             )
-        by_image.setdefault(ann["image_id"], []).append(ann)
-    return by_image
+        if ann_id in seen:
+            raise ValueError(
+                f"{json_file}: duplicate annotation id {ann_id}; every annotation needs a unique 'id'."
+            )
+        seen.add(ann_id)
 
 
-def load_coco_json(json_file: str, image_root: str, dataset_name: str | None = None, *, data: dict | None = None) -> list[dict]:
-    """Load COCO-format instance annotations as records.
+def _clean_polygons(polygons: list, dropped: Counter) -> list:
+    kept = [p for p in polygons if len(p) >= 6 and len(p) % 2 == 0]
+    if len(kept) != len(polygons):
+        dropped["polygons with < 3 points"] += len(polygons) - len(kept)
+    return kept
+
+
+def records_from_coco_dict(data: dict, json_file: str, image_root: str) -> list[dict]:
+    """Build the records from an already parsed COCO-format dict (see `load_coco_json`).
 
     Args:
-        json_file: path (or iopath URL) of the annotation file.
-        image_root: directory the images' ``file_name`` are relative to.
-        dataset_name: if given, its `MetadataCatalog` entry gets thing_classes, the id mapping, json_file,
-            image_root and evaluator_type "coco" (unless already set).
-        data: the parsed json, when the caller has read it already.
+        data: the parsed json; image entries need ``file_name`` (the LVIS loader fills it in).
+        json_file: named in error messages.
+        image_root: joined before each ``file_name``.
     """
-    data = read_json(json_file) if data is None else data
+    _check_top_level(data, json_file)
     categories = sorted(data["categories"], key=lambda c: c["id"])
     id_map = {c["id"]: i for i, c in enumerate(categories)}
-    by_image = _group_annotations(data, json_file)
-    dropped: Counter = Counter()
     records = []
+    by_id: dict[Any, list] = {}
     for image in data["images"]:
-        anns = (_convert_annotation(a, id_map, json_file, dropped) for a in by_image.get(image["id"], []))
-        records.append({
-            "file_name": os.path.join(image_root, image["file_name"]),
-            "height": image["height"],
-            "width": image["width"],
-            "image_id": image["id"],
-            "annotations": [a for a in anns if a is not None],
-        })
+        if "file_name" not in image:
+            raise ValueError(f"{json_file}: image id {image.get('id')} has no 'file_name'.")
+        annotations: list[dict] = []
+        by_id[image["id"]] = annotations
+        records.append(
+            {
+                "file_name": os.path.join(image_root, image["file_name"]),
+                "height": image["height"],
+                "width": image["width"],
+                "image_id": image["id"],
+                "annotations": annotations,
+            }
+        )
+    annotations = data.get("annotations") or []
+    _check_annotation_ids(annotations, json_file)
+    dropped: Counter = Counter()
+    for ann in annotations:  # one pass; this loop is most of the loading time after json parsing
+        target = by_id.get(ann["image_id"])
+        if target is None:
+            raise ValueError(
+                f"{json_file}: annotation id {ann.get('id')} refers to image_id {ann['image_id']}, which is not in "
+                "'images'. Remove the annotation or add the image."
+            )
+        category = id_map.get(ann["category_id"])
+        if category is None:
+            raise ValueError(
+                f"{json_file}: annotation id {ann.get('id')} has category_id {ann['category_id']}, which is not in "
+                "'categories'. Remove the annotation or add the category."
+            )
+        bbox = ann["bbox"]
+        if bbox[2] <= 0 or bbox[3] <= 0:
+            dropped["degenerate boxes (w or h <= 0)"] += 1
+            continue
+        record = {
+            "bbox": bbox,
+            "bbox_mode": "XYWH_ABS",
+            "category_id": category,
+            "iscrowd": ann.get("iscrowd", 0),
+        }
+        segmentation = ann.get("segmentation")
+        if isinstance(segmentation, list):
+            segmentation = _clean_polygons(segmentation, dropped)
+            if not segmentation:
+                dropped["annotations left without a polygon"] += 1
+                continue
+        if segmentation is not None:
+            record["segmentation"] = segmentation
+        target.append(record)
     if dropped:
         summary = ", ".join(f"{count} {what}" for what, count in sorted(dropped.items()))
         logger.warning("%s: dropped %s.", json_file, summary)
+    return records
+
+
+def set_coco_metadata(
+    dataset_name: str, data: dict, json_file: str, image_root: str, evaluator_type: str
+) -> None:
+    """Fill the `MetadataCatalog` entry of `dataset_name` from a parsed COCO-format dict."""
+    from lazytrain.data.catalog import MetadataCatalog
+
+    categories = sorted(data["categories"], key=lambda c: c["id"])
+    MetadataCatalog.get(dataset_name).set(
+        thing_classes=[c["name"] for c in categories],
+        thing_dataset_id_to_contiguous_id={c["id"]: i for i, c in enumerate(categories)},
+        json_file=json_file,
+        image_root=image_root,
+        evaluator_type=evaluator_type,
+    )
+
+
+def load_coco_json(json_file: str, image_root: str, dataset_name: str | None = None) -> list[dict]:
+    """Load COCO-format instance annotations as records (LVIS-format files load too, without their extras).
+
+    Args:
+        json_file: path or iopath URL of the annotation file.
+        image_root: directory the images' ``file_name`` are relative to.
+        dataset_name: when given, its `MetadataCatalog` entry gets ``thing_classes``,
+            ``thing_dataset_id_to_contiguous_id``, ``json_file``, ``image_root`` and ``evaluator_type``
+            (``"coco"`` unless already set).
+
+    Returns:
+        One record per image, in the file's order, including images without annotations.
+    """
+    data = read_json(json_file)
+    records = records_from_coco_dict(data, json_file, image_root)
     if dataset_name is not None:
         from lazytrain.data.catalog import MetadataCatalog
 
-        meta = MetadataCatalog.get(dataset_name)
-        meta.set(thing_classes=[c["name"] for c in categories], thing_dataset_id_to_contiguous_id=id_map,
-                 json_file=json_file, image_root=image_root)
-        if meta.get("evaluator_type") is None:
-            meta.set(evaluator_type="coco")
-    logger.info("Loaded %d images with %d annotations from %s", len(records), sum(len(r["annotations"]) for r in records), json_file)
+        evaluator_type = MetadataCatalog.get(dataset_name).get("evaluator_type") or "coco"
+        set_coco_metadata(dataset_name, data, json_file, image_root, evaluator_type)
+    logger.info(
+        "Loaded %d images with %d annotations from %s",
+        len(records),
+        sum(len(r["annotations"]) for r in records),
+        json_file,
+    )
     return records

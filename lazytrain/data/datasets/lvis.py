@@ -1,49 +1,88 @@
 """LVIS v1 annotations -> lazytrain records: the COCO records plus the federated-evaluation fields.
 
-LVIS images carry ``neg_category_ids`` (verified absent) and ``not_exhaustive_category_ids``; categories carry
-``frequency`` (r/c/f) and ``image_count``. LVIS v1 images live in COCO's folders: an image without
-``file_name`` is found from its ``coco_url`` (``.../train2017/000000391895.jpg``) under `image_root`.
+LVIS images carry ``neg_category_ids`` (categories verified absent) and ``not_exhaustive_category_ids``;
+records carry both as contiguous ids. Categories carry ``frequency`` (r/c/f) and ``image_count``, which
+the metadata keeps for repeat-factor sampling and for the APr/APc/APf split. LVIS v1 images live in COCO's
+folders and have no ``file_name``: it is taken from ``coco_url`` (``.../train2017/000000391895.jpg`` ->
+``train2017/000000391895.jpg`` under `image_root`).
 """
 
 from __future__ import annotations
 
-import os
+import logging
+from collections import Counter
 
-from lazytrain.data.datasets.coco import load_coco_json, read_json
+from lazytrain.data.datasets.coco import read_json, records_from_coco_dict, set_coco_metadata
 
-__all__ = ["load_lvis_json"]
+__all__ = ["frequency_of_image_count", "load_lvis_json"]
+
+logger = logging.getLogger(__name__)
+
+
+def frequency_of_image_count(image_count: int) -> str:
+    """LVIS's frequency bucket of a category seen in `image_count` train images: r (<= 10), c (<= 100), f."""
+    return "r" if image_count <= 10 else "c" if image_count <= 100 else "f"
+
+
+def _class_image_count(data: dict, categories: list[dict]) -> list[dict]:
+    """``{"id", "image_count", "frequency"}`` per category (json ids), computed when the file lacks them."""
+    if all("image_count" in c and "frequency" in c for c in categories):
+        return [
+            {"id": c["id"], "image_count": c["image_count"], "frequency": c["frequency"]} for c in categories
+        ]
+    pairs = {(a["image_id"], a["category_id"]) for a in data.get("annotations") or []}
+    counts = Counter(category for _, category in pairs)
+    entries = []
+    for c in categories:
+        count = c.get("image_count", counts.get(c["id"], 0))
+        entries.append(
+            {
+                "id": c["id"],
+                "image_count": count,
+                "frequency": c.get("frequency") or frequency_of_image_count(count),
+            }
+        )
+    return entries
 
 
 def load_lvis_json(json_file: str, image_root: str, dataset_name: str | None = None) -> list[dict]:
-    """Load LVIS-format annotations; ids in the federated fields are mapped to contiguous ids.
+    """Load LVIS-format annotations as records with ``neg_category_ids`` and ``not_exhaustive_category_ids``.
 
     Args:
-        json_file: path of the LVIS json.
-        image_root: directory the images are under (``coco/`` for LVIS v1: train2017/ and val2017/ inside).
-        dataset_name: if given, its metadata gets evaluator_type "lvis", class_image_count and
-            class_frequency besides what `load_coco_json` sets.
+        json_file: path or iopath URL of the LVIS json.
+        image_root: directory the images are under (for LVIS v1 the ``coco/`` folder, holding train2017/ and
+            val2017/).
+        dataset_name: when given, its `MetadataCatalog` entry gets what `load_coco_json` sets with
+            ``evaluator_type="lvis"``, plus ``class_image_count`` (list of ``{"id", "image_count",
+            "frequency"}`` in json ids) and ``class_frequency`` (r/c/f per contiguous id). Files without
+            ``image_count``/``frequency`` get them computed from their annotations (LVIS thresholds 10/100).
     """
     data = read_json(json_file)
-    for image in data["images"]:
-        if "file_name" not in image:
-            split_folder, base = image["coco_url"].split("/")[-2:]
-            image["file_name"] = os.path.join(split_folder, base)
-    records = load_coco_json(json_file, image_root, None, data=data)
+    images = data.get("images") if isinstance(data, dict) else None
+    for image in images if isinstance(images, list) else []:
+        if "file_name" not in image and "coco_url" in image:
+            image["file_name"] = "/".join(image["coco_url"].split("/")[-2:])
+    records = records_from_coco_dict(data, json_file, image_root)
     categories = sorted(data["categories"], key=lambda c: c["id"])
     id_map = {c["id"]: i for i, c in enumerate(categories)}
     for record, image in zip(records, data["images"]):
-        record["neg_category_ids"] = [id_map[c] for c in image.get("neg_category_ids", []) if c in id_map]
-        record["not_exhaustive_category_ids"] = [id_map[c] for c in image.get("not_exhaustive_category_ids", []) if c in id_map]
+        record["neg_category_ids"] = [id_map[c] for c in image.get("neg_category_ids", ()) if c in id_map]
+        record["not_exhaustive_category_ids"] = [
+            id_map[c] for c in image.get("not_exhaustive_category_ids", ()) if c in id_map
+        ]
     if dataset_name is not None:
         from lazytrain.data.catalog import MetadataCatalog
 
+        set_coco_metadata(dataset_name, data, json_file, image_root, evaluator_type="lvis")
+        class_image_count = _class_image_count(data, categories)
         MetadataCatalog.get(dataset_name).set(
-            thing_classes=[c["name"] for c in categories],
-            thing_dataset_id_to_contiguous_id=id_map,
-            json_file=json_file,
-            image_root=image_root,
-            evaluator_type="lvis",
-            class_image_count=[{"id": c["id"], "image_count": c.get("image_count", 0), "frequency": c.get("frequency", "f")} for c in categories],
-            class_frequency=[c.get("frequency", "f") for c in categories],
+            class_image_count=class_image_count,
+            class_frequency=[entry["frequency"] for entry in class_image_count],
         )
+    logger.info(
+        "Loaded %d images with %d annotations from %s",
+        len(records),
+        sum(len(r["annotations"]) for r in records),
+        json_file,
+    )
     return records
