@@ -23,11 +23,12 @@ train = dict(
     log_period=20,
     eval_period=5000,
     amp=dict(enabled=False, dtype="bfloat16"),
-    clip_grad=dict(max_norm=None),  # e.g. 10.0 clips the global gradient norm
+    clip_grad=dict(enabled=False, max_norm=None),  # e.g. enabled=True, max_norm=10.0 (global gradient norm)
     checkpointer=dict(period=5000, max_to_keep=None),
     ddp=dict(find_unused_parameters=False, broadcast_buffers=False, gradient_as_bucket_view=True),
     trainer=L(SimpleTrainer)(
-        clip_grad_norm="${train.clip_grad.max_norm}",
+        clip_grad_enabled="${train.clip_grad.enabled}",
+        clip_grad_max_norm="${train.clip_grad.max_norm}",
         amp_enabled="${train.amp.enabled}",
         amp_dtype="${train.amp.dtype}",
     ),

@@ -2,10 +2,18 @@
 
 They read the detectron2 lazy-config keys: ``model``, ``optimizer`` (its ``params`` node is built from the
 model), ``lr_multiplier``, ``dataloader.{train,test,evaluator}`` and ``train`` (run settings,
-``train.trainer`` and the named hook mapping ``train.hooks``). Each shared object (model, optimizer, train
-loader, checkpointer) is built exactly once and handed to the trainer; hooks reach them via the trainer.
-To customise more than the config allows, copy `do_train` into your own module and point
-``launch.main`` at it.
+``train.trainer`` and the named hook mapping ``train.hooks``).
+
+How the pieces meet (issue 9): the program builds each shared object exactly once, in this order: model (moved
+to ``train.device``, wrapped in DDP when the world size is > 1), optimizer, train loader. It then calls
+``instantiate(cfg.train.trainer, model=..., data_loader=..., optimizer=...)`` (the program injects these three
+arguments; see `INJECTED_ARGUMENTS`), builds the `Checkpointer` (which holds the trainer, so the trainer state
+is checkpointed) and attaches it and the evaluation function to the trainer, then instantiates
+``train.hooks`` and registers them in mapping order. Hooks reach the shared objects through ``self.trainer``;
+their configs hold only plain values and interpolations, so they save to YAML and take overrides.
+
+To customise more than the config allows, copy `do_train` into your own module and point ``launch.main`` at
+a function calling it.
 """
 
 from __future__ import annotations
@@ -25,13 +33,23 @@ from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.engine.hooks import flatten_results
 from lazytrain.utils import comm
 from lazytrain.utils.env import collect_env_info
+from lazytrain.utils.events import EventStorage, JSONWriter
 from lazytrain.utils.logger import setup_logger
 
-__all__ = ["INJECTED_ARGUMENTS", "build_model", "default_setup", "do_test", "do_train", "run", "seed_all_rng"]
+__all__ = [
+    "INJECTED_ARGUMENTS",
+    "build_model",
+    "default_setup",
+    "do_test",
+    "do_train",
+    "load_init_checkpoint",
+    "run",
+    "seed_all_rng",
+]
 
 logger = logging.getLogger(__name__)
 
-# Arguments the program passes at instantiation time (validation must not report them missing).
+# Arguments the program passes at instantiation time (config validation must not report them missing).
 INJECTED_ARGUMENTS = {
     "train.trainer": ("model", "data_loader", "optimizer"),
     "optimizer": ("params",),
@@ -40,16 +58,20 @@ INJECTED_ARGUMENTS = {
 
 
 def seed_all_rng(seed: int) -> None:
-    """Seed python, numpy and torch RNGs."""
+    """Seed the python, numpy and torch (CPU and CUDA) random number generators with `seed`."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 
 def default_setup(cfg: DictConfig) -> None:
-    """Logging for this rank, environment info, config dump to ``output_dir/config.yaml``, seeding.
+    """Prepare this rank: logging, environment info, config dump to ``output_dir/config.yaml``, seeding.
 
-    Seeds ``train.seed + rank``; a negative ``train.seed`` draws one random seed shared by all ranks.
+    Each rank seeds ``train.seed + rank``; a negative ``train.seed`` draws one random seed on rank 0, shared
+    by all ranks (then also offset by the rank).
+
+    Args:
+        cfg: the whole config (reads ``train.output_dir`` and ``train.seed``).
     """
     output_dir = cfg.train.output_dir
     rank = comm.get_rank()
@@ -59,6 +81,7 @@ def default_setup(cfg: DictConfig) -> None:
     logger.info("Rank %d of world size %d", rank, comm.get_world_size())
     logger.info("Environment:\n%s", collect_env_info())
     logger.info("Full config:\n%s", OmegaConf.to_yaml(cfg, resolve=False))
+
     if comm.is_main_process() and output_dir:
         path = os.path.join(output_dir, "config.yaml")
         saved = cfg.copy()
@@ -66,14 +89,16 @@ def default_setup(cfg: DictConfig) -> None:
         saved.train.output_dir = "./output"
         LazyConfig.save(saved, path)
         logger.info("Config saved to %s", path)
+
     seed = int(cfg.train.get("seed", 0))
     if seed < 0:
         seed = comm.shared_random_seed()
     seed_all_rng(seed + rank)
+    logger.info("Seeded the random number generators with %d (train.seed + rank)", seed + rank)
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:
-    """Instantiate ``cfg.model`` and move it to ``train.device``."""
+    """Instantiate ``cfg.model`` and move it to ``train.device`` (``cuda`` means this rank's local GPU)."""
     model = instantiate(cfg.model)
     device = cfg.train.get("device", "cpu")
     if device == "cuda":
@@ -95,31 +120,13 @@ def _wrap_ddp(cfg: DictConfig, model: torch.nn.Module) -> torch.nn.Module:
     )
 
 
-def _write_eval_metrics(cfg: DictConfig, results: dict, iteration: int) -> None:
-    """Append eval results to metrics.json for eval-only runs (training runs write via the writer hook)."""
-    if not (comm.is_main_process() and cfg.train.output_dir and results):
-        return
-    import json
-
-    with open(os.path.join(cfg.train.output_dir, "metrics.json"), "a") as f:
-        f.write(json.dumps({"iteration": iteration, **flatten_results(results)}, sort_keys=True) + "\n")
-
-
-def do_test(cfg: DictConfig, model: torch.nn.Module) -> dict:
-    """Evaluate `model` on ``dataloader.test`` with ``dataloader.evaluator``; returns nested results."""
-    if "evaluator" not in cfg.dataloader or "test" not in cfg.dataloader:
-        logger.warning("No dataloader.test / dataloader.evaluator in the config: nothing to evaluate.")
-        return {}
-    from lazytrain.evaluation.evaluator import inference_on_dataset
-
-    # The test loader is built first: it may generate the data set the evaluator reads on first use.
-    loader = instantiate(cfg.dataloader.test)
-    evaluator = instantiate(cfg.dataloader.evaluator)
-    results = inference_on_dataset(model, loader, evaluator)
-    return results
+def _unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
 def _build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    # ``optimizer.params`` is a lazy call (e.g. get_default_optimizer_params) completed with the model;
+    # without one, all parameters go in one group.
     params = cfg.optimizer.get("params")
     if OmegaConf.is_dict(params) and "_target_" in params:
         params = instantiate(params, model=model)
@@ -128,72 +135,116 @@ def _build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Opt
     return instantiate(cfg.optimizer, params=params)
 
 
+def load_init_checkpoint(cfg: DictConfig, model: torch.nn.Module) -> None:
+    """Load ``train.init_checkpoint`` weights into `model`, non-strictly (lazytrain checkpoints, torchvision
+    detection or ImageNet ResNet files; see `lazytrain.modeling.weights.load_init_weights`)."""
+    from lazytrain.modeling.weights import load_init_weights
+
+    load_init_weights(
+        _unwrap_ddp(model),
+        cfg.train.init_checkpoint,
+        allow_unsafe=bool(cfg.train.get("allow_unsafe_checkpoint", False)),
+    )
+
+
+def do_test(cfg: DictConfig, model: torch.nn.Module) -> dict:
+    """Evaluate `model` on ``dataloader.test`` with ``dataloader.evaluator``.
+
+    Returns:
+        Nested results ``{task: {metric: float}}`` on the main process, ``{}`` on the others (and when the
+        config has no test loader or evaluator).
+    """
+    if "evaluator" not in cfg.dataloader or "test" not in cfg.dataloader:
+        logger.warning("No dataloader.test / dataloader.evaluator in the config: nothing to evaluate.")
+        return {}
+    from lazytrain.evaluation import inference_on_dataset
+
+    # The test loader is built first: it may generate the data set the evaluator reads on first use.
+    loader = instantiate(cfg.dataloader.test)
+    evaluator = instantiate(cfg.dataloader.evaluator)
+    return inference_on_dataset(model, loader, evaluator)
+
+
 def do_train(cfg: DictConfig) -> dict:
-    """Build everything once, resume or load initial weights, and train. Returns the last eval results."""
+    """Build everything once, resume or load initial weights, and train.
+
+    ``train.resume=true`` continues from ``output_dir/last_checkpoint`` (weights, optimizer, trainer and hook
+    state, data position, RNG states); when there is none, it logs a warning and starts from
+    ``train.init_checkpoint`` (or random init), so the same command both starts and resumes a job.
+
+    Returns:
+        The results of the last evaluation (``{}`` without an eval hook).
+    """
     # Model: on its device and wrapped in DDP before the optimizer and trainer see it.
     model = build_model(cfg)
     logger.info("Model:\n%s", model)
     model = _wrap_ddp(cfg, model)
-    optimizer = _build_optimizer(cfg, comm_unwrap(model))
+    optimizer = _build_optimizer(cfg, _unwrap_ddp(model))
     train_loader = instantiate(cfg.dataloader.train)
 
-    # Trainer and hooks from the config; shared objects are injected, never built twice.
+    # Trainer from the config with the shared objects injected; the checkpointer holds model, optimizer and
+    # the trainer itself (iteration, hook states, grad scaler, data position, RNG states).
     trainer = instantiate(cfg.train.trainer, model=model, data_loader=train_loader, optimizer=optimizer)
     trainer.checkpointer = Checkpointer(
         model,
         cfg.train.output_dir,
-        allow_unsafe=cfg.train.get("allow_unsafe_checkpoint", False),
+        allow_unsafe=bool(cfg.train.get("allow_unsafe_checkpoint", False)),
         optimizer=optimizer,
         trainer=trainer,
     )
     trainer.test_function = functools.partial(do_test, cfg, model)
-    trainer.last_eval_results = {}
+
+    # Hooks: a named mapping in run order; registered before resuming so their states load by name.
     hooks = instantiate(cfg.train.hooks) if cfg.train.get("hooks") else {}
     trainer.register_hooks(hooks)
 
-    # Resume (everything, incl. data position and RNG) or start from train.init_checkpoint (weights).
+    # Resume everything, or start from train.init_checkpoint (weights only).
     start_iter = 0
-    if cfg.train.get("resume", False) and trainer.checkpointer.has_checkpoint():
+    resume = bool(cfg.train.get("resume", False))
+    if resume and trainer.checkpointer.has_checkpoint():
         extra = trainer.checkpointer.load(trainer.checkpointer.get_checkpoint_file())
         start_iter = extra.get("iteration", -1) + 1
         logger.info("Resuming from iteration %d", start_iter)
     else:
-        if cfg.train.get("resume", False):
+        if resume:
             logger.warning(
-                "train.resume=true but %s has no last_checkpoint: starting from scratch.",
+                "train.resume=true but %s has no last_checkpoint: starting from scratch%s.",
                 cfg.train.output_dir,
+                f" with {cfg.train.init_checkpoint}" if cfg.train.get("init_checkpoint") else "",
             )
         if cfg.train.get("init_checkpoint"):
             load_init_checkpoint(cfg, model)
+
     trainer.train(start_iter, cfg.train.max_iter)
     return trainer.last_eval_results
 
 
-def comm_unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-
-
-def load_init_checkpoint(cfg: DictConfig, model: torch.nn.Module) -> None:
-    """Load ``train.init_checkpoint`` weights into `model` (lazytrain checkpoints or bare state dicts)."""
-    path = cfg.train.init_checkpoint
-    try:
-        from lazytrain.modeling.weights import load_init_weights
-    except ImportError:
-        Checkpointer(model, allow_unsafe=cfg.train.get("allow_unsafe_checkpoint", False)).load(
-            path, checkpointables=[]
+def _evaluate_only(cfg: DictConfig) -> dict:
+    model = build_model(cfg)
+    if cfg.train.get("init_checkpoint"):
+        load_init_checkpoint(cfg, model)
+    else:
+        logger.warning(
+            "train.eval_only=true without train.init_checkpoint: evaluating randomly initialised weights."
         )
-        return
-    load_init_weights(comm_unwrap(model), path)
+    results = do_test(cfg, model)
+
+    # Same metrics.json format as training runs (the sweep summary reads the final metrics from it).
+    if comm.is_main_process() and cfg.train.output_dir and results:
+        with EventStorage(0) as storage:
+            storage.put_scalars(**flatten_results(results), smoothing_hint=False)
+            writer = JSONWriter(os.path.join(cfg.train.output_dir, "metrics.json"))
+            writer.write()
+            writer.close()
+    return results
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """The per-rank program: setup, then evaluation only (``train.eval_only``) or training."""
+    """The per-rank program: `default_setup`, then evaluation only (``train.eval_only``) or training.
+
+    Runs in every rank after the process group is up. Returns the final evaluation results (nested dict).
+    """
     default_setup(cfg)
     if cfg.train.get("eval_only", False):
-        model = build_model(cfg)
-        if cfg.train.get("init_checkpoint"):
-            load_init_checkpoint(cfg, model)
-        results = do_test(cfg, model)
-        _write_eval_metrics(cfg, results, iteration=0)
-        return results
+        return _evaluate_only(cfg)
     return do_train(cfg)

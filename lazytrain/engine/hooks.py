@@ -1,9 +1,15 @@
 """The standard hooks. Each is configured with plain values (so hook configs stay saveable and overridable)
 and reaches the objects the program built through its trainer: ``self.trainer.model``, ``.optimizer``,
-``.checkpointer``, ``.test_function``, ``.storage``.
+``.data_loader``, ``.checkpointer``, ``.test_function``, ``.storage``.
 
-Recipes list them as a named mapping in run order (``train.hooks.timer``, ``train.hooks.lr_scheduler``, ...),
-so ``~train.hooks.eval`` removes one and ``train.hooks.checkpointer.period=1000`` tunes one.
+Recipes list them as a named mapping in run order (``train.hooks.timer``, ``train.hooks.lr_scheduler``,
+``train.hooks.checkpointer``, ``train.hooks.eval``, ``train.hooks.writer``), so ``~train.hooks.eval`` removes
+one and ``train.hooks.checkpointer.period=1000`` tunes one. Order matters in two places: `EvalHook` before
+`BestCheckpointer` (which reads its metrics) and before `PeriodicWriter` (so the final evaluation is written
+to ``metrics.json``).
+
+Hooks that save checkpoints call ``trainer.checkpointer.save`` on every rank (saving gathers per-rank state);
+their decisions must therefore be the same on all ranks.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from lazytrain.engine.train_loop import HookBase
+from lazytrain.engine.train_loop import HookBase, get_rng_state, set_rng_state
 from lazytrain.utils import comm
 from lazytrain.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardWriter
+from lazytrain.utils.logger import create_small_table
 
 __all__ = [
     "BestCheckpointer",
@@ -42,7 +49,11 @@ def _is_period_end(trainer, period: int) -> bool:
 
 
 class CallbackHook(HookBase):
-    """Run plain functions ``fn(trainer)`` at chosen moments."""
+    """Run plain functions ``fn(trainer)`` at chosen moments.
+
+    In a config, give a function by path: ``L(CallbackHook)(after_step=L(functools.partial)(
+    L(locate)("my_module.fn"), ...))`` or any ``_partial_: true`` node.
+    """
 
     def __init__(
         self,
@@ -50,12 +61,14 @@ class CallbackHook(HookBase):
         before_train: Callable | None = None,
         after_train: Callable | None = None,
         before_step: Callable | None = None,
+        after_backward: Callable | None = None,
         after_step: Callable | None = None,
     ) -> None:
         self._callbacks = {
             "before_train": before_train,
             "after_train": after_train,
             "before_step": before_step,
+            "after_backward": after_backward,
             "after_step": after_step,
         }
 
@@ -71,6 +84,9 @@ class CallbackHook(HookBase):
 
     def before_step(self) -> None:
         self._run("before_step")
+
+    def after_backward(self) -> None:
+        self._run("after_backward")
 
     def after_step(self) -> None:
         self._run("after_step")
@@ -115,6 +131,9 @@ class IterationTimer(HookBase):
 class LRScheduler(HookBase):
     """Set every param group's LR to ``initial_lr * multiplier(iteration)`` before each step.
 
+    The LR is a pure function of the iteration, so this hook has no state of its own: a resumed run (whose
+    optimizer state restores ``initial_lr``) continues the schedule exactly.
+
     Args:
         multiplier: a callable ``iteration -> factor`` (see `lazytrain.engine.lr_schedule`); in configs,
             ``multiplier="${lr_multiplier}"``.
@@ -137,40 +156,56 @@ class LRScheduler(HookBase):
 
 class PeriodicCheckpointer(HookBase):
     """Save ``model_{iter:07d}.pth`` every `period` iterations, keep the last `max_to_keep`, and save
-    ``model_final.pth`` after the last iteration."""
+    ``model_final.pth`` after the last iteration (through ``trainer.checkpointer``).
+
+    Args:
+        period: save every this many iterations (``${train.checkpointer.period}``).
+        max_to_keep: how many periodic checkpoints to keep (None: all); ``model_final`` and
+            ``model_best`` are never deleted. Survives resume: the list of kept files is hook state.
+        file_prefix: file name prefix.
+    """
 
     def __init__(self, period: int, max_to_keep: int | None = None, file_prefix: str = "model") -> None:
         if period <= 0:
-            raise ValueError(f"PeriodicCheckpointer(period=) must be > 0; got {period}")
+            raise ValueError(
+                f"PeriodicCheckpointer(period=) must be > 0; got {period} (train.checkpointer.period)"
+            )
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(
+                f"PeriodicCheckpointer(max_to_keep=) must be >= 1 or None (keep all); got {max_to_keep}"
+            )
         self.period = period
         self.max_to_keep = max_to_keep
         self.file_prefix = file_prefix
-        self._saved: list[str] = []
+        self._saved: list[str] = []  # basenames of periodic checkpoints, oldest first
 
     def after_step(self) -> None:
         trainer = self.trainer
         if trainer.checkpointer is None:
             return
         if _is_period_end(trainer, self.period) and trainer.iter + 1 < trainer.max_iter:
-            path = trainer.checkpointer.save(f"{self.file_prefix}_{trainer.iter:07d}", iteration=trainer.iter)
-            self._remove_old(path)
+            name = f"{self.file_prefix}_{trainer.iter:07d}"
+            # Recorded before saving, so the checkpoint's own copy of this list includes it.
+            self._saved.append(f"{name}.pth")
+            trainer.checkpointer.save(name, iteration=trainer.iter)
+            self._remove_old()
         if trainer.iter + 1 >= trainer.max_iter:
             trainer.checkpointer.save(f"{self.file_prefix}_final", iteration=trainer.iter)
 
-    def _remove_old(self, path: str | None) -> None:
-        if path is None or self.max_to_keep is None:
+    def _remove_old(self) -> None:
+        if self.max_to_keep is None:
             return
-        self._saved.append(path)
+        save_dir = self.trainer.checkpointer.save_dir
         while len(self._saved) > self.max_to_keep:
-            old = self._saved.pop(0)
-            if os.path.exists(old):
+            old = os.path.join(save_dir, self._saved.pop(0))
+            if save_dir and comm.is_main_process() and os.path.exists(old):
                 os.remove(old)
 
     def state_dict(self) -> dict:
         return {"saved": list(self._saved)}
 
     def load_state_dict(self, state: dict) -> None:
-        self._saved = list(state.get("saved", []))
+        self._saved = [os.path.basename(path) for path in state.get("saved", [])]
 
 
 def flatten_results(results: Mapping, prefix: str = "") -> dict[str, float]:
@@ -193,6 +228,12 @@ def flatten_results(results: Mapping, prefix: str = "") -> dict[str, float]:
 class EvalHook(HookBase):
     """Evaluate every `eval_period` iterations and after training; results go to storage as ``task/metric``.
 
+    The final evaluation (after the last step) is recorded at iteration ``max_iter``, so the writer hook
+    that follows writes it to ``metrics.json`` as its own line. Results (computed on the main process) are
+    shared with all ranks, and the global RNG states are put back after evaluating so that evaluation does
+    not change the training random stream (which exact resume relies on). The results are also kept in
+    ``trainer.last_eval_results`` (what the default program returns).
+
     Args:
         eval_period: 0 evaluates only after training.
         eval_function: ``() -> dict`` of results; default ``trainer.test_function`` set by the program.
@@ -213,11 +254,23 @@ class EvalHook(HookBase):
     def _evaluate(self) -> None:
         function = self.eval_function or self.trainer.test_function
         if function is None:
-            raise ValueError("EvalHook: no eval_function given and trainer.test_function is not set.")
-        results = function() or {}
+            raise ValueError(
+                "EvalHook: no eval_function given and trainer.test_function is not set; pass "
+                "eval_function=... or remove the hook with ~train.hooks.eval."
+            )
+        rng_state = get_rng_state()
+        try:
+            results = function() or {}
+        finally:
+            set_rng_state(rng_state)
+        # Evaluators return results on the main process only; every rank records the same metrics so that
+        # hooks deciding on them (BestCheckpointer, whose save is collective) agree.
+        results = comm.all_gather(results)[0]
         flat = flatten_results(results)
         if flat:
             self.trainer.storage.put_scalars(**flat, smoothing_hint=False, cur_iter=self.trainer.iter)
+            if comm.is_main_process():
+                logger.info("Evaluation at iteration %d:\n%s", self.trainer.iter, create_small_table(flat))
         self.trainer.last_eval_results = results
         self._last_eval_iter = self.trainer.iter
         comm.synchronize()
@@ -332,7 +385,11 @@ class PeriodicWriter(HookBase):
 
 
 class TorchProfiler(HookBase):
-    """Profile iterations ``[start_iter, end_iter)`` with torch.profiler and write a Chrome trace."""
+    """Profile iterations ``[start_iter, end_iter)`` with torch.profiler and write a Chrome trace.
+
+    Add it from the command line: ``+train.hooks.profiler="{_target_: lazytrain.engine.hooks.TorchProfiler,
+    output_dir: ${train.output_dir}}"``.
+    """
 
     def __init__(self, output_dir: str, start_iter: int = 5, end_iter: int = 10) -> None:
         self.output_dir = output_dir
@@ -350,14 +407,21 @@ class TorchProfiler(HookBase):
 
     def after_step(self) -> None:
         if self._profiler is not None and self.trainer.iter + 1 >= self.end_iter:
-            self._profiler.__exit__(None, None, None)
-            os.makedirs(self.output_dir, exist_ok=True)
-            path = os.path.join(
-                self.output_dir, f"profiler-trace-rank{comm.get_rank()}-iter{self.trainer.iter}.json"
-            )
-            self._profiler.export_chrome_trace(path)
-            logger.info("Profiler trace written to %s", path)
-            self._profiler = None
+            self._finish()
+
+    def after_train(self) -> None:
+        if self._profiler is not None:  # training ended inside the profiled window
+            self._finish()
+
+    def _finish(self) -> None:
+        self._profiler.__exit__(None, None, None)
+        os.makedirs(self.output_dir, exist_ok=True)
+        path = os.path.join(
+            self.output_dir, f"profiler-trace-rank{comm.get_rank()}-iter{self.trainer.iter}.json"
+        )
+        self._profiler.export_chrome_trace(path)
+        logger.info("Profiler trace written to %s", path)
+        self._profiler = None
 
 
 class TorchMemoryStats(HookBase):

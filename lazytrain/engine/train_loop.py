@@ -4,8 +4,14 @@ A step of `SimpleTrainer`: next batch -> forward (a dict of losses) -> non-finit
 ``after_backward`` hooks -> optional gradient clipping -> optimizer step -> metrics. Mixed precision is an
 option of the same trainer. Hooks do everything else (LR schedule, checkpoints, eval, logging).
 
-What the trainer saves for exact resume (see `SimpleTrainer.state_dict`): iteration, hook states, grad
-scaler, and per rank the data-loader position and the torch/numpy/python RNG states.
+How hooks reach shared objects: the default program builds the model, optimizer and data loader once and
+passes them to the trainer; it then attaches ``trainer.checkpointer`` and ``trainer.test_function``. A hook
+uses ``self.trainer.model``, ``.optimizer``, ``.data_loader``, ``.checkpointer``, ``.test_function``,
+``.storage``, ``.iter`` and ``.max_iter``; its own settings are plain values, so hook configs stay data.
+
+What the trainer saves for exact resume (see `TrainerBase.state_dict`): iteration, hook states, grad scaler,
+and per rank the data-loader position and the torch/numpy/python (and CUDA) RNG states. RNG states are put
+back just before the first step of the resumed run, after the ``before_train`` hooks.
 """
 
 from __future__ import annotations
@@ -37,31 +43,34 @@ class HookBase:
     trainer: TrainerBase
 
     def before_train(self) -> None:
-        pass
+        """Called once before the first step (also when resuming)."""
 
     def after_train(self) -> None:
-        pass
+        """Called once at the end, also after an exception (then ``trainer.iter < trainer.max_iter``)."""
 
     def before_step(self) -> None:
-        pass
+        """Called before each step; ``trainer.iter`` is the step about to run."""
 
     def after_backward(self) -> None:
-        pass
+        """Called after the backward pass, before gradient clipping and the optimizer step."""
 
     def after_step(self) -> None:
-        pass
+        """Called after each step; ``trainer.iter`` is the step that just ran."""
 
     def state_dict(self) -> dict:
+        """Resumable state (only what ``torch.load(weights_only=True)`` accepts); ``{}`` for none."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        """Restore what `state_dict` returned."""
 
 
 class TrainerBase:
     """Runs iterations ``start_iter .. max_iter - 1`` and calls hooks in registration order.
 
-    Attributes set by the default program for hooks to use: ``checkpointer``, ``test_function``.
+    Subclasses implement `run_step`. Attributes the default program sets for hooks to use:
+    ``checkpointer`` (a `Checkpointer` holding this trainer), ``test_function`` (``() -> results``) and
+    ``last_eval_results`` (set by `EvalHook`).
     """
 
     def __init__(self) -> None:
@@ -72,6 +81,8 @@ class TrainerBase:
         self.storage: EventStorage | None = None
         self.checkpointer = None
         self.test_function = None
+        self.last_eval_results: dict = {}
+        self._pending_rng_state: dict | None = None
 
     def register_hooks(self, hooks: Mapping[str, HookBase | None] | Iterable[HookBase | None]) -> None:
         """Register hooks (a name -> hook mapping or a list); ``None`` entries are skipped."""
@@ -80,7 +91,12 @@ class TrainerBase:
             if hook is None:
                 continue
             if not isinstance(hook, HookBase):
-                raise TypeError(f"train.hooks.{name}: expected a HookBase, got {type(hook).__name__}")
+                raise TypeError(
+                    f"train.hooks.{name}: expected a HookBase instance, got {type(hook).__name__}; give the "
+                    "hook a `_target_` naming a HookBase subclass (or remove it with ~train.hooks."
+                    + name
+                    + ")"
+                )
             hook.trainer = weakref.proxy(self)
             unique = name
             while unique in self._hooks:
@@ -99,6 +115,7 @@ class TrainerBase:
         with EventStorage(start_iter) as self.storage:
             try:
                 self._call("before_train")
+                self._restore_rng_state()
                 for self.iter in range(start_iter, max_iter):
                     self._call("before_step")
                     self.run_step()
@@ -117,19 +134,49 @@ class TrainerBase:
             getattr(hook, moment)()
 
     def run_step(self) -> None:
+        """One training step (subclasses implement it)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:
+        """Iteration, hook states and, per rank, `_per_rank_state` (gathered: every rank must call it)."""
         hooks = {name: hook.state_dict() for name, hook in self._hooks.items()}
-        return {"iteration": self.iter, "hooks": {name: state for name, state in hooks.items() if state}}
+        return {
+            "iteration": self.iter,
+            "hooks": {name: state for name, state in hooks.items() if state},
+            "per_rank": comm.all_gather(self._per_rank_state()),
+        }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict` (register hooks first: their states are matched by name)."""
         self.iter = state["iteration"]
         for name, hook_state in state.get("hooks", {}).items():
             if name in self._hooks:
                 self._hooks[name].load_state_dict(hook_state)
             else:
                 logger.warning("checkpoint holds state for hook '%s', which is not registered; ignored", name)
+        per_rank = state.get("per_rank", [])
+        if len(per_rank) != comm.get_world_size():
+            logger.warning(
+                "checkpoint was written by %d process(es), this run has %d: data position and RNG states are "
+                "not restored (training continues, but not bit-exactly).",
+                len(per_rank),
+                comm.get_world_size(),
+            )
+            return
+        self._load_per_rank_state(per_rank[comm.get_rank()])
+
+    def _per_rank_state(self) -> dict:
+        return {"rng": get_rng_state()}
+
+    def _load_per_rank_state(self, state: dict) -> None:
+        # Applied when training starts: whatever runs in between (hook setup, building the evaluator) may
+        # draw random numbers, and the resumed stream must continue exactly where the checkpoint left it.
+        self._pending_rng_state = state["rng"]
+
+    def _restore_rng_state(self) -> None:
+        if self._pending_rng_state is not None:
+            set_rng_state(self._pending_rng_state)
+            self._pending_rng_state = None
 
 
 def get_rng_state() -> dict:
@@ -173,9 +220,13 @@ class SimpleTrainer(TrainerBase):
         data_loader: an iterable of batches; if it has ``state_dict``/``load_state_dict`` the position
             is checkpointed for exact resume.
         optimizer: a torch optimizer.
-        clip_grad_norm: clip the global gradient norm to this value (None: no clipping).
-        amp_enabled: run the forward in autocast.
+        clip_grad_enabled: clip the global gradient norm (``train.clip_grad.enabled``).
+        clip_grad_max_norm: the norm to clip to (``train.clip_grad.max_norm``).
+        amp_enabled: run the forward in autocast (``train.amp.enabled``).
         amp_dtype: ``"bfloat16"`` or ``"float16"`` (float16 uses a grad scaler, checkpointed).
+
+    To change what a step does (several optimizers, gradient accumulation), subclass it, override
+    `run_step`, and point ``train.trainer._target_`` at the subclass.
     """
 
     def __init__(
@@ -184,20 +235,33 @@ class SimpleTrainer(TrainerBase):
         data_loader: Iterable,
         optimizer: torch.optim.Optimizer,
         *,
-        clip_grad_norm: float | None = None,
+        clip_grad_enabled: bool = False,
+        clip_grad_max_norm: float | None = None,
         amp_enabled: bool = False,
         amp_dtype: str = "bfloat16",
     ) -> None:
         super().__init__()
         if amp_dtype not in ("bfloat16", "float16"):
-            raise ValueError(f"SimpleTrainer(amp_dtype=) must be 'bfloat16' or 'float16'; got {amp_dtype!r}")
-        if clip_grad_norm is not None and clip_grad_norm <= 0:
-            raise ValueError(f"SimpleTrainer(clip_grad_norm=) must be > 0 or None; got {clip_grad_norm}")
+            raise ValueError(
+                f"SimpleTrainer(amp_dtype=) must be 'bfloat16' or 'float16'; got {amp_dtype!r} "
+                "(train.amp.dtype)"
+            )
+        if clip_grad_enabled and (clip_grad_max_norm is None or clip_grad_max_norm <= 0):
+            raise ValueError(
+                f"SimpleTrainer(clip_grad_max_norm=) must be > 0 when clipping is enabled; got "
+                f"{clip_grad_max_norm}. Set train.clip_grad.max_norm (e.g. 10.0) or train.clip_grad.enabled=false"
+            )
+        if not clip_grad_enabled and clip_grad_max_norm is not None:
+            logger.warning(
+                "SimpleTrainer: clip_grad_max_norm=%s is set but clipping is disabled, so gradients are NOT "
+                "clipped; set train.clip_grad.enabled=true to clip.",
+                clip_grad_max_norm,
+            )
         model.train()
         self.model = model
         self.data_loader = data_loader
         self.optimizer = optimizer
-        self.clip_grad_norm = clip_grad_norm
+        self.clip_grad_norm = clip_grad_max_norm if clip_grad_enabled else None
         self.amp_enabled = amp_enabled
         self.amp_dtype = getattr(torch, amp_dtype)
         self.device_type = next(model.parameters()).device.type
@@ -206,10 +270,17 @@ class SimpleTrainer(TrainerBase):
         self._data_iter = None
 
     def run_step(self) -> None:
+        """Next batch, forward, non-finite check, backward, clipping, optimizer step, metrics."""
         if self._data_iter is None:
             self._data_iter = iter(self.data_loader)
         start = time.perf_counter()
-        data = next(self._data_iter)
+        try:
+            data = next(self._data_iter)
+        except StopIteration:
+            raise RuntimeError(
+                f"SimpleTrainer: the training data loader ended at iteration {self.iter}; it must yield batches "
+                "forever (use an infinite training sampler, e.g. lazytrain.data.samplers.TrainingSampler)."
+            ) from None
         data_time = time.perf_counter() - start
 
         with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_enabled):
@@ -243,13 +314,13 @@ class SimpleTrainer(TrainerBase):
             )
 
     def _write_metrics(self, loss_dict: dict[str, torch.Tensor], data_time: float) -> None:
-        metrics = {name: loss.detach().float() for name, loss in loss_dict.items()}
-        metrics = comm.reduce_dict(metrics)
+        metrics = comm.reduce_dict({name: loss.detach().float() for name, loss in loss_dict.items()})
         if comm.is_main_process():
             storage = get_event_storage()
-            values = {name: value.item() for name, value in metrics.items()}
+            # One device-to-host copy for all losses.
+            values = dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))
             storage.put_scalar("data_time", data_time)
-            if len(values) > 1:
+            if "total_loss" not in values:
                 storage.put_scalar("total_loss", sum(values.values()))
             storage.put_scalars(**values)
 
@@ -257,28 +328,21 @@ class SimpleTrainer(TrainerBase):
         state = super().state_dict()
         if self.grad_scaler is not None:
             state["grad_scaler"] = self.grad_scaler.state_dict()
-        per_rank = {"rng": get_rng_state()}
-        if hasattr(self.data_loader, "state_dict"):
-            per_rank["data_loader"] = self.data_loader.state_dict()
-        state["per_rank"] = comm.all_gather(per_rank)
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         if self.grad_scaler is not None and "grad_scaler" in state:
             self.grad_scaler.load_state_dict(state["grad_scaler"])
-        per_rank = state.get("per_rank", [])
-        rank = comm.get_rank()
-        if len(per_rank) != comm.get_world_size():
-            logger.warning(
-                "checkpoint was written by %d process(es), this run has %d: data position and RNG states are "
-                "not restored (training continues, but not bit-exactly).",
-                len(per_rank),
-                comm.get_world_size(),
-            )
-            return
-        mine = per_rank[rank]
-        if "data_loader" in mine and hasattr(self.data_loader, "load_state_dict"):
-            self.data_loader.load_state_dict(mine["data_loader"])
+
+    def _per_rank_state(self) -> dict:
+        state = super()._per_rank_state()
+        if hasattr(self.data_loader, "state_dict"):
+            state["data_loader"] = self.data_loader.state_dict()
+        return state
+
+    def _load_per_rank_state(self, state: dict) -> None:
+        super()._load_per_rank_state(state)
+        if "data_loader" in state and hasattr(self.data_loader, "load_state_dict"):
+            self.data_loader.load_state_dict(state["data_loader"])
             self._data_iter = None
-        set_rng_state(mine["rng"])

@@ -6,10 +6,14 @@ import sys
 
 import pytest
 import torch
+from pytest import param
 
+from lazytrain.config import LazyCall as L
 from lazytrain.config import LazyConfig, instantiate
 from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.engine.defaults import do_train, run
+from lazytrain.engine.hooks import CallbackHook, EvalHook, LRScheduler, PeriodicCheckpointer
+from lazytrain.engine.lr_schedule import WarmupMultiStepMultiplier
 from lazytrain.engine.train_loop import SimpleTrainer
 from tests.engine import toy
 from tests.engine.conftest import TOY_CONFIG
@@ -92,17 +96,26 @@ def _run_toy_subprocess(output_dir, overrides, expect_kill=False):
         assert result.returncode == 0, result.stderr[-2000:]
 
 
-def test_sigkill_and_resume_gives_bit_identical_weights(tmp_path):
-    _run_toy_subprocess(tmp_path / "full", [])
-    kill = "+train.hooks.killer={_target_: lazytrain.engine.hooks.CallbackHook, after_step: {_target_: functools.partial, _args_: [{_target_: lazytrain.config.locate, _args_: [tests.engine.toy.kill_self_at]}], iteration: 17}}"
-    _run_toy_subprocess(tmp_path / "killed", [kill], expect_kill=True)
+def test_sigkill_and_resume_gives_bit_identical_weights(toy_cfg, tmp_path):
+    run(toy_cfg)  # the uninterrupted reference, in this process
+    killer = (
+        "+train.hooks.killer={_target_: lazytrain.engine.hooks.CallbackHook, after_step: {_target_: "
+        "functools.partial, _args_: [{_target_: lazytrain.config.locate, _args_: [tests.engine.toy.kill_self_at]}], "
+        "iteration: 17}}"
+    )
+    _run_toy_subprocess(tmp_path / "killed", [killer], expect_kill=True)
     assert open(tmp_path / "killed" / "last_checkpoint").read() == "model_0000014.pth"
     _run_toy_subprocess(tmp_path / "killed", ["train.resume=true"])
-    full = torch.load(tmp_path / "full" / "model_final.pth", weights_only=True)
+    full = torch.load(os.path.join(toy_cfg.train.output_dir, "model_final.pth"), weights_only=True)
     resumed = torch.load(tmp_path / "killed" / "model_final.pth", weights_only=True)
     for key in full["model"]:
         assert torch.equal(full["model"][key], resumed["model"][key]), key
     assert full["trainer"]["iteration"] == resumed["trainer"]["iteration"] == 29
+    # the resumed run appended to metrics.json and evaluated at the end, like the reference
+    assert (
+        read_metrics(tmp_path / "killed")[-1]["toy/AP"]
+        == read_metrics(toy_cfg.train.output_dir)[-1]["toy/AP"]
+    )
 
 
 def test_resume_without_checkpoint_warns_and_starts_fresh(toy_cfg, caplog):
@@ -114,13 +127,21 @@ def test_resume_without_checkpoint_warns_and_starts_fresh(toy_cfg, caplog):
     assert os.path.exists(os.path.join(toy_cfg.train.output_dir, "model_final.pth"))
 
 
-def test_nan_loss_raises_with_iteration_and_keeps_last_checkpoint(toy_cfg):
+def test_nan_loss_raises_with_iteration_and_keeps_last_checkpoint(toy_cfg, caplog):
     toy_cfg.model.nan_at_call = 13
-    with pytest.raises(FloatingPointError, match=r"at iteration 12: loss_mse=nan, loss_zero=nan"):
+    toy_cfg.train.hooks.recorder = L(toy.RecordingHook)()
+    nan_error = pytest.raises(FloatingPointError, match=r"at iteration 12: loss_mse=nan, loss_zero=nan")
+    with caplog.at_level("ERROR", logger="lazytrain.engine.train_loop"), nan_error:
         do_train(toy_cfg)
+    assert "Exception during training at iteration 12" in caplog.text
+    assert toy.RecordingHook.last.events[-1] == ("after_train", 12)  # end-of-training hooks still ran
     checkpointer = Checkpointer(toy.ToyRegressor(), toy_cfg.train.output_dir)
     assert checkpointer.get_checkpoint_file().endswith("model_0000009.pth")
     assert checkpointer.load(checkpointer.get_checkpoint_file(), checkpointables=[])["iteration"] == 9
+    # the writers flushed what was logged before the failure; no evaluation after a failed run
+    records = read_metrics(toy_cfg.train.output_dir)
+    assert [r["iteration"] for r in records if "loss_mse" in r][-1] == 11
+    assert not any("toy/AP" in r for r in records)
 
 
 def test_bf16_autocast_on_cpu_trains():
@@ -134,7 +155,7 @@ def test_bf16_autocast_on_cpu_trains():
     assert losses[-1] < losses[0]
 
 
-def test_fp16_grad_scaler_state_is_checkpointed(tmp_path):
+def test_fp16_grad_scaler_state_is_checkpointed():
     model = toy.ToyRegressor()
     trainer = SimpleTrainer(
         model,
@@ -152,17 +173,120 @@ def test_clip_grad_norm_limits_update():
     model = toy.ToyRegressor()
     before = model.linear.weight.detach().clone()
     trainer = SimpleTrainer(
-        model, toy.ToyLoader(), torch.optim.SGD(model.parameters(), lr=1.0), clip_grad_norm=1e-3
+        model,
+        toy.ToyLoader(),
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        clip_grad_enabled=True,
+        clip_grad_max_norm=1e-3,
     )
     trainer.train(0, 1)
     assert (model.linear.weight - before).norm() <= 1e-3 + 1e-6
 
 
-@pytest.mark.parametrize("bad", [{"amp_dtype": "float8"}, {"clip_grad_norm": -1.0}])
-def test_trainer_rejects_bad_arguments(bad):
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        param(
+            {"amp_dtype": "float8"}, r"amp_dtype=\) must be 'bfloat16' or 'float16'; got 'float8'", id="dtype"
+        ),
+        param({"clip_grad_enabled": True}, r"clip_grad_max_norm=\) must be > 0 .*got None", id="no-norm"),
+        param(
+            {"clip_grad_enabled": True, "clip_grad_max_norm": -1.0},
+            r"clip_grad_max_norm=\) must be > 0 .*got -1.0",
+            id="negative-norm",
+        ),
+    ],
+)
+def test_trainer_rejects_bad_arguments(bad, message):
     model = toy.ToyRegressor()
-    with pytest.raises(ValueError, match="SimpleTrainer"):
+    with pytest.raises(ValueError, match=message):
         SimpleTrainer(model, toy.ToyLoader(), torch.optim.SGD(model.parameters(), lr=0.1), **bad)
+
+
+def test_max_norm_without_enabled_warns_that_nothing_is_clipped(caplog):
+    model = toy.ToyRegressor()
+    with caplog.at_level("WARNING", logger="lazytrain.engine.train_loop"):
+        trainer = SimpleTrainer(
+            model, toy.ToyLoader(), torch.optim.SGD(model.parameters(), lr=0.1), clip_grad_max_norm=10.0
+        )
+    assert trainer.clip_grad_norm is None
+    assert "gradients are NOT clipped; set train.clip_grad.enabled=true" in caplog.text
+
+
+def test_finite_loader_ending_is_a_clear_error():
+    model = toy.ToyRegressor()
+    batches = [(torch.randn(8, 4), torch.randn(8))] * 2
+    trainer = SimpleTrainer(model, batches, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(RuntimeError, match="data loader ended at iteration 2; it must yield batches forever"):
+        trainer.train(0, 5)
+
+
+def test_a_single_loss_tensor_is_recorded_as_total_loss():
+    class TensorLoss(toy.ToyRegressor):
+        def forward(self, batch):
+            return super().forward(batch)["loss_mse"]
+
+    model = TensorLoss()
+    trainer = SimpleTrainer(model, toy.ToyLoader(), torch.optim.SGD(model.parameters(), lr=0.1))
+    trainer.train(0, 2)
+    assert [i for _, i in trainer.storage.history("total_loss").values()] == [0, 1]
+
+
+def test_fp16_grad_scaler_state_round_trips():
+    def make():
+        model = toy.ToyRegressor()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        return SimpleTrainer(model, toy.ToyLoader(), optimizer, amp_enabled=True, amp_dtype="float16")
+
+    trainer = make()
+    trainer.train(0, 3)
+    trainer.grad_scaler.update(1234.0)
+    state = trainer.state_dict()
+    other = make()
+    other.load_state_dict(state)
+    assert other.grad_scaler.get_scale() == 1234.0
+
+
+def _trainer_with_checkpoints(output_dir, seed, stop_at=None):
+    torch.manual_seed(seed)
+    model = toy.ToyRegressor()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    trainer = SimpleTrainer(model, toy.ToyLoader(), optimizer)
+    trainer.checkpointer = Checkpointer(model, str(output_dir), optimizer=optimizer, trainer=trainer)
+
+    def evaluate():
+        torch.randn(7)  # evaluation drawing random numbers must not shift the training stream
+        return {"toy": {"AP": 1.0}}
+
+    def stop(t):
+        if t.iter == stop_at:
+            raise KeyboardInterrupt("stopped")
+
+    trainer.register_hooks(
+        {
+            "random_setup": toy.RandomDrawingHook(),
+            "lr_scheduler": LRScheduler(WarmupMultiStepMultiplier([6], warmup_iters=3)),
+            "checkpointer": PeriodicCheckpointer(period=4, max_to_keep=1),
+            "eval": EvalHook(eval_period=2, eval_function=evaluate),
+            "stop": CallbackHook(after_step=stop),
+        }
+    )
+    return trainer
+
+
+def test_in_process_resume_is_bit_exact_despite_random_draws_in_setup_and_eval(tmp_path):
+    full = _trainer_with_checkpoints(tmp_path / "full", seed=0)
+    full.train(0, 10)
+    interrupted = _trainer_with_checkpoints(tmp_path / "cut", seed=0, stop_at=6)
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train(0, 10)
+    resumed = _trainer_with_checkpoints(tmp_path / "cut", seed=1)  # other init and RNG: all must be restored
+    extra = resumed.checkpointer.load(resumed.checkpointer.get_checkpoint_file())
+    assert extra["iteration"] == 3
+    resumed.train(extra["iteration"] + 1, 10)
+    for key, value in full.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+    assert resumed.optimizer.param_groups[0]["lr"] == full.optimizer.param_groups[0]["lr"]
 
 
 def test_run_returns_after_writing_config_yaml(toy_cfg):

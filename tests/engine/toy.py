@@ -7,6 +7,8 @@ import os
 import torch
 
 from lazytrain.engine.train_loop import HookBase, SimpleTrainer
+from lazytrain.evaluation import DatasetEvaluator
+from lazytrain.utils import comm
 
 CONSTRUCTIONS: dict[str, int] = {}
 
@@ -28,8 +30,10 @@ class ToyRegressor(torch.nn.Module):
 
     def forward(self, batch):
         x, y = batch
-        self.calls += 1
         prediction = self.linear(self.norm(x)).squeeze(1)
+        if not self.training:
+            return prediction
+        self.calls += 1
         loss = torch.nn.functional.mse_loss(prediction, y)
         if self.calls == self.nan_at_call:
             loss = loss * float("nan")
@@ -98,22 +102,78 @@ class MarkerTrainer(SimpleTrainer):
         super().run_step()
 
 
-class ConstantEvaluator:
-    """Evaluator protocol stub for toy runs: the mean |error| of the model on a fixed batch."""
+def make_test_loader(num_batches: int = 3, dim: int = 4) -> list:
+    """A finite list of (x, y) batches for evaluation."""
+    _count("test_loader")
+    g = torch.Generator().manual_seed(12345)
+    true_w = torch.arange(1.0, dim + 1)
+    batches = []
+    for _ in range(num_batches):
+        x = torch.randn(8, dim, generator=g)
+        batches.append((x, x @ true_w))
+    return batches
+
+
+class ToyEvaluator(DatasetEvaluator):
+    """Evaluator protocol for toy runs: "AP" = 100 - mean absolute error, on the main process only.
+
+    It also draws from torch's global RNG, as real evaluation code may (EvalHook must shield training).
+    """
 
     def __init__(self) -> None:
+        _count("evaluator")
         self.reset()
 
     def reset(self):
         self.errors = []
 
     def process(self, inputs, outputs):
-        self.errors.append(float(outputs))
+        _, y = inputs
+        self.errors.append(float((outputs - y).abs().mean()))
+        torch.rand(3)
 
     def evaluate(self):
-        return {"toy": {"AP": 100.0 - sum(self.errors)}}
+        if comm.get_rank() != 0:
+            return {}
+        mae = sum(self.errors) / len(self.errors)
+        return {"toy": {"AP": 100.0 - mae, "MAE": mae}}
 
 
 def kill_self_at(trainer, iteration: int) -> None:
     if trainer.iter == iteration:
         os.kill(os.getpid(), 9)
+
+
+class RandomDrawingHook(HookBase):
+    """Draws from every global RNG in before_train (setup code may do so); resume must not be affected."""
+
+    def before_train(self):
+        import random
+
+        import numpy as np
+
+        torch.rand(5)
+        np.random.rand(5)
+        random.random()
+
+
+class RankWeightsHook(HookBase):
+    """Saves this rank's model weights and eval results after training (for the two-process test)."""
+
+    def __init__(self, output_dir: str) -> None:
+        self.output_dir = output_dir
+
+    def after_train(self):
+        model = getattr(self.trainer.model, "module", self.trainer.model)
+        state = {"model": model.state_dict(), "results": self.trainer.last_eval_results}
+        torch.save(state, os.path.join(self.output_dir, f"rank{comm.get_rank()}.pth"))
+
+
+def ddp_main(cfg_container: dict) -> None:
+    """Per-rank program of the two-process test."""
+    from omegaconf import OmegaConf
+
+    from lazytrain.engine.defaults import run
+
+    torch.set_num_threads(1)
+    run(OmegaConf.create(cfg_container))
