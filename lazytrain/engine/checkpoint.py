@@ -48,11 +48,15 @@ class LoadReport:
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    wrappers = (DistributedDataParallel, torch.nn.DataParallel)
+    return model.module if isinstance(model, wrappers) else model
 
 
 def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> LoadReport:
     """Load `state` into `model` non-strictly: ``module.`` prefixes removed, shape mismatches skipped.
+
+    Works both ways round: a checkpoint saved from a DDP-wrapped model (keys ``module.*``) loads into a plain
+    model, and a plain checkpoint loads into a wrapped model (the wrapper is looked through).
 
     Returns:
         A `LoadReport` of missing, unexpected and shape-mismatched keys (also logged).
@@ -110,9 +114,13 @@ def atomic_write(path: str, write) -> None:
 class Checkpointer:
     """Save/load a model and other objects with ``state_dict``/``load_state_dict``.
 
+    A training checkpoint written by the default program holds ``model``, ``optimizer``, ``trainer``
+    (iteration, hook states, grad scaler, and per rank the data-loader state and RNG states) and
+    ``iteration``; everything loads with ``torch.load(weights_only=True)``.
+
     Args:
         model: the model (DDP-wrapped or not; the saved keys never carry ``module.``).
-        save_dir: directory of checkpoints and ``last_checkpoint`` ("" disables saving).
+        save_dir: local directory of checkpoints and ``last_checkpoint`` ("" disables saving).
         allow_unsafe: allow loading files that need arbitrary unpickling (only for files you trust).
         **checkpointables: e.g. ``optimizer=..., trainer=...``.
     """
@@ -183,9 +191,23 @@ class Checkpointer:
                 f"({str(e).splitlines()[0]}). Only if you trust this file, load it with allow_unsafe=True "
                 "(train.allow_unsafe_checkpoint=true)."
             ) from None
+        except (RuntimeError, EOFError) as e:
+            raise ValueError(
+                f"Checkpointer: {path} is not a readable checkpoint (truncated or corrupt?): "
+                f"{str(e).splitlines()[0]}. Use an earlier checkpoint; files named in last_checkpoint are always "
+                "complete."
+            ) from e
 
     def load(self, path: str, checkpointables: list[str] | None = None) -> dict:
-        """Load model weights and the named checkpointables (all when None); return the remaining items."""
+        """Load model weights (non-strictly, see `load_model_state`) and the named checkpointables.
+
+        Args:
+            path: a local path or an iopath URI.
+            checkpointables: names to restore; None restores all, ``[]`` only the model.
+
+        Returns:
+            The remaining items of the file (e.g. ``{"iteration": 99}``).
+        """
         logger.info("Loading checkpoint from %s", path)
         data = self.read(path)
         if "model" not in data:  # a bare state dict (e.g. torchvision weights)
@@ -195,6 +217,8 @@ class Checkpointer:
         for key in names:
             if key in data:
                 self.checkpointables[key].load_state_dict(data.pop(key))
+            else:
+                logger.warning("Checkpointer: %s has no '%s' state; it is not restored.", path, key)
         return data
 
     def resume_or_load(self, path: str, *, resume: bool = True) -> dict:
