@@ -1,10 +1,18 @@
 """Run settings, the trainer and the default hooks (a named mapping in run order).
 
-Remove a hook with ``~train.hooks.eval``, tune one with ``train.hooks.checkpointer.max_to_keep=3``, add one
-with ``+train.hooks.profiler="{_target_: lazytrain.engine.hooks.TorchProfiler, output_dir: ...}"`` or in a
-config file: ``train.hooks.my_hook = L(MyHook)(...)``. Swap the trainer with
-``train.trainer._target_=my_module.MyTrainer``. The program passes model, data_loader and optimizer to the
-trainer; hooks reach them (and the checkpointer and test function) through ``self.trainer``.
+The trainer and hooks are config nodes like the model. The default program (`lazytrain.engine.defaults`)
+builds model, optimizer and train loader once and injects them: ``instantiate(train.trainer, model=...,
+data_loader=..., optimizer=...)``; it attaches ``trainer.checkpointer`` and ``trainer.test_function``; hooks
+reach all of these through ``self.trainer`` and hold only plain values here, so this block saves to YAML.
+
+    ~train.hooks.eval                                   remove a hook
+    train.hooks.checkpointer.max_to_keep=3              change one of its arguments
+    +train.hooks.profiler="{_target_: lazytrain.engine.hooks.TorchProfiler, output_dir: ${train.output_dir}}"
+    train.trainer._target_=my_module.MyTrainer          swap the trainer (a SimpleTrainer subclass)
+
+In a config file, ``train.hooks.my_hook = L(MyHook)(...)`` adds one (dict order is run order). Keep ``eval``
+before ``writer`` so the final evaluation reaches ``metrics.json``. ``resume=True`` continues from
+``output_dir/last_checkpoint`` exactly, or starts fresh with a warning when there is none.
 """
 
 from lazytrain.config import LazyCall as L
@@ -15,16 +23,16 @@ train = dict(
     output_dir="./output",  # under `python -m lazytrain`: the Hydra job directory (hydra.run.dir)
     max_iter=90000,
     seed=0,  # each rank seeds seed + rank; negative: one random seed shared by all ranks
-    device="cuda",
-    init_checkpoint="",
+    device="cuda",  # or "cpu"
+    init_checkpoint="",  # initial weights (non-strict); also the weights evaluated when eval_only
     resume=False,
     eval_only=False,
-    allow_unsafe_checkpoint=False,
+    allow_unsafe_checkpoint=False,  # load checkpoints needing arbitrary unpickling (trusted files only)
     log_period=20,
-    eval_period=5000,
-    amp=dict(enabled=False, dtype="bfloat16"),
+    eval_period=5000,  # 0: evaluate only after training
+    amp=dict(enabled=False, dtype="bfloat16"),  # or "float16" (with a checkpointed grad scaler)
     clip_grad=dict(enabled=False, max_norm=None),  # e.g. enabled=True, max_norm=10.0 (global gradient norm)
-    checkpointer=dict(period=5000, max_to_keep=None),
+    checkpointer=dict(period=5000, max_to_keep=None),  # None keeps every periodic checkpoint
     ddp=dict(find_unused_parameters=False, broadcast_buffers=False, gradient_as_bucket_view=True),
     trainer=L(SimpleTrainer)(
         clip_grad_enabled="${train.clip_grad.enabled}",

@@ -2,4 +2,47 @@
 
 Modules: `train_loop` (HookBase, TrainerBase, SimpleTrainer), `hooks`, `checkpoint` (Checkpointer),
 `lr_schedule` (LR multipliers), `optimizer` (param groups), `defaults` (default_setup, do_train, do_test, run).
+
+How a config declares the trainer and hooks (see ``recipes/train.py``): ``train.trainer =
+L(SimpleTrainer)(...)`` and ``train.hooks`` a named mapping in run order. The default program injects
+``model``, ``data_loader`` and ``optimizer`` into the trainer; hooks reach those and the checkpointer through
+``self.trainer``.
 """
+
+from lazytrain.engine.checkpoint import Checkpointer
+from lazytrain.engine.defaults import default_setup, do_test, do_train, run
+from lazytrain.engine.hooks import (
+    BestCheckpointer,
+    CallbackHook,
+    EvalHook,
+    IterationTimer,
+    LRScheduler,
+    PeriodicCheckpointer,
+    PeriodicWriter,
+    TorchMemoryStats,
+    TorchProfiler,
+)
+from lazytrain.engine.lr_schedule import WarmupCosineMultiplier, WarmupMultiStepMultiplier
+from lazytrain.engine.train_loop import HookBase, SimpleTrainer, TrainerBase
+
+__all__ = [
+    "BestCheckpointer",
+    "CallbackHook",
+    "Checkpointer",
+    "EvalHook",
+    "HookBase",
+    "IterationTimer",
+    "LRScheduler",
+    "PeriodicCheckpointer",
+    "PeriodicWriter",
+    "SimpleTrainer",
+    "TorchMemoryStats",
+    "TorchProfiler",
+    "TrainerBase",
+    "WarmupCosineMultiplier",
+    "WarmupMultiStepMultiplier",
+    "default_setup",
+    "do_test",
+    "do_train",
+    "run",
+]

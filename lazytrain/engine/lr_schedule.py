@@ -49,7 +49,11 @@ class WarmupMultiStepMultiplier:
 
 
 class WarmupCosineMultiplier:
-    """Linear warmup, then cosine decay from 1 to `final_factor` at `max_iter`."""
+    """Cosine decay from 1 at iteration 0 to `final_factor` at `max_iter`, times a linear warmup.
+
+    As in detectron2, the cosine spans the whole run and the warmup factor multiplies it during the first
+    `warmup_iters` iterations. In recipes, ``max_iter="${train.max_iter}"``.
+    """
 
     def __init__(
         self, max_iter: int, warmup_iters: int = 1000, warmup_factor: float = 0.001, final_factor: float = 0.0
