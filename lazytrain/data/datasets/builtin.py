@@ -1,23 +1,29 @@
-"""Registration of the built-in data sets under ``$LAZYTRAIN_DATASETS`` (default ``./datasets``).
+"""Registration of the built-in data sets, found under ``$LAZYTRAIN_DATASETS`` (default ``./datasets``).
 
-Layout expected (read at lookup time, so the variable can change between runs/tests):
+The variable is read each time a data set is loaded, not at import, so it may change between runs and tests.
+Layout:
 
-    $LAZYTRAIN_DATASETS/coco/{train2017,val2017}/  and  coco/annotations/instances_{train,val}2017.json
-    $LAZYTRAIN_DATASETS/lvis/lvis_v1_{train,val}.json  (images from coco/train2017 and coco/val2017)
-    $LAZYTRAIN_DATASETS/synthetic_lt/   (generated on first use)
+    $LAZYTRAIN_DATASETS/coco/{train2017,val2017}/*.jpg
+    $LAZYTRAIN_DATASETS/coco/annotations/instances_{train,val}2017.json     -> coco_2017_{train,val}
+    $LAZYTRAIN_DATASETS/lvis/lvis_v1_{train,val}.json (images from coco/)   -> lvis_v1_{train,val}
+    $LAZYTRAIN_DATASETS/synthetic_lt/ (generated on first use)              -> synthetic_lt_{train,val}
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 from lazytrain.data.datasets.coco import load_coco_json
 from lazytrain.data.datasets.lvis import load_lvis_json
-from lazytrain.data.datasets.synthetic import ensure_synthetic_lt
+from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 
-__all__ = ["get_datasets_root", "register_all"]
+__all__ = ["SYNTHETIC_LT_OPTIONS", "find_missing_data", "get_datasets_root", "register_all"]
 
-_REGISTERED = False
+SYNTHETIC_LT_OPTIONS: dict[str, Any] = {}
+"""Keyword arguments for `generate_synthetic_lt` when ``synthetic_lt_*`` is generated on first use (tests
+make it tiny); empty means the generator's defaults (1000 train / 250 val images)."""
 
 
 def get_datasets_root() -> str:
@@ -25,8 +31,8 @@ def get_datasets_root() -> str:
     return os.path.abspath(os.path.expanduser(os.environ.get("LAZYTRAIN_DATASETS", "./datasets")))
 
 
-def _coco(split: str):
-    def load():
+def _coco_loader(split: str) -> Callable[[], list[dict]]:
+    def load() -> list[dict]:
         root = get_datasets_root()
         json_file = os.path.join(root, "coco", "annotations", f"instances_{split}2017.json")
         return load_coco_json(json_file, os.path.join(root, "coco", f"{split}2017"), f"coco_2017_{split}")
@@ -34,52 +40,53 @@ def _coco(split: str):
     return load
 
 
-def _lvis(split: str):
-    def load():
+def _lvis_loader(split: str) -> Callable[[], list[dict]]:
+    def load() -> list[dict]:
         root = get_datasets_root()
-        return load_lvis_json(os.path.join(root, "lvis", f"lvis_v1_{split}.json"), os.path.join(root, "coco"), f"lvis_v1_{split}")
+        json_file = os.path.join(root, "lvis", f"lvis_v1_{split}.json")
+        return load_lvis_json(json_file, os.path.join(root, "coco"), f"lvis_v1_{split}")
 
     return load
 
 
-def _synthetic(split: str):
-    def load():
-        root = ensure_synthetic_lt(os.path.join(get_datasets_root(), "synthetic_lt"))
+def _synthetic_loader(split: str) -> Callable[[], list[dict]]:
+    def load() -> list[dict]:
+        root = generate_synthetic_lt(
+            os.path.join(get_datasets_root(), "synthetic_lt"), **SYNTHETIC_LT_OPTIONS
+        )
         return load_lvis_json(os.path.join(root, f"lvis_v1_{split}.json"), root, f"synthetic_lt_{split}")
 
     return load
 
 
-def synthetic_json_file(split: str) -> str:
-    """The synthetic_lt annotation file of `split`, generating the data set first if needed."""
-    root = ensure_synthetic_lt(os.path.join(get_datasets_root(), "synthetic_lt"))
-    return os.path.join(root, f"lvis_v1_{split}.json")
-
-
 def register_all() -> None:
-    """Register every built-in name once (no I/O happens here)."""
-    global _REGISTERED
-    if _REGISTERED:
-        return
-    _REGISTERED = True
+    """Register every built-in name (called once by `lazytrain.data.catalog` on first use; no I/O)."""
     from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
 
     for split in ("train", "val"):
-        DatasetCatalog.register(f"coco_2017_{split}", _coco(split))
-        DatasetCatalog.register(f"lvis_v1_{split}", _lvis(split))
-        DatasetCatalog.register(f"synthetic_lt_{split}", _synthetic(split))
-        MetadataCatalog.get(f"coco_2017_{split}").set(evaluator_type="coco")
-        MetadataCatalog.get(f"lvis_v1_{split}").set(evaluator_type="lvis")
-        MetadataCatalog.get(f"synthetic_lt_{split}").set(evaluator_type="lvis")
+        for name, loader, evaluator_type in (
+            (f"coco_2017_{split}", _coco_loader(split), "coco"),
+            (f"lvis_v1_{split}", _lvis_loader(split), "lvis"),
+            (f"synthetic_lt_{split}", _synthetic_loader(split), "lvis"),
+        ):
+            if name not in DatasetCatalog:
+                DatasetCatalog.register(name, loader)
+                MetadataCatalog.get(name).set(evaluator_type=evaluator_type)
 
 
 def _required_files(name: str) -> list[str]:
     root = get_datasets_root()
     split = name.rsplit("_", 1)[-1]
     if name.startswith("lvis_v1_"):
-        return [os.path.join(root, "lvis", f"lvis_v1_{split}.json"), os.path.join(root, "coco", f"{split}2017")]
+        return [
+            os.path.join(root, "lvis", f"lvis_v1_{split}.json"),
+            os.path.join(root, "coco", f"{split}2017"),
+        ]
     if name.startswith("coco_2017_"):
-        return [os.path.join(root, "coco", "annotations", f"instances_{split}2017.json"), os.path.join(root, "coco", f"{split}2017")]
+        return [
+            os.path.join(root, "coco", "annotations", f"instances_{split}2017.json"),
+            os.path.join(root, "coco", f"{split}2017"),
+        ]
     return []  # synthetic_lt is generated on first use; user data sets are checked when loaded
 
 
@@ -92,7 +99,11 @@ def _dataset_names(node) -> list[str]:
         if isinstance(target, str) and target.endswith("get_detection_dataset_dicts"):
             value = node.get("names")
             names += [value] if isinstance(value, str) else list(value or [])
-        if isinstance(target, str) and target.endswith("Evaluator") and isinstance(node.get("dataset_name"), str):
+        if (
+            isinstance(target, str)
+            and target.endswith("Evaluator")
+            and isinstance(node.get("dataset_name"), str)
+        ):
             names.append(node.get("dataset_name"))
         for key in node:
             names += _dataset_names(node._get_node(key))

@@ -1,228 +1,523 @@
-"""`synthetic_lt`: the embedded long-tailed instance-segmentation data set, generated as real files.
+"""`synthetic_lt`: the embedded long-tailed instance-segmentation data set, written as real files.
 
-30 categories (6 shapes x 5 colours) on noisy textured backgrounds, 1-8 instances per image, images of
-varied size (128-320 px, both orientations). Train image counts per category follow LVIS's buckets:
-8 rare (1-10 train images), 12 common (11-100), 10 frequent (> 100), power-law within each bucket. Every
-category appears in ~20 validation images so per-category AP is measurable.
+30 categories (6 shapes x 5 colours) on textured, noisy backgrounds with unannotated grey clutter; JPEG
+images of varied size (default 128-320 px per side, both orientations) with 1-8 instances each. The train
+split is long-tailed like LVIS: the categories are split 8 rare / 12 common / 10 frequent (27 / 40 / 33 %;
+LVIS v1 has 28 / 38 / 34 %), with train image counts following a power law inside each bucket (for 1000
+train images: rare 1-10, common 11-100, frequent 101-550, LVIS's thresholds). In val every category appears in
+`val_images_per_category` images (1-2 instances each), so per-category AP is measurable.
 
-Occlusion: instances are drawn in order, later ones on top. A fully visible instance keeps its polygon; an
-occluded one gets the RLE of its visible pixels (COCO allows RLE with iscrowd=0), so masks always match the
-pixels. The json is LVIS v1 format (``frequency``, ``image_count``; per image ``neg_category_ids`` listing
-every absent category, since the set is exhaustively annotated, and ``not_exhaustive_category_ids: []``),
-which `load_coco_json` reads as well. Generation is deterministic for a seed and atomic (temp dir + rename).
+Occlusion: instances are drawn in order, later ones on top, and a placement is rejected when it would leave
+an earlier instance less than half visible. Each shape is a union of convex parts, so the visible region of
+an occluded instance is computed exactly by clipping its convex parts against the convex parts of the shapes
+drawn over it; its segmentation is the resulting list of convex polygons (their union is the visible region,
+matching the pixels up to rasterization). Unoccluded instances have their outline as one polygon.
+
+The json files are LVIS v1 format (categories with ``frequency`` and ``image_count`` counted on the generated
+train split; images with ``neg_category_ids`` listing every absent category, because the set is exhaustively
+annotated, and ``not_exhaustive_category_ids: []``; annotations with polygons, ``area`` and ``bbox``), plus
+``file_name`` and ``iscrowd`` so `load_coco_json` reads them too. Output is identical for a seed whatever the
+number of worker processes, and it appears atomically (temporary directory + rename).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import math
+import multiprocessing
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-__all__ = ["CATEGORY_NAMES", "ensure_synthetic_lt", "generate_synthetic_lt", "synthetic_category_plan"]
+__all__ = ["CATEGORY_NAMES", "generate_synthetic_lt", "is_complete", "synthetic_category_plan"]
 
 logger = logging.getLogger(__name__)
 
 SHAPES = ("circle", "square", "triangle", "star", "cross", "hexagon")
-COLORS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (50, 80, 220), "yellow": (230, 210, 40), "magenta": (200, 50, 200)}
-CATEGORY_NAMES = [f"{color}_{shape}" for shape in SHAPES for color in COLORS]
-NUM_RARE, NUM_COMMON = 8, 12
+COLORS = {
+    "red": (215, 45, 40),
+    "green": (45, 170, 70),
+    "blue": (50, 85, 215),
+    "yellow": (235, 205, 45),
+    "magenta": (195, 55, 195),
+}
+CATEGORY_NAMES = [f"{color}_{shape}" for shape in SHAPES for color in COLORS]  # json id = index + 1
+BUCKETS = (
+    ("r", 8, 1, 10),
+    ("c", 12, 11, 100),
+    ("f", 10, 101, 550),
+)  # bucket, categories, train images at 1000
+MARKER = "synthetic_lt.json"
+_FORMAT_VERSION = 2
+_MIN_VISIBLE_FRACTION = 0.5
+
+Polygon = list[tuple[float, float]]
 
 
-def _unit_polygon(shape: str) -> np.ndarray:
-    """Vertices of `shape` on the unit circle scale, centred at 0."""
+# ---------------------------------------------------------------------------------------------- geometry
+def _regular(count: int, radius: float = 1.0, phase: float = -math.pi / 2) -> Polygon:
+    return [
+        (
+            radius * math.cos(phase + 2 * math.pi * k / count),
+            radius * math.sin(phase + 2 * math.pi * k / count),
+        )
+        for k in range(count)
+    ]
+
+
+def _box(x0: float, y0: float, x1: float, y1: float) -> Polygon:
+    return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+
+
+def _unit_shape(shape: str) -> tuple[Polygon, list[Polygon]]:
+    """The outline of `shape` (radius about 1, centred at 0) and convex parts that tile it exactly."""
     if shape == "circle":
-        angles = np.linspace(0, 2 * math.pi, 24, endpoint=False)
-        return np.stack([np.cos(angles), np.sin(angles)], 1)
-    if shape == "square":
-        return np.array([[-0.8, -0.8], [0.8, -0.8], [0.8, 0.8], [-0.8, 0.8]])
-    if shape == "triangle":
-        angles = np.array([-90, 30, 150]) * math.pi / 180
-        return np.stack([np.cos(angles), np.sin(angles)], 1)
-    if shape == "hexagon":
-        angles = np.arange(6) * math.pi / 3
-        return np.stack([np.cos(angles), np.sin(angles)], 1)
-    if shape == "star":
-        angles = np.arange(10) * math.pi / 5 - math.pi / 2
-        radii = np.where(np.arange(10) % 2 == 0, 1.0, 0.45)
-        return np.stack([radii * np.cos(angles), radii * np.sin(angles)], 1)
-    a, b = 0.3, 1.0  # cross
-    return np.array([[-a, -b], [a, -b], [a, -a], [b, -a], [b, a], [a, a], [a, b], [-a, b], [-a, a], [-b, a], [-b, -a], [-a, -a]])
+        outline = _regular(20)
+    elif shape == "square":
+        outline = _box(-0.7, -0.7, 0.7, 0.7)
+    elif shape == "triangle":
+        outline = _regular(3)
+    elif shape == "hexagon":
+        outline = _regular(6, phase=0.0)
+    elif shape == "star":
+        tips, inner = _regular(5), _regular(5, 0.45, -math.pi / 2 + math.pi / 5)
+        outline = [point for k in range(5) for point in (tips[k], inner[k])]
+        return outline, [inner] + [[inner[k - 1], tips[k], inner[k]] for k in range(5)]
+    else:  # cross
+        a, b = 0.28, 0.95
+        outline = [
+            (-a, -b),
+            (a, -b),
+            (a, -a),
+            (b, -a),
+            (b, a),
+            (a, a),
+            (a, b),
+            (-a, b),
+            (-a, a),
+            (-b, a),
+            (-b, -a),
+            (-a, -a),
+        ]
+        return outline, [_box(-a, -b, a, b), _box(-b, -a, -a, a), _box(a, -a, b, a)]
+    return outline, [outline]
 
 
+def _area(polygon: Polygon) -> float:
+    """Signed shoelace area (positive for the orientation every unit shape above uses)."""
+    total = 0.0
+    for (x0, y0), (x1, y1) in zip(polygon, polygon[1:] + polygon[:1]):
+        total += x0 * y1 - x1 * y0
+    return total / 2
+
+
+def _clip(polygon: Polygon, a: float, b: float, c: float) -> Polygon:
+    """The part of a convex polygon where ``a*x + b*y + c >= 0`` (one Sutherland-Hodgman step)."""
+    values = [a * x + b * y + c for x, y in polygon]
+    out = []
+    for i, point in enumerate(polygon):
+        j = (i + 1) % len(polygon)
+        if values[i] >= 0:
+            out.append(point)
+        if (values[i] >= 0) != (values[j] >= 0):
+            t = values[i] / (values[i] - values[j])
+            q = polygon[j]
+            out.append((point[0] + t * (q[0] - point[0]), point[1] + t * (q[1] - point[1])))
+    return out
+
+
+def _extent(polygon: Polygon) -> tuple[float, float, float, float]:
+    xs, ys = [p[0] for p in polygon], [p[1] for p in polygon]
+    return min(xs), min(ys), max(xs), max(ys)
+
+
+def _subtract(piece: Polygon, cutter: Polygon, min_area: float = 0.25) -> list[Polygon]:
+    """``piece`` minus ``cutter`` (both convex) as disjoint convex polygons: for each edge of the cutter,
+    the part of what is left that lies outside that edge."""
+    px0, py0, px1, py1 = _extent(piece)
+    cx0, cy0, cx1, cy1 = _extent(cutter)
+    if px1 <= cx0 or cx1 <= px0 or py1 <= cy0 or cy1 <= py0:
+        return [piece]
+    edges = []
+    for (x0, y0), (x1, y1) in zip(cutter, cutter[1:] + cutter[:1]):
+        a, b = y0 - y1, x1 - x0  # inside the cutter: a*x + b*y + c >= 0
+        edges.append((a, b, -(a * x0 + b * y0)))
+    overlap = piece
+    for a, b, c in edges:
+        overlap = _clip(overlap, a, b, c)
+        if len(overlap) < 3 or _area(overlap) <= min_area:
+            return [piece]  # (almost) no overlap: keep the piece whole rather than split along the edges
+    pieces, remaining = [], piece
+    for a, b, c in edges:
+        outside = _clip(remaining, -a, -b, -c)
+        if len(outside) >= 3 and _area(outside) > min_area:
+            pieces.append(outside)
+        remaining = _clip(remaining, a, b, c)
+        if len(remaining) < 3 or _area(remaining) <= 1e-9:
+            break
+    return pieces
+
+
+def _subtract_all(pieces: list[Polygon], cutters: list[Polygon]) -> list[Polygon]:
+    """Convex `pieces` minus every convex cutter; the same list object when no cutter overlaps them."""
+    for cutter in cutters:
+        cut = [q for p in pieces for q in _subtract(p, cutter)]
+        if len(cut) != len(pieces) or any(a is not b for a, b in zip(cut, pieces)):
+            pieces = cut
+    return pieces
+
+
+class _Instance:
+    """One object: its outline (for drawing), its convex parts and the convex pieces still visible."""
+
+    def __init__(self, category: int, outline: Polygon, parts: list[Polygon]) -> None:
+        self.category = category
+        self.outline = outline
+        self.parts = parts
+        self.visible = parts
+        self.area = sum(_area(p) for p in parts)
+        self.occluded = False
+
+
+def _random_instance(
+    rng: np.random.Generator, category: int, width: int, height: int, shrink: float
+) -> _Instance:
+    shape = SHAPES[(category - 1) // len(COLORS)]
+    outline, parts = _unit_shape(shape)
+    radius = rng.uniform(0.08, 0.22) * min(width, height) * shrink
+    cx, cy = rng.uniform(radius, width - radius), rng.uniform(radius, height - radius)
+    angle = rng.uniform(0, 2 * math.pi)
+    cos, sin = math.cos(angle) * radius, math.sin(angle) * radius
+
+    def place(polygon: Polygon) -> Polygon:
+        return [(cx + cos * x - sin * y, cy + sin * x + cos * y) for x, y in polygon]
+
+    return _Instance(category, place(outline), [place(p) for p in parts])
+
+
+def _place_instances(
+    rng: np.random.Generator, categories: Sequence[int], width: int, height: int
+) -> list[_Instance]:
+    """Place instances in drawing order; reject positions that would hide more than half of an earlier one."""
+    placed: list[_Instance] = []
+    for category in categories:
+        for attempt in range(40):
+            candidate = _random_instance(rng, category, width, height, shrink=0.95**attempt)
+            updated = []
+            for earlier in placed:
+                pieces = _subtract_all(earlier.visible, candidate.parts)
+                if sum(_area(p) for p in pieces) < _MIN_VISIBLE_FRACTION * earlier.area:
+                    break
+                updated.append(pieces)
+            else:
+                for earlier, pieces in zip(placed, updated):
+                    if pieces is not earlier.visible:
+                        earlier.occluded, earlier.visible = True, pieces
+                placed.append(candidate)
+                break
+        else:
+            logger.debug("synthetic_lt: no room for category %d in a %dx%d image", category, width, height)
+    return placed
+
+
+# --------------------------------------------------------------------------------------------- rendering
+def _background(rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    base = rng.integers(70, 190, size=3)
+    coarse = rng.normal(0, 28, size=(max(2, height // 24), max(2, width // 24), 3))
+    coarse_image = Image.fromarray(np.clip(coarse + 128, 0, 255).astype(np.uint8))
+    texture = np.asarray(coarse_image.resize((width, height), Image.BICUBIC), dtype=np.float32) - 128
+    image = Image.fromarray(np.clip(base + texture, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(0, 4))):  # unannotated grey clutter
+        x, y = rng.uniform(0, width), rng.uniform(0, height)
+        rx, ry = rng.uniform(0.05, 0.2, size=2) * min(width, height)
+        grey = int(rng.integers(60, 200))
+        draw.ellipse([x - rx, y - ry, x + rx, y + ry], fill=(grey, grey, grey))
+    return image
+
+
+def _is_visible_piece(polygon: Polygon) -> bool:
+    """Whether a clipped piece is worth annotating: at least 1 px^2 and not a sliver thinner than ~0.4 px."""
+    area = _area(polygon)
+    perimeter = sum(math.dist(p, q) for p, q in zip(polygon, polygon[1:] + polygon[:1]))
+    return area >= 1.0 and 2 * area >= 0.4 * perimeter
+
+
+def _annotation(instance: _Instance) -> dict:
+    if instance.occluded:
+        instance.visible = [p for p in instance.visible if _is_visible_piece(p)]
+    polygons = [instance.outline] if not instance.occluded else instance.visible
+    xs = [x for polygon in polygons for x, _ in polygon]
+    ys = [y for polygon in polygons for _, y in polygon]
+    x0, y0 = max(0.0, min(xs)), max(0.0, min(ys))
+    return {
+        "category_id": instance.category,
+        "segmentation": [[round(v, 2) for point in polygon for v in point] for polygon in polygons],
+        "area": round(sum(_area(p) for p in instance.visible), 2),
+        "bbox": [round(x0, 2), round(y0, 2), round(max(xs) - x0, 2), round(max(ys) - y0, 2)],
+        "iscrowd": 0,
+    }
+
+
+def _render_image(task: tuple) -> tuple[dict, list[dict]]:
+    """Draw one image and write it; returns its json entry and its annotations (without ids)."""
+    root, split, index, seed, categories, size_range = task
+    rng = np.random.default_rng([seed, 0 if split == "train" else 1, index])
+    long_side = int(rng.integers(size_range[0], size_range[1] + 1))
+    short_side = int(rng.integers(size_range[0], long_side + 1))
+    width, height = (long_side, short_side) if rng.random() < 0.5 else (short_side, long_side)
+    image = _background(rng, width, height)
+    draw = ImageDraw.Draw(image)
+    instances = _place_instances(rng, categories, width, height)
+    for instance in instances:
+        color = np.clip(
+            np.array(COLORS[list(COLORS)[(instance.category - 1) % len(COLORS)]]) + rng.integers(-25, 26, 3),
+            0,
+            255,
+        )
+        edge = tuple(int(v) for v in color * 0.7)
+        draw.polygon(instance.outline, fill=tuple(int(v) for v in color), outline=edge)
+    noise = rng.standard_normal(size=(height, width, 3), dtype=np.float32) * 6
+    pixels = np.asarray(image, dtype=np.float32) + noise
+    file_name = f"{split}/{index:06d}.jpg"
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(os.path.join(root, file_name), quality=90)
+    entry = {"file_name": file_name, "width": width, "height": height}
+    return entry, [_annotation(instance) for instance in instances]
+
+
+# ------------------------------------------------------------------------------------------------- plan
 def synthetic_category_plan(num_train: int, seed: int = 0) -> list[dict]:
-    """Per category: name, frequency bucket and the number of train images it should appear in."""
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(CATEGORY_NAMES))
-    plan = []
-    num_frequent = len(CATEGORY_NAMES) - NUM_RARE - NUM_COMMON
-    buckets = [("r", NUM_RARE, 1, 10), ("c", NUM_COMMON, 11, 100), ("f", num_frequent, 101, int(0.55 * num_train))]
-    position = 0
-    scale = num_train / 1000  # bucket edges are LVIS's for 1000 images; smaller sets shrink them
-    for frequency, count, low, high in buckets:
-        low, high = max(1, round(low * scale)), max(1, round(high * scale))
+    """Per category (sorted by json id): ``id``, ``name``, ``frequency`` bucket and planned ``train_images``.
+
+    Buckets are assigned to a seed-dependent random permutation of the categories; the image counts are
+    LVIS's bucket ranges scaled by ``num_train / 1000``, spaced geometrically (a power law) within a bucket.
+    """
+    order = np.random.default_rng([seed, 7]).permutation(len(CATEGORY_NAMES))
+    scale = num_train / 1000
+    plan, position = [], 0
+    for frequency, count, low, high in BUCKETS:
+        low, high = max(1.0, low * scale), max(1.0, high * scale)
         for k in range(count):
-            # power law within the bucket: the k-th category gets low * (high/low)^(k/(count-1))
-            value = low * (high / low) ** (k / max(count - 1, 1))
-            plan.append({"id": int(order[position]) + 1, "frequency": frequency, "train_images": max(1, int(round(value)))})
+            images = low * (high / low) ** (k / max(count - 1, 1))
+            category = int(order[position]) + 1
+            plan.append(
+                {
+                    "id": category,
+                    "name": CATEGORY_NAMES[category - 1],
+                    "frequency": frequency,
+                    "train_images": min(num_train, max(1, round(images))),
+                }
+            )
             position += 1
     return sorted(plan, key=lambda c: c["id"])
 
 
-@dataclass
-class _Instance:
-    category: int  # json id
-    polygon: np.ndarray  # [P, 2]
-
-
-def _place_instances(rng: np.random.Generator, categories: list[int], width: int, height: int) -> list[_Instance]:
-    instances = []
-    for category in categories:
-        shape = SHAPES[(category - 1) // len(COLORS)]
-        radius = rng.uniform(0.08, 0.22) * min(width, height)
-        cx, cy = rng.uniform(radius, width - radius), rng.uniform(radius, height - radius)
-        angle = rng.uniform(0, 2 * math.pi)
-        rotation = np.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
-        points = _unit_polygon(shape) @ rotation.T * radius + np.array([cx, cy])
-        instances.append(_Instance(category, points))
-    return instances
-
-
-def _background(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
-    base = rng.integers(60, 200, size=3)
-    coarse = rng.normal(0, 25, size=(max(2, height // 16), max(2, width // 16), 3))
-    texture = np.asarray(Image.fromarray(np.clip(coarse + 128, 0, 255).astype(np.uint8)).resize((width, height), Image.BILINEAR), dtype=np.float32) - 128
-    noise = rng.normal(0, 12, size=(height, width, 3))
-    return np.clip(base + texture + noise, 0, 255).astype(np.uint8)
-
-
-def _render(rng: np.random.Generator, instances: list[_Instance], width: int, height: int) -> tuple[Image.Image, list[dict]]:
-    """Draw the instances in order; return the image and their annotations (polygon or visible-part RLE)."""
-    from pycocotools import mask as mask_util
-
-    image = Image.fromarray(_background(rng, width, height))
-    draw = ImageDraw.Draw(image)
-    masks = []
-    for instance in instances:
-        color = np.array(COLORS[list(COLORS)[(instance.category - 1) % len(COLORS)]]) + rng.integers(-20, 21, size=3)
-        xy = [tuple(p) for p in instance.polygon.tolist()]
-        draw.polygon(xy, fill=tuple(int(c) for c in np.clip(color, 0, 255)))
-        canvas = Image.new("L", (width, height), 0)
-        ImageDraw.Draw(canvas).polygon(xy, fill=1)
-        masks.append(np.asarray(canvas, dtype=bool))
-    annotations, covered = [], np.zeros((height, width), dtype=bool)
-    for instance, mask in reversed(list(zip(instances, masks))):
-        visible = mask & ~covered
-        covered |= mask
-        area = int(visible.sum())
-        if area < 20:
-            continue  # hidden almost entirely: not annotated
-        ys, xs = np.nonzero(visible)
-        bbox = [float(xs.min()), float(ys.min()), float(xs.max() - xs.min() + 1), float(ys.max() - ys.min() + 1)]
-        if area == int(mask.sum()):
-            segmentation = [[round(v, 2) for v in instance.polygon.reshape(-1).tolist()]]
-        else:
-            rle = mask_util.encode(np.asfortranarray(visible.astype(np.uint8)))
-            segmentation = {"size": rle["size"], "counts": rle["counts"].decode("ascii")}
-        annotations.append({"category_id": instance.category, "bbox": bbox, "area": area, "segmentation": segmentation, "iscrowd": 0})
-    return image, annotations[::-1]
-
-
-def _assign_categories(rng: np.random.Generator, num_images: int, counts: dict[int, int], max_per_image: int = 8) -> list[list[int]]:
-    """Put category c in counts[c] distinct images (fewer if images are full); empty images get one instance."""
+def _assign_categories(
+    rng: np.random.Generator, num_images: int, counts: dict[int, int], max_instances: int
+) -> list[list[int]]:
+    """Instances (category ids in drawing order) per image: category c goes to counts[c] distinct images, with
+    1 or 2 instances each; images left empty get one instance of a frequent category (drawn in proportion to
+    counts)."""
     per_image: list[list[int]] = [[] for _ in range(num_images)]
-    for category, count in sorted(counts.items(), key=lambda kv: kv[1]):  # rare first: they must fit
-        free = [i for i in range(num_images) if len(per_image[i]) < max_per_image - 1]
-        for index in rng.choice(free, size=min(count, len(free)), replace=False):
-            per_image[index].extend([category] * int(rng.choice([1, 1, 1, 2])))
-    frequent = max(counts, key=counts.get)
+    for category, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        free = np.array([i for i in range(num_images) if len(per_image[i]) < max_instances], dtype=np.int64)
+        chosen = rng.choice(free, size=min(count, len(free)), replace=False) if len(free) else []
+        doubles = rng.random(len(chosen)) < 0.25
+        for index, double in zip(chosen, doubles):
+            room = max_instances - len(per_image[index])
+            per_image[index].extend([category] * min(room, 2 if double else 1))
+    top = max(counts.values())  # fill from the frequent end only, so bucket boundaries keep their meaning
+    ids = np.array(sorted(c for c, n in counts.items() if n * 5 >= top))
+    weights = np.array([counts[c] for c in ids], dtype=np.float64)
     for categories in per_image:
         if not categories:
-            categories.append(frequent)
+            categories.append(int(rng.choice(ids, p=weights / weights.sum())))
         rng.shuffle(categories)
     return per_image
 
 
-def _write_split(root: str, split: str, per_image: list[list[int]], seed: int, size_range: tuple[int, int], plan: list[dict], progress) -> dict:
-    os.makedirs(os.path.join(root, split))
-    images, annotations = [], []
-    all_ids = {c["id"] for c in plan}
-    for index, categories in enumerate(per_image):
-        rng = np.random.default_rng([seed, 0 if split == "train" else 1, index])
-        long_side = int(rng.integers(size_range[0], size_range[1] + 1))
-        short_side = int(rng.integers(size_range[0], long_side + 1))
-        width, height = (long_side, short_side) if rng.random() < 0.5 else (short_side, long_side)
-        image, anns = _render(rng, _place_instances(rng, categories, width, height), width, height)
-        file_name = f"{split}/{index:06d}.jpg"
-        image.save(os.path.join(root, file_name), quality=92)
-        image_id = index + 1 if split == "train" else 100000 + index + 1
-        present = {a["category_id"] for a in anns}
-        images.append({"id": image_id, "file_name": file_name, "width": width, "height": height,
-                       "neg_category_ids": sorted(all_ids - present), "not_exhaustive_category_ids": []})
-        for ann in anns:
-            annotations.append({"id": len(annotations) + 1 + (0 if split == "train" else 10**7), "image_id": image_id, **ann})
-        progress.update(1)
-    return {"images": images, "annotations": annotations}
+# ------------------------------------------------------------------------------------------------ writing
+def _map_tasks(tasks: list[tuple], workers: int) -> Iterator[tuple[dict, list[dict]]]:
+    if workers <= 1 or len(tasks) < 64:
+        yield from map(_render_image, tasks)
+        return
+    # spawn: safe even when the caller has threads (trainer, tqdm); the module imports in ~0.2 s.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        yield from pool.map(_render_image, tasks, chunksize=16)
 
 
-def generate_synthetic_lt(root: str, num_train: int = 1000, num_val: int = 250, seed: int = 0, size_range: tuple[int, int] = (128, 320), val_images_per_category: int = 20) -> str:
-    """Write the data set into `root` (must not exist): ``train/``, ``val/``, ``lvis_v1_{train,val}.json``.
-
-    Returns:
-        `root`.
-    """
+def _write_dataset(root: str, num_train: int, num_val: int, seed: int, options: dict, workers: int) -> None:
     from tqdm import tqdm
 
     plan = synthetic_category_plan(num_train, seed)
-    rng = np.random.default_rng(seed)
-    train_assign = _assign_categories(rng, num_train, {c["id"]: c["train_images"] for c in plan})
-    val_assign = _assign_categories(rng, num_val, {c["id"]: min(val_images_per_category, num_val) for c in plan})
-    os.makedirs(root)
-    with tqdm(total=num_train + num_val, desc="generating synthetic_lt", unit="img", mininterval=1.0) as progress:
-        splits = {split: _write_split(root, split, assign, seed, size_range, plan, progress)
-                  for split, assign in (("train", train_assign), ("val", val_assign))}
-    image_count = {c["id"]: 0 for c in plan}
-    for image in splits["train"]["images"]:
-        for category in set(c["id"] for c in plan) - set(image["neg_category_ids"]):
-            image_count[category] += 1
-    categories = []
-    for c in plan:
-        count = image_count[c["id"]]
-        frequency = "r" if count <= 10 * num_train / 1000 else "c" if count <= 100 * num_train / 1000 else "f"
-        categories.append({"id": c["id"], "name": CATEGORY_NAMES[c["id"] - 1], "frequency": frequency, "image_count": count,
-                           "instance_count": 0, "synset": CATEGORY_NAMES[c["id"] - 1]})
-    for split, content in splits.items():
+    counts = {
+        "train": {c["id"]: c["train_images"] for c in plan},
+        "val": {c["id"]: min(options["val_images_per_category"], num_val) for c in plan},
+    }
+    sizes = {"train": num_train, "val": num_val}
+    tasks = []
+    for split_code, split in enumerate(("train", "val")):
+        os.makedirs(os.path.join(root, split))
+        rng = np.random.default_rng([seed, split_code, 2**31])
+        assignment = _assign_categories(rng, sizes[split], counts[split], options["max_instances"])
+        tasks += [
+            (root, split, i, seed, cats, tuple(options["size_range"])) for i, cats in enumerate(assignment)
+        ]
+    results = []
+    with tqdm(total=len(tasks), desc="generating synthetic_lt", unit="img", mininterval=1.0) as progress:
+        for result in _map_tasks(tasks, workers):
+            results.append(result)
+            progress.update(1)
+    splits = {"train": results[:num_train], "val": results[num_train:]}
+    categories = _categories_json(plan, splits["train"])
+    all_ids = {c["id"] for c in plan}
+    for split_code, (split, entries) in enumerate(splits.items()):
+        images, annotations = [], []
+        for index, (entry, anns) in enumerate(entries):
+            image_id = index + 1 + split_code * 1_000_000
+            present = {a["category_id"] for a in anns}
+            images.append(
+                {
+                    "id": image_id,
+                    **entry,
+                    "neg_category_ids": sorted(all_ids - present),
+                    "not_exhaustive_category_ids": [],
+                }
+            )
+            for ann in anns:
+                annotations.append(
+                    {"id": split_code * 10_000_000 + len(annotations) + 1, "image_id": image_id, **ann}
+                )
+        content = {
+            "info": {"description": f"synthetic_lt {split} (lazytrain), seed {seed}"},
+            "licenses": [],
+            "categories": categories,
+            "images": images,
+            "annotations": annotations,
+        }
         with open(os.path.join(root, f"lvis_v1_{split}.json"), "w") as f:
-            json.dump({"info": {"description": f"synthetic_lt {split}, seed {seed}"}, "licenses": [], "categories": categories, **content}, f)
-    return root
+            json.dump(content, f, separators=(",", ":"))
 
 
-def ensure_synthetic_lt(root: str, **kwargs) -> str:
-    """Generate the data set at `root` unless it exists; safe when several processes call it at once.
+def _categories_json(plan: list[dict], train: list[tuple[dict, list[dict]]]) -> list[dict]:
+    image_count = {c["id"]: 0 for c in plan}
+    instance_count = dict(image_count)
+    for _, anns in train:
+        for category in {a["category_id"] for a in anns}:
+            image_count[category] += 1
+        for a in anns:
+            instance_count[a["category_id"]] += 1
+    return [
+        {
+            "id": c["id"],
+            "name": c["name"],
+            "synset": c["name"],
+            "def": c["name"].replace("_", " "),
+            "frequency": c["frequency"],
+            "image_count": image_count[c["id"]],
+            "instance_count": instance_count[c["id"]],
+        }
+        for c in plan
+    ]
 
-    Each caller generates into its own temporary directory beside `root` and renames it into place; the
-    rename is atomic, so `root` is either absent or complete, and a loser of the race discards its copy.
-    """
-    if os.path.isdir(root):
-        return root
-    parent = os.path.dirname(os.path.abspath(root))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".synthetic_lt.tmp-", dir=parent)
+
+def is_complete(root: str) -> bool:
+    """Whether `root` holds a finished data set (both json files; they are written last)."""
+    return all(os.path.isfile(os.path.join(root, f"lvis_v1_{split}.json")) for split in ("train", "val"))
+
+
+def _check_settings(root: str, settings: dict) -> None:
     try:
-        logger.info("Generating the synthetic_lt data set into %s (first use)", root)
-        generate_synthetic_lt(os.path.join(tmp, "data"), **kwargs)
+        with open(os.path.join(root, MARKER)) as f:
+            existing = json.load(f)
+    except (OSError, ValueError):
+        existing = None
+    if existing != settings:
+        logger.warning(
+            "Using the synthetic_lt data set already at %s, made with settings %s (asked for %s); delete the "
+            "folder to regenerate it.",
+            root,
+            existing,
+            settings,
+        )
+
+
+def generate_synthetic_lt(
+    root: str,
+    num_train: int = 1000,
+    num_val: int = 250,
+    seed: int = 0,
+    *,
+    size_range: tuple[int, int] = (128, 320),
+    val_images_per_category: int = 20,
+    max_instances: int = 8,
+    workers: int = 1,
+) -> str:
+    """Write the data set into `root` unless it is already there: ``train/*.jpg``, ``val/*.jpg``,
+    ``lvis_v1_train.json``, ``lvis_v1_val.json`` and the settings in ``synthetic_lt.json``.
+
+    Safe when several processes call it at once (e.g. every rank on first use): each writes into its own
+    temporary directory beside `root` and renames it into place; the rename is atomic, so `root` is either
+    absent or complete, and the processes that lose the race discard their copy and use the winner's.
+
+    Args:
+        root: output directory (its parent is created if needed).
+        num_train: number of train images.
+        num_val: number of val images.
+        seed: the output (json and image bytes) is a function of the seed and the settings only.
+        size_range: smallest and largest image side in pixels.
+        val_images_per_category: val images each category appears in (at most `num_val`).
+        max_instances: most instances in one image.
+        workers: processes drawing images (the output does not depend on it). One is the default: on the
+            shared 2-core machine two spawned workers were slower (12 s vs 8 s for the default size).
+
+    Returns:
+        `root` as an absolute path.
+    """
+    root = os.path.abspath(root)
+    if min(size_range) < 32 or size_range[0] > size_range[1]:
+        raise ValueError(
+            f"generate_synthetic_lt(size_range=) must be (min, max) with 32 <= min <= max; got {size_range}"
+        )
+    if num_train < 1 or num_val < 1 or max_instances < 2:
+        raise ValueError(
+            "generate_synthetic_lt: num_train and num_val must be >= 1 and max_instances >= 2; got "
+            f"{num_train}, {num_val}, {max_instances}"
+        )
+    settings = {
+        "version": _FORMAT_VERSION,
+        "num_train": num_train,
+        "num_val": num_val,
+        "seed": seed,
+        "size_range": list(size_range),
+        "val_images_per_category": val_images_per_category,
+        "max_instances": max_instances,
+    }
+    if is_complete(root):
+        _check_settings(root, settings)
+        return root
+    parent = os.path.dirname(root)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(root)}.tmp-", dir=parent)
+    try:
+        logger.info("Generating synthetic_lt into %s (%d train, %d val images)", root, num_train, num_val)
+        _write_dataset(tmp, num_train, num_val, seed, settings, workers)
+        with open(os.path.join(tmp, MARKER), "w") as f:
+            json.dump(settings, f)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private
         try:
-            os.rename(os.path.join(tmp, "data"), root)
+            os.rename(tmp, root)
         except OSError:
-            if not os.path.isdir(root):
+            if not is_complete(root):
                 raise
-            logger.info("Another process generated %s first; using it", root)
+            logger.info("Another process finished %s first; using its copy", root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return root
