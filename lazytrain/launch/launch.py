@@ -69,9 +69,14 @@ def get_env_rank_info() -> dict[str, Any] | None:
     return None
 
 
-def _backend(backend: str, use_gpu: bool) -> str:
+def _choose_backend(backend: str, use_gpu: bool | None) -> str:
+    """The process-group backend: nccl for one GPU per process, gloo on CPU."""
     if backend != "auto":
         return backend
+    if use_gpu is None:
+        import torch
+
+        use_gpu = torch.cuda.is_available()
     return "nccl" if use_gpu else "gloo"
 
 
@@ -103,7 +108,10 @@ def _run_in_group(
         comm.synchronize()
         return main_func(*args)
     finally:
-        dist.destroy_process_group()
+        # Multirun jobs run back to back in one process: leave no group behind for the next job.
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        comm.reset_process_groups()
 
 
 def _spawned_worker(
@@ -151,9 +159,9 @@ def launch(
     dist_url: str | None = None,
     args: tuple = (),
     timeout: timedelta = DEFAULT_TIMEOUT,
-    *,
-    use_gpu: bool = True,
     backend: str = "auto",
+    *,
+    use_gpu: bool | None = None,
 ) -> Any:
     """Run ``main_func(*args)`` in every process of the job.
 
@@ -164,9 +172,9 @@ def launch(
         machine_rank: this machine's index.
         dist_url: ``tcp://host:port`` of machine 0, or "auto" (a free local port; one machine only).
         args: arguments of `main_func` (picklable).
-        timeout: process-group timeout.
-        use_gpu: one GPU per process with NCCL; False: gloo on CPU.
-        backend: "auto" (nccl on GPU, gloo on CPU), or an explicit backend.
+        timeout: process-group timeout (how long a collective waits for a peer).
+        backend: "auto" (nccl with one GPU per process when `use_gpu`, else gloo), or an explicit backend.
+        use_gpu: one GPU per process (``cuda.set_device(local_rank)``); None: whether CUDA is available.
 
     Returns:
         `main_func`'s return value when run in-process (world size 1); None after a spawn.
@@ -181,7 +189,7 @@ def launch(
             args,
             **env_info,
             init_method="env://",
-            backend=_backend(backend, use_gpu),
+            backend=_choose_backend(backend, use_gpu),
             timeout=timeout,
         )
     world_size = num_machines * num_gpus_per_machine
@@ -207,7 +215,7 @@ def launch(
             num_gpus_per_machine,
             machine_rank,
             dist_url,
-            _backend(backend, use_gpu),
+            _choose_backend(backend, use_gpu),
             timeout,
         ),
         nprocs=num_gpus_per_machine,
@@ -215,6 +223,8 @@ def launch(
         join=False,
     )
     try:
+        # join() with a timeout returns regularly, so a failed rank is noticed within a second; on failure
+        # it terminates the other ranks (which would otherwise wait in a collective until `timeout`).
         while not context.join(timeout=1.0):
             pass
     except mp.ProcessRaisedException as e:
@@ -227,4 +237,18 @@ def launch(
         raise RuntimeError(
             f"rank {rank} (process {e.error_index} on machine {machine_rank}) exited with code {e.exit_code}"
         ) from None
+    except BaseException:
+        _terminate(context.processes)  # e.g. Ctrl-C in the parent: leave no orphan rank behind
+        raise
     return None
+
+
+def _terminate(processes: list, grace_seconds: float = 5.0) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_seconds
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()

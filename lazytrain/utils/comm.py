@@ -6,7 +6,6 @@ behaves as rank 0 of a world of size 1), so library code can call them unconditi
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
@@ -25,11 +24,13 @@ __all__ = [
     "get_world_size",
     "is_main_process",
     "reduce_dict",
+    "reset_process_groups",
     "shared_random_seed",
     "synchronize",
 ]
 
 _LOCAL_PROCESS_GROUP = None
+_GLOO_GROUP = None
 
 
 def is_initialized() -> bool:
@@ -48,7 +49,13 @@ def get_rank() -> int:
 
 
 def create_local_process_group(num_workers_per_machine: int) -> None:
-    """Create the group of processes on this machine; every rank must call it (collective)."""
+    """Create the group of the processes on this machine (`launch` does it for you).
+
+    Collective: every rank must call it, since each group is created by all ranks.
+
+    Args:
+        num_workers_per_machine: processes per machine; ranks ``[m * n, (m + 1) * n)`` run on machine ``m``.
+    """
     global _LOCAL_PROCESS_GROUP
     world_size = get_world_size()
     if world_size % num_workers_per_machine != 0:
@@ -64,22 +71,39 @@ def create_local_process_group(num_workers_per_machine: int) -> None:
             _LOCAL_PROCESS_GROUP = group
 
 
-def get_local_process_group():
-    """The group of processes on this machine (None when not created)."""
-    return _LOCAL_PROCESS_GROUP
+def get_local_process_group() -> dist.ProcessGroup | None:
+    """The group of processes on this machine (None when not created or no process group is up)."""
+    return _LOCAL_PROCESS_GROUP if is_initialized() else None
+
+
+def reset_process_groups() -> None:
+    """Forget the groups created here; call it after `torch.distributed.destroy_process_group()`.
+
+    Multirun jobs bring a process group up and down in one process; a group kept from a previous job would
+    point at a destroyed backend.
+    """
+    global _LOCAL_PROCESS_GROUP, _GLOO_GROUP
+    _LOCAL_PROCESS_GROUP = None
+    _GLOO_GROUP = None
 
 
 def get_local_rank() -> int:
-    """Rank of this process within its machine."""
-    if _LOCAL_PROCESS_GROUP is not None:
-        return dist.get_rank(group=_LOCAL_PROCESS_GROUP)
+    """Rank of this process within its machine (0 without a process group)."""
+    group = get_local_process_group()
+    if group is not None:
+        return dist.get_rank(group=group)
+    if not is_initialized():
+        return 0
     return int(os.environ.get("LOCAL_RANK", get_rank()))
 
 
 def get_local_size() -> int:
-    """Number of processes on this machine."""
-    if _LOCAL_PROCESS_GROUP is not None:
-        return dist.get_world_size(group=_LOCAL_PROCESS_GROUP)
+    """Number of processes on this machine (1 without a process group)."""
+    group = get_local_process_group()
+    if group is not None:
+        return dist.get_world_size(group=group)
+    if not is_initialized():
+        return 1
     return int(os.environ.get("LOCAL_WORLD_SIZE", get_world_size()))
 
 
@@ -98,14 +122,22 @@ def synchronize() -> None:
         dist.barrier()
 
 
-@functools.lru_cache
-def _gloo_group():
-    # Python objects are gathered over gloo (CPU) even when training uses NCCL.
-    return dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else dist.group.WORLD
+def _gloo_group() -> dist.ProcessGroup:
+    # Python objects are gathered over gloo (CPU memory) even when training uses NCCL. Creating a group is
+    # collective, so every rank reaches this point in the same order (the first gather of the job).
+    global _GLOO_GROUP
+    if _GLOO_GROUP is None:
+        _GLOO_GROUP = dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else dist.group.WORLD
+    return _GLOO_GROUP
 
 
-def all_gather(data: Any, group=None) -> list[Any]:
-    """Gather a picklable object from every rank; every rank gets the list in rank order."""
+def all_gather(data: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Gather a picklable object from every rank; every rank gets the list in rank order.
+
+    Args:
+        data: any picklable object.
+        group: the group to gather over; default all ranks (over gloo, also when training uses NCCL).
+    """
     if get_world_size() == 1:
         return [data]
     group = group or _gloo_group()
@@ -114,8 +146,14 @@ def all_gather(data: Any, group=None) -> list[Any]:
     return output
 
 
-def gather(data: Any, dst: int = 0, group=None) -> list[Any]:
-    """Gather a picklable object on rank `dst` (the list in rank order); other ranks get ``[]``."""
+def gather(data: Any, dst: int = 0, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Gather a picklable object on rank `dst` (the list in rank order); other ranks get ``[]``.
+
+    Args:
+        data: any picklable object.
+        dst: the global rank that receives the list.
+        group: the group to gather over; default all ranks.
+    """
     if get_world_size() == 1:
         return [data]
     group = group or _gloo_group()
@@ -131,9 +169,17 @@ def shared_random_seed() -> int:
 
 
 def reduce_dict(values: dict[str, torch.Tensor], average: bool = True) -> dict[str, torch.Tensor]:
-    """Sum (or average) a dict of scalar tensors over all ranks; the result is valid on rank 0."""
+    """Sum (or average) a dict of scalar tensors over all ranks, e.g. losses for logging.
+
+    Args:
+        values: scalar tensors with the same keys on every rank (on the device the backend uses).
+        average: divide the sum by the world size.
+
+    Returns:
+        The reduced values (float32) on rank 0; other ranks get values that are not meaningful.
+    """
     world_size = get_world_size()
-    if world_size == 1:
+    if world_size == 1 or not values:
         return values
     with torch.no_grad():
         names = sorted(values)

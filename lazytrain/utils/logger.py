@@ -8,6 +8,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["create_small_table", "log_every_n", "log_every_n_seconds", "log_first_n", "setup_logger"]
 
@@ -16,11 +17,22 @@ _DATE_FORMAT = "%m/%d %H:%M:%S"
 
 
 class _ColorfulFormatter(logging.Formatter):
+    """Highlights WARNING (yellow) and ERROR/CRITICAL (red) lines and shortens the logger name prefix."""
+
     _COLORS = {logging.WARNING: "\033[33m", logging.ERROR: "\033[31;1m", logging.CRITICAL: "\033[31;1m"}
 
+    def __init__(self, *args: Any, color: bool, root_name: str, abbrev_name: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._color = color
+        self._root_name = root_name + "."
+        self._abbrev_name = abbrev_name + "." if abbrev_name else ""
+
     def format(self, record: logging.LogRecord) -> str:
+        record = logging.makeLogRecord(record.__dict__)  # other handlers must see the unchanged record
+        if record.name.startswith(self._root_name):
+            record.name = self._abbrev_name + record.name[len(self._root_name) :]
         text = super().format(record)
-        color = self._COLORS.get(record.levelno)
+        color = self._COLORS.get(record.levelno) if self._color else None
         return f"{color}{text}\033[0m" if color else text
 
 
@@ -29,17 +41,28 @@ def _has_handler(logger: logging.Logger, marker: str) -> bool:
 
 
 def setup_logger(
-    output: str | None = None, distributed_rank: int = 0, *, name: str = "lazytrain", color: bool = True
+    output: str | None = None,
+    distributed_rank: int = 0,
+    name: str = "lazytrain",
+    color: bool = True,
+    abbrev_name: str | None = None,
 ) -> logging.Logger:
     """Configure the `name` logger: console on rank 0, ``log.txt`` (rank 0) / ``log.txt.rank{N}`` in `output`.
 
-    Idempotent: calling it again does not add duplicate handlers.
+    Idempotent: calling it again (e.g. once per multirun job) adds no duplicate handler; a new `output`
+    adds its file. The logger does not propagate to the root logger, so Hydra's own handlers do not print
+    lines twice. To log from your own package as well, call it again with ``name="mypackage"``.
 
     Args:
-        output: a directory (log file inside it) or a file path ending in .txt/.log; None for console only.
-        distributed_rank: this process's rank; only rank 0 logs to the console.
+        output: a directory (``log.txt`` inside it) or a file path ending in .txt/.log; None: console only.
+        distributed_rank: this process's rank; only rank 0 logs to the console, every rank to its own file.
         name: logger name (``"lazytrain"`` covers the whole library).
-        color: color WARNING/ERROR lines on a terminal.
+        color: highlight WARNING/ERROR lines on the console when it is a terminal.
+        abbrev_name: shorter name shown on the console for `name` and its children (e.g. ``"lt"`` turns
+            ``lazytrain.engine.hooks`` into ``lt.engine.hooks``); None keeps the full name.
+
+    Returns:
+        The configured logger.
     """
     logger = logging.getLogger(name)
     logger.setLevel(logging.DEBUG)
@@ -47,16 +70,24 @@ def setup_logger(
     if distributed_rank == 0 and not _has_handler(logger, "console"):
         handler = logging.StreamHandler(sys.stdout)
         handler.setLevel(logging.INFO)
-        use_color = color and sys.stdout.isatty()
-        handler.setFormatter((_ColorfulFormatter if use_color else logging.Formatter)(_FORMAT, _DATE_FORMAT))
+        handler.setFormatter(
+            _ColorfulFormatter(
+                _FORMAT,
+                _DATE_FORMAT,
+                color=color and sys.stdout.isatty(),
+                root_name=name,
+                abbrev_name=abbrev_name if abbrev_name is not None else name,
+            )
+        )
         handler._lazytrain_marker = "console"
         logger.addHandler(handler)
     if output is not None:
         path = output if output.endswith((".txt", ".log")) else os.path.join(output, "log.txt")
         if distributed_rank > 0:
             path = f"{path}.rank{distributed_rank}"
+        path = os.path.abspath(path)
         if not _has_handler(logger, path):
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             handler = logging.FileHandler(path, mode="a")
             handler.setLevel(logging.DEBUG)
             handler.setFormatter(logging.Formatter(_FORMAT, _DATE_FORMAT))
@@ -69,38 +100,76 @@ _COUNTS: Counter = Counter()
 _LAST_TIME: dict[tuple, float] = {}
 
 
-def _caller_key() -> tuple:
+def _caller() -> tuple[tuple[str, int], str]:
+    """(file, line) of the call site of the public helper, and the caller's module name."""
     frame = sys._getframe(2)
-    return frame.f_code.co_filename, frame.f_lineno
+    return (frame.f_code.co_filename, frame.f_lineno), frame.f_globals.get("__name__", "lazytrain")
 
 
-def log_first_n(level: int, message: str, n: int = 1, *, name: str = "lazytrain") -> None:
-    """Log `message` only the first `n` times this call site runs."""
-    key = (_caller_key(), message)
-    _COUNTS[key] += 1
-    if _COUNTS[key] <= n:
-        logging.getLogger(name).log(level, message)
+def log_first_n(
+    level: int, message: str, n: int = 1, *, name: str | None = None, key: str = "caller"
+) -> None:
+    """Log `message` only the first `n` times.
+
+    Args:
+        level: logging level, e.g. ``logging.WARNING``.
+        message: the message.
+        n: how many times to log it.
+        name: logger name; default the calling module's ``__name__``.
+        key: what counts as "the same" log: ``"caller"`` (the call site), ``"message"``, or
+            ``"caller,message"`` (both).
+    """
+    site, module = _caller()
+    parts = key.split(",")
+    unknown = set(parts) - {"caller", "message"}
+    if unknown:
+        raise ValueError(f"log_first_n(key=) must combine 'caller' and 'message'; got {key!r}")
+    count_key = (site if "caller" in parts else None, message if "message" in parts else None)
+    _COUNTS[count_key] += 1
+    if _COUNTS[count_key] <= n:
+        logging.getLogger(name or module).log(level, message)
 
 
-def log_every_n(level: int, message: str, n: int = 1, *, name: str = "lazytrain") -> None:
-    """Log `message` once every `n` calls from this call site."""
-    key = _caller_key()
-    _COUNTS[key] += 1
-    if n == 1 or _COUNTS[key] % n == 1:
-        logging.getLogger(name).log(level, message)
+def log_every_n(level: int, message: str, n: int = 1, *, name: str | None = None) -> None:
+    """Log `message` on the 1st, (n+1)-th, (2n+1)-th, ... call from this call site.
+
+    Args:
+        level: logging level.
+        message: the message.
+        n: log once every `n` calls.
+        name: logger name; default the calling module's ``__name__``.
+    """
+    site, module = _caller()
+    _COUNTS[site] += 1
+    if n <= 1 or _COUNTS[site] % n == 1:
+        logging.getLogger(name or module).log(level, message)
 
 
-def log_every_n_seconds(level: int, message: str, n: float = 1.0, *, name: str = "lazytrain") -> None:
-    """Log `message` at most once every `n` seconds from this call site."""
-    key = _caller_key()
+def log_every_n_seconds(level: int, message: str, n: float = 1.0, *, name: str | None = None) -> None:
+    """Log `message` at most once every `n` seconds from this call site (the first call always logs).
+
+    Args:
+        level: logging level.
+        message: the message.
+        n: minimum number of seconds between two logged lines.
+        name: logger name; default the calling module's ``__name__``.
+    """
+    site, module = _caller()
     now = time.perf_counter()
-    if key not in _LAST_TIME or now - _LAST_TIME[key] >= n:
-        _LAST_TIME[key] = now
-        logging.getLogger(name).log(level, message)
+    if site not in _LAST_TIME or now - _LAST_TIME[site] >= n:
+        _LAST_TIME[site] = now
+        logging.getLogger(name or module).log(level, message)
 
 
-def create_small_table(values: Mapping[str, float]) -> str:
-    """A one-row markdown table of named numbers, e.g. AP metrics."""
+def create_small_table(values: Mapping[str, Any]) -> str:
+    """A one-row markdown table of named values, e.g. AP metrics (floats shown with 3 decimals).
+
+    Args:
+        values: column name -> value, in column order.
+
+    Returns:
+        Three lines: header, alignment rule, values.
+    """
     keys = list(values)
     cells = [f"{v:.3f}" if isinstance(v, float) else str(v) for v in values.values()]
     widths = [max(len(k), len(c)) for k, c in zip(keys, cells)]
