@@ -1,143 +1,292 @@
-"""`DatasetMapper`: one record -> the model's input (image tensor + instances), with augmentations.
+"""`DatasetMapper`: one record -> the model input (image tensor + instances), with augmentations.
 
-Output (see docs/architecture.md): ``image`` uint8 [3, H, W] RGB after augmentation; in training
-``instances`` = {``boxes`` float32 [N, 4] XYXY, ``classes`` int64 [N], ``masks`` uint8 [N, H, W]};
-``height``/``width`` of the ORIGINAL image, ``image_id``, ``file_name``. Instances the transforms leave
-empty are dropped.
+Output (docs/architecture.md): ``image`` uint8 [3, H, W] after augmentation; in training ``instances`` =
+{``boxes`` float32 [N, 4] XYXY, ``classes`` int64 [N], ``masks`` uint8 [N, H, W]}; ``height``/``width`` of the
+ORIGINAL image, ``image_id`` and ``file_name``.
+
+Masks take one of two paths behind the same augmentation list:
+
+- polygons (the default for polygon annotations): vertices are moved by each `Transform` and rasterized once,
+  at the output size. RLE annotations are decoded and move as bitmaps.
+- bitmaps: every mask is rasterized at the input size and moved as an image by torchvision. It is taken
+  for every instance with ``rasterize_first=True``, and from the first plain torchvision v2 transform in the
+  list onwards (those transforms do not know polygons).
+
+For images with many instances the polygon path is much faster (numbers in docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps
+from pycocotools import mask as mask_util
+from torchvision import tv_tensors
 
 from lazytrain.data.datasets.coco import PathManager
-from lazytrain.data.transforms import Augmentation, Transform
+from lazytrain.data.transforms import Augmentation
 
 __all__ = ["DatasetMapper", "read_image"]
 
 
 def read_image(file_name: str, image_format: str = "RGB") -> np.ndarray:
-    """Read an image through iopath with EXIF orientation applied, as uint8 HWC in `image_format`.
+    """Read an image through iopath with PIL, EXIF orientation applied, as uint8 [H, W, 3] in `image_format`.
 
     Raises:
-        FileNotFoundError / OSError: naming the file when it is missing or unreadable.
+        FileNotFoundError: the file does not exist (the message names it).
+        OSError: the file cannot be decoded (the message names it).
     """
     try:
         with PathManager.open(file_name, "rb") as f:
-            image = ImageOps.exif_transpose(Image.open(f))
-            image = np.asarray(image.convert("RGB"))
+            image = np.array(ImageOps.exif_transpose(Image.open(f)).convert("RGB"))  # writable, for torch
     except FileNotFoundError:
         raise FileNotFoundError(f"image file not found: {file_name}") from None
-    except OSError as e:
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise OSError(f"cannot read image {file_name}: {e}") from e
-    return image[:, :, ::-1].copy() if image_format == "BGR" else image
+    return np.ascontiguousarray(image[:, :, ::-1]) if image_format == "BGR" else image
 
 
-def _polygons_to_mask(polygons: list[np.ndarray], height: int, width: int) -> np.ndarray:
-    from pycocotools import mask as mask_util
+class _Instances:
+    """Per-image annotation state while augmenting: boxes, and masks as polygons and/or bitmaps."""
 
-    rles = mask_util.frPyObjects([p.reshape(-1).tolist() for p in polygons], height, width)
-    return mask_util.decode(mask_util.merge(rles)).astype(np.uint8)
+    def __init__(
+        self, annotations: list[dict], height: int, width: int, with_masks: bool, rasterize: bool
+    ) -> None:
+        self.size = (height, width)
+        boxes = [[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in annotations)]
+        self.boxes = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+        self.classes = torch.tensor([a["category_id"] for a in annotations], dtype=torch.int64)
+        self.with_masks = with_masks
+        # polygons: instance index -> list of [P, 2] vertex arrays; bitmaps: [M, H, W] for instances bitmap_index
+        self.polygons: dict[int, list[np.ndarray]] = {}
+        self.bitmap_index: list[int] = []
+        bitmaps = []
+        if with_masks:
+            for i, annotation in enumerate(annotations):
+                segmentation = annotation.get("segmentation")
+                if segmentation is None:
+                    raise ValueError(
+                        f"DatasetMapper(use_instance_mask=True): annotation {i} has no 'segmentation'; "
+                        "pass use_instance_mask=False to train boxes only"
+                    )
+                polygons = (
+                    [p for p in segmentation if len(p) >= 6] if isinstance(segmentation, list) else None
+                )
+                if polygons and not rasterize:
+                    self.polygons[i] = [np.asarray(p, dtype=np.float64).reshape(-1, 2) for p in polygons]
+                elif polygons == []:  # nothing drawable: an empty mask, so the instance is dropped
+                    self.bitmap_index.append(i)
+                    bitmaps.append(np.zeros((height, width), dtype=np.uint8))
+                else:
+                    self.bitmap_index.append(i)
+                    bitmaps.append(_decode(segmentation, height, width))
+        self.bitmaps = (
+            torch.from_numpy(np.stack(bitmaps))
+            if bitmaps
+            else torch.zeros((0, height, width), dtype=torch.uint8)
+        )
+
+    def apply(self, transform: Any) -> None:
+        """Apply a lazytrain `Transform` to boxes, bitmaps and polygon vertices."""
+        self.boxes = transform.apply_boxes(self.boxes)
+        if self.with_masks:
+            self.bitmaps = transform.apply_masks(self.bitmaps)
+            if self.polygons:  # all vertices of the image in one array: one call whatever the instance count
+                pieces = [p for polygons in self.polygons.values() for p in polygons]
+                moved = np.split(
+                    transform.apply_coords(np.concatenate(pieces)), np.cumsum([len(p) for p in pieces])[:-1]
+                )
+                it = iter(moved)
+                self.polygons = {i: [next(it) for _ in polygons] for i, polygons in self.polygons.items()}
+        self.size = transform.output_size()
+
+    def rasterize_polygons(self) -> None:
+        """Turn the remaining polygons into bitmaps at the current size."""
+        if not self.polygons:
+            return
+        rasterized = torch.from_numpy(_rasterize(list(self.polygons.values()), *self.size))
+        self.bitmaps = torch.cat([self.bitmaps, rasterized])
+        self.bitmap_index += list(self.polygons)
+        self.polygons = {}
+
+    def output(self, recompute_boxes: bool = False) -> dict[str, torch.Tensor]:
+        """boxes/classes/masks of the instances still visible, boxes clipped to the image (or, with
+        `recompute_boxes`, the extent of the masks)."""
+        height, width = self.size
+        if recompute_boxes and self.with_masks:
+            self.rasterize_polygons()
+            self.boxes[self.bitmap_index] = _mask_extents(self.bitmaps)
+        boxes = self.boxes.clone()
+        boxes[:, 0::2] = boxes[:, 0::2].clamp(0, width)
+        boxes[:, 1::2] = boxes[:, 1::2].clamp(0, height)
+        keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        output = {"boxes": boxes, "classes": self.classes}
+        if self.with_masks:
+            self.rasterize_polygons()
+            masks = torch.zeros((len(boxes), height, width), dtype=torch.uint8)
+            if self.bitmap_index:
+                masks[self.bitmap_index] = self.bitmaps
+            keep &= masks.flatten(1).amax(dim=1) > 0 if len(masks) else keep
+            output["masks"] = masks
+        return {key: value[keep] for key, value in output.items()}
 
 
-def _rle_to_mask(rle: dict, height: int, width: int) -> np.ndarray:
-    from pycocotools import mask as mask_util
+def _mask_extents(masks: torch.Tensor) -> torch.Tensor:
+    """XYXY extent [N, 4] of each bitmap [N, H, W] (all zeros for an empty one)."""
+    if masks.shape[0] == 0:
+        return torch.zeros((0, 4))
+    rows, cols = masks.amax(dim=2) > 0, masks.amax(dim=1) > 0
+    y_index = torch.arange(masks.shape[1]).expand_as(rows)
+    x_index = torch.arange(masks.shape[2]).expand_as(cols)
+    big = max(masks.shape[1:])
+    x0 = torch.where(cols, x_index, big).amin(1)
+    y0 = torch.where(rows, y_index, big).amin(1)
+    x1 = torch.where(cols, x_index + 1, 0).amax(1)
+    y1 = torch.where(rows, y_index + 1, 0).amax(1)
+    empty = ~cols.any(1)
+    boxes = torch.stack([x0, y0, x1, y1], dim=1).float()
+    boxes[empty] = 0
+    return boxes
 
-    if isinstance(rle["counts"], list):
-        rle = mask_util.frPyObjects(rle, height, width)
-    return mask_util.decode(rle).astype(np.uint8)
+
+def _decode(segmentation: Any, height: int, width: int) -> np.ndarray:
+    """Polygons or RLE (compressed or not) -> uint8 [H, W]."""
+    if isinstance(segmentation, list):
+        polygons = [np.asarray(p, dtype=np.float64) for p in segmentation if len(p) >= 6]
+        return _rasterize([polygons], height, width)[0]
+    if isinstance(segmentation.get("counts"), list):
+        segmentation = mask_util.frPyObjects(segmentation, *segmentation["size"])
+    mask = mask_util.decode(segmentation)
+    if mask.shape != (height, width):
+        raise ValueError(f"RLE mask of size {mask.shape} does not match its image ({height}, {width})")
+    return mask
+
+
+def _rasterize(instances: list[list[np.ndarray]], height: int, width: int) -> np.ndarray:
+    """Polygon lists (one per instance) -> uint8 [N, H, W] with pycocotools (the evaluators' rasterizer)."""
+    flat = [p.reshape(-1).tolist() for polygons in instances for p in polygons]
+    rles = mask_util.frPyObjects(flat, height, width) if flat else []
+    merged, start = [], 0
+    for polygons in instances:
+        part = rles[start : start + len(polygons)]
+        merged.append(mask_util.merge(part) if len(part) > 1 else part[0])
+        start += len(polygons)
+    return np.ascontiguousarray(mask_util.decode(merged).transpose(2, 0, 1))
 
 
 class DatasetMapper:
-    """Read the image, apply augmentations to image and annotations, and build the model input.
+    """Read the image, augment image and annotations consistently, and build the model input.
 
     Args:
-        is_train: keep annotations (eval mode drops them and keeps image, sizes and ids).
-        augmentations: applied in order, e.g. ``[ResizeShortestEdge(...), RandomFlip()]``.
-        image_format: "RGB" or "BGR" channel order of the output.
+        is_train: produce ``instances``; in eval mode annotations are dropped (image, sizes and id stay).
+        augmentations: applied in order; lazytrain `Augmentation` objects (``ResizeShortestEdge``,
+            ``RandomFlip``, your own) and/or torchvision v2 transforms (called on the image, boxes and masks).
+        image_format: channel order of the output image, "RGB" or "BGR".
         use_instance_mask: produce ``instances.masks``.
+        rasterize_first: rasterize every mask at the input size and transform bitmaps (slower with many
+            instances; the default moves polygon vertices and rasterizes once at the output size).
+        recompute_boxes: replace each box by the extent of its mask after augmentation; use it with crops or
+            rotations (torchvision transforms), which leave the transformed box looser than the object.
+
+    Raises (when called):
+        FileNotFoundError / OSError: the image is missing or unreadable (the message names the file).
+        ValueError: the decoded image size differs from the record's ``height``/``width``.
     """
 
     def __init__(
         self,
         is_train: bool,
-        augmentations: Sequence[Augmentation] = (),
+        augmentations: Sequence[Any] = (),
         image_format: str = "RGB",
         use_instance_mask: bool = True,
+        *,
+        rasterize_first: bool = False,
+        recompute_boxes: bool = False,
     ) -> None:
         if image_format not in ("RGB", "BGR"):
             raise ValueError(f"DatasetMapper(image_format=) must be 'RGB' or 'BGR'; got {image_format!r}")
+        for augmentation in augmentations:
+            if not isinstance(augmentation, Augmentation) and not callable(augmentation):
+                raise TypeError(
+                    "DatasetMapper(augmentations=) takes lazytrain Augmentations or torchvision v2 transforms; "
+                    f"got {augmentation!r}"
+                )
         self.is_train = is_train
         self.augmentations = list(augmentations)
         self.image_format = image_format
         self.use_instance_mask = use_instance_mask
+        self.rasterize_first = rasterize_first
+        if recompute_boxes and not use_instance_mask:
+            raise ValueError(
+                "DatasetMapper(recompute_boxes=True) needs use_instance_mask=True (boxes come from masks)"
+            )
+        self.recompute_boxes = recompute_boxes
 
     def __call__(self, record: dict) -> dict:
-        image = read_image(record["file_name"], self.image_format)
-        original_height, original_width = image.shape[:2]
-        transforms: list[Transform] = []
-        for augmentation in self.augmentations:
-            transform = augmentation.get_transform(*image.shape[:2])
-            if transform is not None:
-                image = transform.apply_image(image)
-                transforms.append(transform)
-        output = {
-            "image": torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))),
-            "height": record.get("height", original_height),
-            "width": record.get("width", original_width),
-            "image_id": record.get("image_id"),
-            "file_name": record["file_name"],
-        }
-        if self.is_train:
-            output["instances"] = self._instances(
-                record, transforms, (original_height, original_width), image.shape[:2]
+        """Map one record (see docs/architecture.md) to the model input dict."""
+        file_name = record["file_name"]
+        array = read_image(file_name, "RGB")
+        height, width = array.shape[:2]
+        if (record.get("height", height), record.get("width", width)) != (height, width):
+            raise ValueError(
+                f"image {file_name} is {width}x{height} (after EXIF orientation) but its record says "
+                f"{record['width']}x{record['height']}; fix the annotation file"
             )
+        image = torch.from_numpy(array).permute(2, 0, 1)
+        instances = None
+        if self.is_train:
+            annotations = [a for a in record.get("annotations", []) if not a.get("iscrowd", 0)]
+            instances = _Instances(annotations, height, width, self.use_instance_mask, self.rasterize_first)
+        image = self._augment(image, instances)
+        if self.image_format == "BGR":
+            image = image.flip(0)
+        output = {
+            "image": image.contiguous(),
+            "height": record.get("height", height),
+            "width": record.get("width", width),
+            "image_id": record.get("image_id"),
+            "file_name": file_name,
+        }
+        if instances is not None:
+            output["instances"] = instances.output(self.recompute_boxes)
         return output
 
-    def _instances(
-        self, record: dict, transforms: list[Transform], original_size: tuple[int, int], size: tuple[int, int]
-    ) -> dict:
-        height, width = size
-        annotations = [a for a in record.get("annotations", []) if not a.get("iscrowd", 0)]
-        boxes = np.array(
-            [[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in annotations)], dtype=np.float64
-        ).reshape(-1, 4)
-        for transform in transforms:
-            boxes = transform.apply_box(boxes)
-        boxes = np.clip(boxes, 0, [width, height, width, height])
-        masks = []
-        if self.use_instance_mask:
-            masks = [self._mask(a.get("segmentation"), transforms, original_size, size) for a in annotations]
-        keep = [
-            i
-            for i in range(len(annotations))
-            if boxes[i, 2] > boxes[i, 0] and boxes[i, 3] > boxes[i, 1] and (not masks or masks[i].any())
-        ]
-        instances = {
-            "boxes": torch.as_tensor(boxes[keep], dtype=torch.float32).reshape(-1, 4),
-            "classes": torch.as_tensor([annotations[i]["category_id"] for i in keep], dtype=torch.int64),
-        }
-        if self.use_instance_mask:
-            stacked = np.stack([masks[i] for i in keep]) if keep else np.zeros((0, height, width), np.uint8)
-            instances["masks"] = torch.from_numpy(stacked)
-        return instances
+    def _augment(self, image: torch.Tensor, instances: _Instances | None) -> torch.Tensor:
+        for augmentation in self.augmentations:
+            if isinstance(augmentation, Augmentation):
+                transform = augmentation.get_transform(*image.shape[-2:])
+                if transform is not None:
+                    image = transform.apply_image(image)
+                    if instances is not None:
+                        instances.apply(transform)
+            elif instances is None:
+                image = augmentation(tv_tensors.Image(image)).as_subclass(torch.Tensor)
+            else:
+                image = self._apply_torchvision(augmentation, image, instances)
+        return image
 
     @staticmethod
-    def _mask(
-        segmentation, transforms: list[Transform], original_size: tuple[int, int], size: tuple[int, int]
-    ) -> np.ndarray:
-        if segmentation is None:
-            raise ValueError("DatasetMapper(use_instance_mask=True) needs 'segmentation' in every annotation")
-        if isinstance(segmentation, dict):
-            mask = _rle_to_mask(segmentation, *original_size)
-            for transform in transforms:
-                mask = transform.apply_mask(mask)
-            return mask
-        polygons = [np.asarray(p, dtype=np.float64).reshape(-1, 2) for p in segmentation]
-        for transform in transforms:
-            polygons = [transform.apply_coords(p) for p in polygons]
-        return _polygons_to_mask(polygons, *size)
+    def _apply_torchvision(augmentation: Any, image: torch.Tensor, instances: _Instances) -> torch.Tensor:
+        """Call a torchvision v2 transform on image, boxes and (bitmap) masks together."""
+        instances.rasterize_polygons()
+        height, width = image.shape[-2:]
+        boxes = tv_tensors.BoundingBoxes(instances.boxes, format="XYXY", canvas_size=(height, width))
+        # the permutation maps bitmap rows back to instance order; a transform may drop instances only through
+        # boxes (e.g. SanitizeBoundingBoxes), which needs labels: pass them so it can.
+        inputs = {"image": tv_tensors.Image(image), "boxes": boxes, "labels": instances.classes}
+        if instances.with_masks:
+            masks = torch.zeros((len(boxes), height, width), dtype=torch.uint8)
+            masks[instances.bitmap_index] = instances.bitmaps
+            inputs["masks"] = tv_tensors.Mask(masks)
+        outputs = augmentation(inputs)
+        image = outputs["image"].as_subclass(torch.Tensor)
+        instances.boxes = outputs["boxes"].as_subclass(torch.Tensor).float()
+        instances.classes = outputs["labels"]
+        if instances.with_masks:
+            instances.bitmaps = outputs["masks"].as_subclass(torch.Tensor)
+            instances.bitmap_index = list(range(len(instances.bitmaps)))
+        instances.size = tuple(image.shape[-2:])
+        return image

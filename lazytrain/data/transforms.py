@@ -1,19 +1,29 @@
-"""Augmentations (random policies) and the deterministic transforms they produce.
+"""Augmentations: random policies that return deterministic geometric transforms.
 
-An augmentation looks at an image size and returns a transform; the transform then applies the same
-geometry to the image, boxes, polygon coordinates and bitmap masks. Polygons are transformed as
-coordinates and rasterized once at the end (cheap for images with hundreds of instances); RLE masks are
-transformed as bitmaps. Randomness comes from Python's global `random` module, which the train loader
-re-seeds per sample (so a resumed run draws the same augmentations).
+An `Augmentation` looks at an image size and draws a `Transform`; the transform then applies the same
+geometry to the image, the boxes, the masks and polygon vertices, so a mapper keeps them consistent. Images,
+boxes and masks go through torchvision's transforms v2 kernels; polygon vertices are moved as continuous
+coordinates (x -> width - x on a horizontal flip, like boxes; torchvision's KeyPoints flip uses pixel indices,
+x -> width - 1 - x, which would shift polygons by one pixel against their boxes), so a mapper can rasterize
+them once at the output size.
+
+Randomness comes from Python's global `random` module, which the train loader re-seeds per sample, so a
+resumed run draws the same augmentations. Plain torchvision v2 transforms (``v2.ColorJitter``,
+``v2.RandomIoUCrop``, ...) may be listed among a mapper's augmentations too; they draw from torch's global RNG.
+Both kinds are configured with plain values, e.g. ``L(ResizeShortestEdge)(short_edge_length=[640, 800])``.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Sequence
 
 import numpy as np
-from PIL import Image
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms.v2 import functional as F
 
 __all__ = [
     "Augmentation",
@@ -24,55 +34,81 @@ __all__ = [
     "Transform",
 ]
 
+_XYXY = tv_tensors.BoundingBoxFormat.XYXY
+
 
 class Transform:
-    """A deterministic geometric transform of an image of a known size."""
+    """A deterministic geometric transform of an image of size (`height`, `width`)."""
 
-    def apply_image(self, image: np.ndarray) -> np.ndarray:
+    def __init__(self, height: int, width: int) -> None:
+        self.height, self.width = height, width
+
+    def output_size(self) -> tuple[int, int]:
+        """(height, width) after the transform."""
+        return self.height, self.width
+
+    def apply_image(self, image: torch.Tensor) -> torch.Tensor:
+        """Transform a uint8 image [C, H, W]."""
+        raise NotImplementedError
+
+    def apply_masks(self, masks: torch.Tensor) -> torch.Tensor:
+        """Transform uint8 bitmaps [N, H, W] (nearest-neighbour when resampling)."""
+        raise NotImplementedError
+
+    def apply_boxes(self, boxes: torch.Tensor) -> torch.Tensor:
+        """Transform float boxes [N, 4] in XYXY absolute coordinates."""
         raise NotImplementedError
 
     def apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        """Transform float points [N, 2] (x, y)."""
+        """Transform float points [P, 2] (x, y) in continuous pixel coordinates (polygon vertices)."""
         raise NotImplementedError
-
-    def apply_mask(self, mask: np.ndarray) -> np.ndarray:
-        """Transform a uint8 bitmap [H, W]."""
-        raise NotImplementedError
-
-    def apply_box(self, boxes: np.ndarray) -> np.ndarray:
-        """Transform XYXY boxes [N, 4] (via their corners; exact for flips and resizes)."""
-        if len(boxes) == 0:
-            return boxes
-        corners = boxes[:, [0, 1, 2, 1, 0, 3, 2, 3]].reshape(-1, 2)
-        corners = self.apply_coords(corners).reshape(-1, 4, 2)
-        return np.concatenate([corners.min(axis=1), corners.max(axis=1)], axis=1)
 
 
 class ResizeTransform(Transform):
-    """Resize from (height, width) to (new_height, new_width)."""
+    """Resize from (`height`, `width`) to (`new_height`, `new_width`): bilinear with antialiasing for the image."""
 
     def __init__(self, height: int, width: int, new_height: int, new_width: int) -> None:
-        self.height, self.width, self.new_height, self.new_width = height, width, new_height, new_width
+        super().__init__(height, width)
+        self.new_height, self.new_width = new_height, new_width
 
-    def apply_image(self, image: np.ndarray) -> np.ndarray:
-        return np.asarray(Image.fromarray(image).resize((self.new_width, self.new_height), Image.BILINEAR))
+    def output_size(self) -> tuple[int, int]:
+        return self.new_height, self.new_width
+
+    def apply_image(self, image: torch.Tensor) -> torch.Tensor:
+        size = [self.new_height, self.new_width]
+        return F.resize_image(image, size, interpolation=InterpolationMode.BILINEAR, antialias=True)
+
+    def apply_masks(self, masks: torch.Tensor) -> torch.Tensor:
+        if masks.shape[0] == 0:
+            return masks.new_zeros((0, self.new_height, self.new_width))
+        return F.resize_mask(
+            masks, [self.new_height, self.new_width], interpolation=InterpolationMode.NEAREST_EXACT
+        )
+
+    def apply_boxes(self, boxes: torch.Tensor) -> torch.Tensor:
+        size = [self.new_height, self.new_width]
+        return F.resize_bounding_boxes(boxes, canvas_size=(self.height, self.width), size=size)[0]
 
     def apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        scale = np.array([self.new_width / self.width, self.new_height / self.height])
-        return coords * scale
-
-    def apply_mask(self, mask: np.ndarray) -> np.ndarray:
-        return np.asarray(Image.fromarray(mask).resize((self.new_width, self.new_height), Image.NEAREST))
+        return coords * np.array([self.new_width / self.width, self.new_height / self.height])
 
 
 class FlipTransform(Transform):
     """Mirror horizontally (x -> width - x) or vertically (y -> height - y)."""
 
     def __init__(self, height: int, width: int, horizontal: bool = True) -> None:
-        self.height, self.width, self.horizontal = height, width, horizontal
+        super().__init__(height, width)
+        self.horizontal = horizontal
 
-    def apply_image(self, image: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(image[:, ::-1] if self.horizontal else image[::-1])
+    def apply_image(self, image: torch.Tensor) -> torch.Tensor:
+        return F.horizontal_flip_image(image) if self.horizontal else F.vertical_flip_image(image)
+
+    def apply_masks(self, masks: torch.Tensor) -> torch.Tensor:
+        return F.horizontal_flip_mask(masks) if self.horizontal else F.vertical_flip_mask(masks)
+
+    def apply_boxes(self, boxes: torch.Tensor) -> torch.Tensor:
+        flip = F.horizontal_flip_bounding_boxes if self.horizontal else F.vertical_flip_bounding_boxes
+        return flip(boxes, format=_XYXY, canvas_size=(self.height, self.width))
 
     def apply_coords(self, coords: np.ndarray) -> np.ndarray:
         coords = coords.copy()
@@ -82,66 +118,89 @@ class FlipTransform(Transform):
             coords[:, 1] = self.height - coords[:, 1]
         return coords
 
-    def apply_mask(self, mask: np.ndarray) -> np.ndarray:
-        return self.apply_image(mask)
-
 
 class Augmentation:
-    """A random policy: ``get_transform(height, width)`` returns a `Transform` (or None for no-op)."""
+    """A random policy: `get_transform` draws a `Transform` for an image size (or None for "do nothing").
+
+    Subclass it for a new geometric augmentation that keeps polygons as polygons; photometric changes that
+    need no geometry can simply be torchvision v2 transforms in the mapper's list.
+    """
 
     def get_transform(self, height: int, width: int) -> Transform | None:
+        """Draw a transform for an image of size (`height`, `width`), using Python's global `random`."""
         raise NotImplementedError
+
+    def __repr__(self) -> str:
+        arguments = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({arguments})"
 
 
 class ResizeShortestEdge(Augmentation):
-    """Resize so the short edge is a chosen length, capping the long edge at `max_size`.
+    """Resize so the short edge has a drawn length, keeping the aspect ratio, with the long edge at most `max_size`.
 
     Args:
-        short_edge_length: one length, or candidates: ``sample_style="choice"`` picks one of them,
-            ``"range"`` draws uniformly from ``[min, max]``.
-        max_size: upper bound of the long edge.
+        short_edge_length: one length, or several: ``sample_style="choice"`` picks one of them uniformly,
+            ``"range"`` draws an integer uniformly from ``[min, max]`` (give exactly two values).
+        max_size: upper bound of the long edge (the short edge is then shorter than drawn).
         sample_style: "choice" or "range".
     """
 
     def __init__(
-        self, short_edge_length: int | Sequence[int], max_size: int = 10**9, sample_style: str = "choice"
+        self,
+        short_edge_length: int | Sequence[int],
+        max_size: int = sys.maxsize,
+        sample_style: str = "choice",
     ) -> None:
-        lengths = [short_edge_length] if isinstance(short_edge_length, int) else list(short_edge_length)
+        lengths = (
+            [short_edge_length] if isinstance(short_edge_length, int) else [int(v) for v in short_edge_length]
+        )
         if sample_style not in ("choice", "range"):
             raise ValueError(
                 f"ResizeShortestEdge(sample_style=) must be 'choice' or 'range'; got {sample_style!r}"
             )
-        if sample_style == "range" and len(lengths) != 2:
+        if sample_style == "range" and (len(lengths) != 2 or lengths[0] > lengths[1]):
             raise ValueError(
-                f"ResizeShortestEdge(short_edge_length=) needs [min, max] with sample_style='range'; got {lengths}"
+                f"ResizeShortestEdge(short_edge_length=) must be [min, max] with sample_style='range'; got {lengths}"
             )
-        if not lengths or min(lengths) <= 0:
-            raise ValueError(f"ResizeShortestEdge(short_edge_length=) must be positive; got {lengths}")
-        self.lengths, self.max_size, self.sample_style = lengths, max_size, sample_style
+        if not lengths or min(lengths) <= 0 or max_size <= 0:
+            raise ValueError(
+                "ResizeShortestEdge(short_edge_length=, max_size=) must be positive; "
+                f"got {short_edge_length!r}, {max_size!r}"
+            )
+        self.short_edge_length, self.max_size, self.sample_style = lengths, max_size, sample_style
 
-    def get_transform(self, height: int, width: int) -> Transform:
+    def get_transform(self, height: int, width: int) -> ResizeTransform:
         if self.sample_style == "range":
-            size = random.randint(self.lengths[0], self.lengths[1])
+            size = random.randint(self.short_edge_length[0], self.short_edge_length[1])
         else:
-            size = random.choice(self.lengths)
+            size = random.choice(self.short_edge_length)
         scale = size / min(height, width)
         if max(height, width) * scale > self.max_size:
             scale = self.max_size / max(height, width)
-        new_height, new_width = int(height * scale + 0.5), int(width * scale + 0.5)
+        new_height, new_width = max(1, int(height * scale + 0.5)), max(1, int(width * scale + 0.5))
         return ResizeTransform(height, width, new_height, new_width)
 
 
 class RandomFlip(Augmentation):
-    """Flip with probability `prob`, horizontally (default) or vertically."""
+    """Flip with probability `prob`, horizontally (default) or vertically.
+
+    Args:
+        prob: probability of flipping.
+        horizontal: mirror left-right.
+        vertical: mirror top-bottom (set ``horizontal=False``); use two RandomFlips for both.
+    """
 
     def __init__(self, prob: float = 0.5, *, horizontal: bool = True, vertical: bool = False) -> None:
         if horizontal == vertical:
-            raise ValueError("RandomFlip: choose exactly one of horizontal=True or vertical=True")
+            raise ValueError(
+                f"RandomFlip(horizontal=, vertical=): choose exactly one; got horizontal={horizontal}, "
+                f"vertical={vertical}"
+            )
         if not 0 <= prob <= 1:
             raise ValueError(f"RandomFlip(prob=) must be in [0, 1]; got {prob}")
-        self.prob, self.horizontal = prob, horizontal
+        self.prob, self.horizontal, self.vertical = prob, horizontal, vertical
 
-    def get_transform(self, height: int, width: int) -> Transform | None:
+    def get_transform(self, height: int, width: int) -> FlipTransform | None:
         if random.random() < self.prob:
             return FlipTransform(height, width, horizontal=self.horizontal)
         return None

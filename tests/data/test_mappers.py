@@ -4,9 +4,13 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from pycocotools import mask as mask_util
+from torchvision.transforms import v2
 
 from lazytrain.data.mappers import DatasetMapper, read_image
 from lazytrain.data.transforms import RandomFlip, ResizeShortestEdge
+
+POLYGON = [10.0, 20.0, 25.0, 8.0, 40.0, 10.0, 45.0, 25.0, 35.0, 40.0, 15.0, 36.0]  # bbox [10, 8, 35, 32]
 
 
 def iou(a, b):
@@ -14,17 +18,26 @@ def iou(a, b):
     return (a & b).sum().item() / max((a | b).sum().item(), 1)
 
 
+def extent(mask):
+    ys, xs = torch.nonzero(mask, as_tuple=True)
+    return torch.tensor([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], dtype=torch.float32)
+
+
+def rle_of(mask):
+    rle = mask_util.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return {"size": rle["size"], "counts": rle["counts"].decode()}
+
+
 @pytest.fixture
 def record(tmp_path):
-    image = np.zeros((60, 100, 3), np.uint8)
-    image[:, :50] = 255
+    """A 60x100 image, left half white, with a polygon (polygon), a ring-shaped RLE mask and a crowd region."""
+    pixels = np.zeros((60, 100, 3), np.uint8)
+    pixels[:, :50] = 255
     path = tmp_path / "img.png"
-    Image.fromarray(image).save(path)
-    from pycocotools import mask as mask_util
-
-    rle_mask = np.zeros((60, 100), np.uint8)
-    rle_mask[40:55, 70:90] = 1
-    rle = mask_util.encode(np.asfortranarray(rle_mask))
+    Image.fromarray(pixels).save(path)
+    ring = np.zeros((60, 100), np.uint8)
+    ring[35:55, 62:92] = 1
+    ring[40:50, 70:84] = 0
     return {
         "file_name": str(path),
         "height": 60,
@@ -32,72 +45,219 @@ def record(tmp_path):
         "image_id": 5,
         "annotations": [
             {
-                "bbox": [10, 10, 30, 20],
+                "bbox": [10, 8, 35, 32],
+                "bbox_mode": "XYWH_ABS",
                 "category_id": 2,
                 "iscrowd": 0,
-                "segmentation": [[10, 10, 40, 10, 40, 30, 10, 30]],
+                "segmentation": [POLYGON],
             },
             {
-                "bbox": [70, 40, 20, 15],
+                "bbox": [62, 35, 30, 20],
+                "bbox_mode": "XYWH_ABS",
                 "category_id": 1,
                 "iscrowd": 0,
-                "segmentation": {"size": rle["size"], "counts": rle["counts"].decode()},
+                "segmentation": rle_of(ring),
             },
-            {"bbox": [0, 0, 5, 5], "category_id": 0, "iscrowd": 1, "segmentation": [[0, 0, 5, 0, 5, 5]]},
+            {
+                "bbox": [0, 0, 5, 5],
+                "bbox_mode": "XYWH_ABS",
+                "category_id": 0,
+                "iscrowd": 1,
+                "segmentation": [[0, 0, 5, 0, 5, 5]],
+            },
         ],
     }
 
 
-@pytest.mark.parametrize("flip", [0.0, 1.0])
-def test_flip_and_resize_keep_boxes_polygons_rle_consistent(record, flip):
-    mapper = DatasetMapper(True, [ResizeShortestEdge(90, max_size=1000), RandomFlip(prob=flip)])
+def expected_masks(record, size, flip):
+    """Reference: rasterize the annotations at the ORIGINAL size, then move the bitmaps (nearest) and flip."""
+    out = DatasetMapper(True, [], rasterize_first=True)(record)["instances"]["masks"]
+    out = torch.nn.functional.interpolate(out[None].float(), size=size, mode="nearest-exact")[0].to(
+        torch.uint8
+    )
+    return out.flip(-1) if flip == "horizontal" else out.flip(-2) if flip == "vertical" else out
+
+
+@pytest.mark.parametrize("rasterize_first", [False, True], ids=["polygons", "bitmaps"])
+@pytest.mark.parametrize("flip", ["none", "horizontal", "vertical"])
+@pytest.mark.parametrize("short_edge", [60, 90, 37])
+def test_flip_and_resize_keep_boxes_polygons_and_rle_consistent(record, flip, short_edge, rasterize_first):
+    flips = (
+        []
+        if flip == "none"
+        else [RandomFlip(1.0, horizontal=flip == "horizontal", vertical=flip == "vertical")]
+    )
+    mapper = DatasetMapper(
+        True, [ResizeShortestEdge(short_edge, max_size=1000), *flips], rasterize_first=rasterize_first
+    )
     out = mapper(record)
-    assert out["image"].shape == (3, 90, 150) and out["image"].dtype == torch.uint8
-    assert (out["height"], out["width"], out["image_id"]) == (60, 100, 5)
+    height, width = short_edge, round(100 * short_edge / 60)
+    assert out["image"].shape == (3, height, width) and out["image"].dtype == torch.uint8
+    assert (out["height"], out["width"], out["image_id"], out["file_name"]) == (
+        60,
+        100,
+        5,
+        record["file_name"],
+    )
     instances = out["instances"]
-    assert instances["classes"].tolist() == [2, 1]  # the crowd annotation is not an instance
-    for box, mask in zip(instances["boxes"], instances["masks"]):
-        ys, xs = torch.nonzero(mask, as_tuple=True)
-        extent = torch.tensor([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], dtype=torch.float32)
-        assert torch.allclose(box, extent, atol=1.6), (box, extent)
-        filled = torch.zeros_like(mask)
-        x0, y0, x1, y1 = box.round().int().tolist()
-        filled[y0:y1, x0:x1] = 1
-        assert iou(mask, filled) > 0.9  # both shapes are rectangles
-    expected_x0 = 15.0 if flip == 0 else 150 - 60.0
-    assert instances["boxes"][0, 0].item() == pytest.approx(expected_x0)
-    # the image content flips with the boxes: the white half moves
-    assert (out["image"][0, 0, 0] == 255) == (flip == 0)
+    assert instances["classes"].tolist() == [2, 1]  # the crowd region is not an instance
+    assert instances["boxes"].dtype == torch.float32 and instances["masks"].dtype == torch.uint8
+    assert instances["masks"].shape == (2, height, width)
+    for box, mask, reference in zip(
+        instances["boxes"], instances["masks"], expected_masks(record, (height, width), flip)
+    ):
+        assert torch.allclose(box, extent(mask), atol=1.0), (
+            box,
+            extent(mask),
+        )  # box == mask extent within 1 px
+        assert iou(mask, reference) > 0.85
+    # exact box geometry: the polygon's box scaled then mirrored in continuous coordinates
+    sx, sy = width / 100, height / 60
+    x0, y0, x1, y1 = 10 * sx, 8 * sy, 45 * sx, 40 * sy
+    if flip == "horizontal":
+        x0, x1 = width - x1, width - x0
+    if flip == "vertical":
+        y0, y1 = height - y1, height - y0
+    assert instances["boxes"][0].tolist() == pytest.approx(
+        [x0, y0, x1, y1], abs=1e-4 + 0.01 * (short_edge % 2)
+    )
+    assert (out["image"][0, height // 2, 0] == 255) == (
+        flip != "horizontal"
+    )  # the image moved with the boxes
 
 
-def test_instances_emptied_by_transform_are_dropped(record):
-    record["annotations"][0]["bbox"] = [0, 0, 0.2, 0.2]
-    record["annotations"][0]["segmentation"] = [[0, 0, 0.2, 0, 0.2, 0.2, 0, 0.2]]
+def test_polygon_path_matches_the_mask_of_the_transformed_polygon(record):
+    """IoU ~1 between the mapper's mask and the polygon transformed by hand and rasterized at the output size."""
+    random.seed(0)
+    out = DatasetMapper(True, [ResizeShortestEdge(120, max_size=1000), RandomFlip(1.0)])(record)
+    points = np.array(POLYGON).reshape(-1, 2) * 2.0
+    points[:, 0] = 200 - points[:, 0]
+    expected = mask_util.decode(mask_util.frPyObjects([points.reshape(-1).tolist()], 120, 200))[:, :, 0]
+    assert iou(out["instances"]["masks"][0], torch.from_numpy(expected)) == pytest.approx(1.0)
+    assert out["instances"]["boxes"][0].tolist() == pytest.approx([200 - 90, 16, 200 - 20, 80])
+
+
+def test_instances_emptied_by_the_transform_are_dropped(record):
+    record["annotations"][0]["bbox"] = [0.0, 0.0, 0.4, 0.4]
+    record["annotations"][0]["segmentation"] = [[0, 0, 0.4, 0, 0.4, 0.4, 0, 0.4]]
     out = DatasetMapper(True, [ResizeShortestEdge(30, max_size=1000)])(record)
     assert out["instances"]["classes"].tolist() == [1]
+    assert out["instances"]["masks"].shape == (1, 30, 50)
 
 
-def test_eval_mapper_has_no_instances(record):
-    out = DatasetMapper(False, [ResizeShortestEdge(30)])(record)
-    assert "instances" not in out and out["image"].shape == (3, 30, 50)
+def test_instances_cropped_away_by_a_torchvision_transform_are_dropped(record):
+    crop = v2.RandomCrop((30, 50))  # torchvision draws the offset from torch's global RNG
+    torch.manual_seed(0)
+    kept = []
+    for _ in range(10):
+        state = torch.get_rng_state()
+        loose = DatasetMapper(True, [crop])(record)["instances"]
+        torch.set_rng_state(state)
+        out = DatasetMapper(True, [crop], recompute_boxes=True)(record)
+        instances = out["instances"]
+        assert out["image"].shape == (3, 30, 50) and len(instances["boxes"]) == len(instances["masks"])
+        for box, loose_box, mask in zip(instances["boxes"], loose["boxes"], instances["masks"]):
+            assert mask.any() and torch.equal(box, extent(mask))
+            assert (loose_box[:2] <= box[:2]).all() and (loose_box[2:] >= box[2:]).all()
+        kept.append(len(instances["classes"]))
+    assert min(kept) < 2  # some crops lose an instance
+
+
+def test_torchvision_flip_equals_lazytrain_flip(record):
+    ours = DatasetMapper(True, [ResizeShortestEdge(90), RandomFlip(1.0)])(record)["instances"]
+    theirs = DatasetMapper(True, [ResizeShortestEdge(90), v2.RandomHorizontalFlip(1.0)])(record)["instances"]
+    assert torch.allclose(ours["boxes"], theirs["boxes"])
+    assert all(iou(a, b) > 0.95 for a, b in zip(ours["masks"], theirs["masks"]))
+
+
+def test_photometric_torchvision_transform_in_eval_mode(record):
+    out = DatasetMapper(False, [ResizeShortestEdge(30), v2.ColorJitter(brightness=0.5)])(record)
+    assert "instances" not in out and out["image"].shape == (3, 30, 50) and out["image"].dtype == torch.uint8
+    assert (out["height"], out["width"], out["image_id"]) == (60, 100, 5)
+
+
+def test_boxes_only_and_bgr(record):
+    out = DatasetMapper(True, [RandomFlip(1.0)], image_format="BGR", use_instance_mask=False)(record)
+    assert set(out["instances"]) == {"boxes", "classes"}
+    rgb = DatasetMapper(True, [RandomFlip(1.0)])(record)
+    assert torch.equal(out["image"], rgb["image"].flip(0))
+
+
+def test_augmentation_draws_from_the_global_rng(record):
+    mapper = DatasetMapper(True, [ResizeShortestEdge([30, 45, 60, 75, 90]), RandomFlip()])
+
+    def shapes(seed):
+        random.seed(seed)
+        return [
+            tuple(mapper(record)["image"].shape) + (mapper(record)["instances"]["boxes"][0, 0].item(),)
+            for _ in range(4)
+        ]
+
+    assert shapes(3) == shapes(3)
+    assert len({shapes(seed)[0] for seed in range(8)}) > 1
 
 
 def test_exif_orientation_is_applied(tmp_path):
-    image = Image.fromarray(np.zeros((20, 40, 3), np.uint8))
+    pixels = np.zeros((20, 40, 3), np.uint8)
+    pixels[:, :10] = 255  # white on the left in storage order
+    image = Image.fromarray(pixels)
     exif = image.getexif()
-    exif[0x0112] = 6  # rotate 90 degrees on display
-    image.save(tmp_path / "rot.jpg", exif=exif)
-    assert read_image(str(tmp_path / "rot.jpg")).shape == (40, 20, 3)
+    exif[0x0112] = 6  # displayed rotated 90 degrees clockwise: the white band goes to the top
+    image.save(tmp_path / "rot.jpg", exif=exif, quality=95)
+    array = read_image(str(tmp_path / "rot.jpg"))
+    assert array.shape == (40, 20, 3) and array[:8].mean() > 200 and array[-20:].mean() < 50
+    record = {
+        "file_name": str(tmp_path / "rot.jpg"),
+        "height": 40,
+        "width": 20,
+        "image_id": 1,
+        "annotations": [],
+    }
+    assert DatasetMapper(True, [])(record)["image"].shape == (3, 40, 20)
+    with pytest.raises(
+        ValueError, match=r"rot\.jpg is 20x40 \(after EXIF orientation\) but its record says 40x20"
+    ):
+        DatasetMapper(True, [])({**record, "height": 20, "width": 40})
 
 
-def test_missing_image_error_names_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope.jpg"):
-        read_image(str(tmp_path / "nope.jpg"))
+def test_missing_and_corrupt_images_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"image file not found: .*nope\.jpg"):
+        DatasetMapper(False, [])({"file_name": str(tmp_path / "nope.jpg")})
+    (tmp_path / "bad.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(OSError, match=r"cannot read image .*bad\.jpg"):
+        read_image(str(tmp_path / "bad.jpg"))
+    good = tmp_path / "good.jpg"
+    Image.fromarray(np.full((64, 64, 3), 128, np.uint8)).save(good)
+    (tmp_path / "cut.jpg").write_bytes(good.read_bytes()[:200])
+    with pytest.raises(OSError, match=r"cannot read image .*cut\.jpg"):
+        read_image(str(tmp_path / "cut.jpg"))
 
 
-def test_range_sampling_and_bad_arguments():
+def test_resize_shortest_edge_sampling_and_bad_arguments():
     random.seed(0)
-    t = ResizeShortestEdge([20, 40], sample_style="range").get_transform(10, 20)
-    assert 20 <= t.new_height <= 40
-    with pytest.raises(ValueError, match="sample_style"):
+    sizes = {
+        ResizeShortestEdge([20, 40], sample_style="range").get_transform(10, 20).new_height for _ in range(50)
+    }
+    assert min(sizes) >= 20 and max(sizes) <= 40 and len(sizes) > 5
+    assert {ResizeShortestEdge([20, 40]).get_transform(10, 20).new_height for _ in range(50)} == {20, 40}
+    capped = ResizeShortestEdge(800, max_size=1333).get_transform(100, 400)
+    assert (capped.new_height, capped.new_width) == (333, 1333)
+    with pytest.raises(ValueError, match=r"sample_style=\) must be 'choice' or 'range'"):
         ResizeShortestEdge(20, sample_style="sometimes")
+    with pytest.raises(ValueError, match=r"must be \[min, max\] with sample_style='range'"):
+        ResizeShortestEdge([10, 20, 30], sample_style="range")
+    with pytest.raises(ValueError, match="must be positive"):
+        ResizeShortestEdge(0)
+
+
+def test_random_flip_and_mapper_bad_arguments():
+    with pytest.raises(ValueError, match=r"RandomFlip\(prob=\) must be in \[0, 1\]"):
+        RandomFlip(1.5)
+    with pytest.raises(ValueError, match="choose exactly one"):
+        RandomFlip(horizontal=True, vertical=True)
+    with pytest.raises(ValueError, match=r"image_format=\) must be 'RGB' or 'BGR'"):
+        DatasetMapper(True, [], image_format="YUV")
+    with pytest.raises(ValueError, match=r"recompute_boxes=True\) needs use_instance_mask=True"):
+        DatasetMapper(True, [], use_instance_mask=False, recompute_boxes=True)
+    with pytest.raises(TypeError, match="takes lazytrain Augmentations or torchvision v2 transforms"):
+        DatasetMapper(True, [42])
