@@ -1,96 +1,171 @@
-"""Samplers: infinite training streams (uniform, repeat-factor) and exact inference shards.
+"""Samplers: infinite training streams (uniform, repeat-factor, any finite sampler made infinite) and exact
+inference shards.
 
-Training samplers yield dataset indices forever: epoch after epoch from one generator seeded once with
-`seed`; rank r of W takes stream positions r, r+W, r+2W, ... Every training sampler can start at any
-position of its per-rank stream (`load_state_dict({"position": k})`), regenerating whole epochs with
-vectorised tensor code instead of iterating k items, so a resumed run sees the same data order.
+A training sampler yields dataset indices forever: epoch after epoch, all drawn from one generator seeded once
+with `seed`. Rank r of W takes the global stream positions r, r+W, r+2W, ... so the ranks' shards never overlap
+and together cover the stream. Every training sampler follows the resumable-data protocol of
+docs/architecture.md: `state_dict()` describes the items its iterator has yielded so far (the per-rank
+`position`, plus the epoch it is in and the generator state at that epoch's start), and
+`load_state_dict(state)` makes the next iteration start right there after regenerating one epoch. A state that
+holds only ``{"position": k}`` is accepted too; whole epochs are then regenerated with tensor code (no Python
+loop over their items) until position k.
 
-Repeat Factor Sampling (LVIS paper, Gupta et al. 2019): with f_c the fraction of training images that
-contain category c and threshold t, r_c = max(1, sqrt(t / f_c)); an image's factor r_i is the max r_c of
-its categories (1 for images without annotations). Each epoch an image appears floor(r_i) or ceil(r_i)
-times (ceil with probability frac(r_i)), then the epoch is shuffled. The RNG is consumed exactly as the
-straightforward per-image loop does (one ``torch.rand(N)``, then ``torch.randperm(len)``), so for a seed the
-stream equals that reference bit for bit, while this implementation is vectorised and uses compact
-arrays (no Python object per image or per epoch index).
+Repeat Factor Sampling (Gupta et al., LVIS, 2019): with f_c the fraction of training images that contain
+category c and threshold t, r_c = max(1, sqrt(t / f_c)); an image's factor r_i is the largest r_c of its
+categories (1 without annotations). Each epoch an image appears floor(r_i) or ceil(r_i) times (ceil with
+probability frac(r_i)), in ascending index order, and then the epoch is shuffled. The random numbers are drawn
+exactly as a straightforward per-image loop draws them (one ``torch.rand(N)``, then ``torch.randperm(len)``), so
+for a seed the stream equals that loop's stream bit for bit; here the work is done on int32 tensors, and the
+per-image categories live in a compact CSR table (`CategoryIndex`), never in one Python object per image.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from lazytrain.utils import comm
-
-__all__ = ["CategoryIndex", "InferenceSampler", "RepeatFactorTrainingSampler", "TrainingSampler"]
+__all__ = [
+    "CategoryIndex",
+    "InferenceSampler",
+    "IterationBasedSampler",
+    "RepeatFactorTrainingSampler",
+    "TrainingSampler",
+]
 
 logger = logging.getLogger(__name__)
 
+# Items are handed out in blocks of this size: converting a whole epoch to a Python list would cost ~36 bytes
+# per index (11M images -> ~0.5 GB), a block costs nothing worth measuring.
+_BLOCK = 4096
 
-def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    rank = comm.get_rank() if rank is None else rank
-    world_size = comm.get_world_size() if world_size is None else world_size
-    if not 0 <= rank < world_size:
-        raise ValueError(f"sampler: rank must be in [0, world_size={world_size}); got {rank}")
+
+def _resolve_rank(component: str, rank: int | None, world_size: int | None) -> tuple[int, int]:
+    from lazytrain.utils import comm
+
+    rank = comm.get_rank() if rank is None else int(rank)
+    world_size = comm.get_world_size() if world_size is None else int(world_size)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(
+            f"{component}(rank=, world_size=): rank must be in [0, world_size) and world_size >= 1; got "
+            f"rank={rank}, world_size={world_size}. Leave both unset to use the live process group."
+        )
     return rank, world_size
 
 
-class _InfiniteSampler(Sampler):
-    """Shared machinery: seed, rank sharding and resumable positions. Subclasses implement `_epoch`."""
+def _resolve_seed(seed: int | None) -> int:
+    if seed is not None:
+        return int(seed)
+    from lazytrain.utils import comm
+
+    return int(comm.shared_random_seed())  # collective: every rank constructs its sampler
+
+
+def _index_dtype(size: int) -> torch.dtype:
+    return torch.int32 if size < 2**31 else torch.int64
+
+
+class _InfiniteSampler(Sampler[int]):
+    """Shared machinery of the training samplers: seed, rank sharding, resumable position.
+
+    Subclasses implement `_epoch(generator) -> Tensor`, which must draw from `generator` only.
+    """
 
     def __init__(self, *, shuffle: bool, seed: int | None, rank: int | None, world_size: int | None) -> None:
-        self._shuffle = shuffle
-        self._seed = int(comm.shared_random_seed() if seed is None else seed)
-        self._rank, self._world_size = _resolve_rank(rank, world_size)
-        self._start = 0  # per-rank position the next iteration starts at
+        self._shuffle = bool(shuffle)
+        self._seed = _resolve_seed(seed)
+        self._rank, self._world_size = _resolve_rank(type(self).__name__, rank, world_size)
+        self._resume: dict[str, Any] = {"position": 0}  # where the next iteration starts
+        self._state: dict[str, Any] = {"position": 0}  # after the items yielded so far
+
+    @property
+    def seed(self) -> int:
+        """The generator seed (shared by all ranks)."""
+        return self._seed
 
     def _epoch(self, generator: torch.Generator) -> torch.Tensor:
         raise NotImplementedError
 
-    def _global_stream(self, skip: int) -> Iterator[torch.Tensor]:
-        """Epoch tensors of the global stream, the first one with its first `skip` items dropped."""
+    def _start_generator(self, position: int) -> tuple[torch.Generator, int, int]:
+        """A generator positioned at the start of an epoch at or before global `position`, that epoch's
+        number and its first global position."""
         generator = torch.Generator()
+        resume = self._resume
+        if resume.get("generator") is not None and resume["epoch_start"] <= position:
+            generator.set_state(resume["generator"])
+            return generator, int(resume["epoch"]), int(resume["epoch_start"])
         generator.manual_seed(self._seed)
-        while True:
-            epoch = self._epoch(generator)
-            if len(epoch) == 0:
-                raise ValueError(f"{type(self).__name__}: an epoch is empty; the dataset has no images")
-            if skip >= len(epoch):
-                skip -= len(epoch)
-                continue
-            yield epoch[skip:]
-            skip = 0
+        return generator, 0, 0
 
     def __iter__(self) -> Iterator[int]:
-        # Global position of this rank's item number `start`; then every world_size-th item.
-        offset = self._rank + self._start * self._world_size
-        phase = 0
-        for chunk in self._global_stream(offset):
-            picked = chunk[phase :: self._world_size]
-            phase = (phase - len(chunk)) % self._world_size
-            yield from picked.tolist()
+        position = int(self._resume["position"])
+        target = self._rank + position * self._world_size  # next global stream position of this rank
+        generator, epoch, epoch_start = self._start_generator(target)
+        while True:
+            generator_state = generator.get_state()
+            indices = self._epoch(generator)
+            if len(indices) == 0:
+                raise ValueError(
+                    f"{type(self).__name__}: epoch {epoch} is empty; the data set has no images to sample."
+                )
+            epoch_end = epoch_start + len(indices)
+            if target < epoch_end:  # this epoch holds items of this rank from `target` on
+                state = {"seed": self._seed, "position": position, "epoch": epoch, "epoch_start": epoch_start}
+                state["generator"] = generator_state
+                self._state = state
+                for block in indices[target - epoch_start :: self._world_size].split(_BLOCK):
+                    for index in block.tolist():
+                        position += 1
+                        state["position"] = position
+                        yield index
+                # First position >= epoch_end that belongs to this rank.
+                target += -(-(epoch_end - target) // self._world_size) * self._world_size
+            epoch, epoch_start = epoch + 1, epoch_end
+            del indices
 
-    def state_dict(self) -> dict:
-        return {"position": self._start}
+    def state_dict(self) -> dict[str, Any]:
+        """The state after the items yielded so far: ``seed``, per-rank ``position`` (items this rank has
+        taken), and ``epoch``, ``epoch_start`` (its first global position) and ``generator`` (uint8 tensor, the
+        generator state before that epoch) so that resuming regenerates one epoch only."""
+        return dict(self._state)
 
-    def load_state_dict(self, state: dict) -> None:
-        """Start the next iteration at this rank's stream position ``state["position"]``."""
-        self._start = int(state["position"])
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start the next iteration where `state` (from `state_dict`, or just ``{"position": k}``) points.
+
+        A ``seed`` in the state replaces the constructor's seed (the checkpoint describes the run).
+        """
+        if "position" not in state:
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: the state needs a 'position'; got keys {sorted(state)}"
+            )
+        if state.get("seed") is not None and int(state["seed"]) != self._seed:
+            logger.info(
+                "%s: seed %d from the resumed state replaces %d.",
+                type(self).__name__,
+                state["seed"],
+                self._seed,
+            )
+            self._seed = int(state["seed"])
+        self._resume = dict(state)
+        self._state = dict(state, seed=self._seed)
 
 
 class TrainingSampler(_InfiniteSampler):
-    """Uniform infinite stream: ``perm0 + perm1 + ...`` (or ``0..size-1`` repeated without shuffle).
+    """Uniform infinite stream ``perm0 + perm1 + ...`` (``0..size-1`` repeated when not shuffling).
 
     Args:
-        size: number of images.
-        shuffle: shuffle each epoch.
-        seed: generator seed; None draws a random seed shared by all ranks.
-        rank, world_size: default to the live process group.
+        size: number of images (> 0).
+        shuffle: draw a new permutation each epoch.
+        seed: generator seed; None draws a random seed shared by all ranks (a collective call).
+        rank: this process's rank; defaults to the live process group's.
+        world_size: number of processes; defaults to the live process group's.
     """
 
     def __init__(
@@ -102,88 +177,136 @@ class TrainingSampler(_InfiniteSampler):
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        if size <= 0:
-            raise ValueError(f"TrainingSampler(size=) must be > 0; got {size}")
+        if not isinstance(size, (int, np.integer)) or size <= 0:
+            raise ValueError(
+                f"TrainingSampler(size=) must be a positive int (the number of images); got {size!r}"
+            )
         super().__init__(shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
-        self._size = size
+        self._size = int(size)
 
     def _epoch(self, generator: torch.Generator) -> torch.Tensor:
+        dtype = _index_dtype(self._size)
         if self._shuffle:
-            return torch.randperm(self._size, generator=generator)
-        return torch.arange(self._size)
+            return torch.randperm(self._size, generator=generator, dtype=dtype)
+        return torch.arange(self._size, dtype=dtype)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CategoryIndex:
-    """Compact image -> categories table (CSR): image i has categories ``categories[offsets[i]:offsets[i+1]]``
-    (unique per image), with ``instances`` the number of instances of each (for instance-aware RFS)."""
+    """Compact image -> categories table in CSR form.
 
-    offsets: np.ndarray  # int64 [N + 1]
-    categories: np.ndarray  # int32 [M]
-    instances: np.ndarray  # int32 [M]
+    Image i has the distinct categories ``categories[offsets[i]:offsets[i + 1]]`` (ascending), with
+    ``instances`` the number of annotations of each (used by instance-aware RFS). Building one for millions of
+    images takes a few numpy arrays; `from_dataset_dicts` builds it from records, and benchmarks or very large
+    data sets can construct it directly from arrays without creating any per-image Python object.
+
+    Args:
+        offsets: int64 [N + 1], non-decreasing, ``offsets[0] == 0``.
+        categories: int32 [M], contiguous category ids >= 0.
+        instances: int32 [M], >= 1.
+    """
+
+    offsets: np.ndarray
+    categories: np.ndarray
+    instances: np.ndarray
+
+    def __post_init__(self) -> None:
+        offsets, categories, instances = self.offsets, self.categories, self.instances
+        if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(categories):
+            raise ValueError(
+                f"CategoryIndex(offsets=) must be 1-D, start at 0 and end at len(categories)={len(categories)}; "
+                f"got shape {offsets.shape}, first/last {offsets[:1].tolist()}/{offsets[-1:].tolist()}"
+            )
+        if len(instances) != len(categories):
+            raise ValueError(
+                f"CategoryIndex: instances ({len(instances)}) and categories ({len(categories)}) differ in length"
+            )
 
     @property
     def num_images(self) -> int:
+        """Number of images N."""
         return len(self.offsets) - 1
 
     @classmethod
     def from_dataset_dicts(cls, dataset_dicts: Sequence[dict]) -> CategoryIndex:
-        counts = np.zeros(len(dataset_dicts) + 1, dtype=np.int64)
-        categories: list[int] = []
-        instances: list[int] = []
-        for i, record in enumerate(dataset_dicts):
-            ids, per = np.unique(
-                [a["category_id"] for a in record.get("annotations", ())], return_counts=True
+        """Read ``annotations[*].category_id`` of every record (one pass, no per-image numpy call).
+
+        Args:
+            dataset_dicts: records as in docs/architecture.md; a record without ``annotations`` has no
+                categories.
+        """
+        num_images = len(dataset_dicts)
+        per_image = np.fromiter(
+            (len(record.get("annotations", ())) for record in dataset_dicts), np.int64, count=num_images
+        )
+        raw = np.fromiter(
+            (a["category_id"] for record in dataset_dicts for a in record.get("annotations", ())),
+            np.int64,
+            count=int(per_image.sum()),
+        )
+        if len(raw) and raw.min() < 0:
+            raise ValueError(
+                f"CategoryIndex: category ids must be contiguous ids >= 0; found {int(raw.min())}"
             )
-            counts[i + 1] = len(ids)
-            categories.extend(ids.tolist())
-            instances.extend(per.tolist())
-        return cls(np.cumsum(counts), np.asarray(categories, np.int32), np.asarray(instances, np.int32))
+        # One key per (image, category); sorting the keys groups each image's distinct categories.
+        stride = int(raw.max()) + 1 if len(raw) else 1
+        keys = np.repeat(np.arange(num_images, dtype=np.int64), per_image) * stride + raw
+        unique_keys, counts = np.unique(keys, return_counts=True)
+        offsets = np.zeros(num_images + 1, dtype=np.int64)
+        np.cumsum(np.bincount(unique_keys // stride, minlength=num_images), out=offsets[1:])
+        return cls(offsets, (unique_keys % stride).astype(np.int32), counts.astype(np.int32))
 
 
-def _category_factors(
-    index: CategoryIndex, repeat_thresh: float, sqrt: bool, instance_aware: bool
-) -> np.ndarray:
-    num_categories = int(index.categories.max()) + 1 if len(index.categories) else 0
-    image_freq = np.bincount(index.categories, minlength=num_categories) / max(index.num_images, 1)
-    freq = image_freq
-    if instance_aware:
-        instance_freq = np.bincount(index.categories, weights=index.instances, minlength=num_categories)
-        freq = np.sqrt(image_freq * instance_freq / max(index.instances.sum(), 1))
-    with np.errstate(divide="ignore"):
-        ratio = np.where(freq > 0, repeat_thresh / np.where(freq > 0, freq, 1.0), 1.0)
-    return np.maximum(1.0, np.sqrt(ratio) if sqrt else ratio)
+def _category_frequencies(index: CategoryIndex, instance_aware: bool) -> np.ndarray:
+    """f_c per category (float64), 0 for categories that appear nowhere."""
+    num_categories = int(index.categories.max()) + 1
+    image_frequency = np.bincount(index.categories, minlength=num_categories) / index.num_images
+    if not instance_aware:
+        return image_frequency
+    instance_counts = np.bincount(index.categories, weights=index.instances, minlength=num_categories)
+    return np.sqrt(image_frequency * (instance_counts / index.instances.sum(dtype=np.int64)))
 
 
 class RepeatFactorTrainingSampler(_InfiniteSampler):
-    """Infinite stream where image i appears r_i times per epoch in expectation (stochastic rounding).
+    """Infinite stream in which image i appears r_i times per epoch in expectation (stochastic rounding).
+
+    Build it in configs with `from_dataset_dicts`, so the factors come from the records the loader uses and
+    ``repeat_thresh`` is a config key; or pass factors computed any other way.
 
     Args:
-        repeat_factors: float tensor [N] of per-image factors >= 1 (see
-            `repeat_factors_from_category_frequency`, or build with `from_dataset_dicts` in configs).
-        shuffle: shuffle each epoch.
-        seed: generator seed; None draws a random seed shared by all ranks.
-        rank, world_size: default to the live process group.
+        repeat_factors: float per-image factors [N] (finite, >= 0; 1 = sampled once per epoch).
+        shuffle: shuffle each epoch (otherwise each epoch lists images in ascending order).
+        seed: generator seed; None draws a random seed shared by all ranks (a collective call).
+        rank: this process's rank; defaults to the live process group's.
+        world_size: number of processes; defaults to the live process group's.
     """
 
     def __init__(
         self,
-        repeat_factors: torch.Tensor,
+        repeat_factors: torch.Tensor | Sequence[float],
         shuffle: bool = True,
         seed: int | None = None,
         *,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        repeat_factors = torch.as_tensor(repeat_factors, dtype=torch.float32)
-        if repeat_factors.ndim != 1 or len(repeat_factors) == 0:
+        factors = torch.as_tensor(repeat_factors, dtype=torch.float32)
+        if factors.ndim != 1 or len(factors) == 0:
             raise ValueError(
-                f"RepeatFactorTrainingSampler(repeat_factors=) must be a non-empty 1-D tensor; got shape {tuple(repeat_factors.shape)}"
+                "RepeatFactorTrainingSampler(repeat_factors=) must be a non-empty 1-D tensor of per-image "
+                f"factors; got shape {tuple(factors.shape)}"
+            )
+        if not bool(torch.isfinite(factors).all()) or bool((factors < 0).any()):
+            raise ValueError(
+                "RepeatFactorTrainingSampler(repeat_factors=) must be finite and >= 0; got min "
+                f"{factors.min().item()}, max {factors.max().item()}"
             )
         super().__init__(shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
-        self._int_part = torch.trunc(repeat_factors)
-        self._frac_part = repeat_factors - self._int_part
-        self.repeat_factors = repeat_factors
+        self.repeat_factors = factors
+        self._int_part = torch.trunc(factors)
+        self._frac_part = factors - self._int_part  # exactly the reference's float32 arithmetic
+        self._counts_base = self._int_part.to(torch.int32)
+        self._image_ids = np.arange(len(factors), dtype=np.int32 if len(factors) < 2**31 else np.int64)
 
     @classmethod
     def from_dataset_dicts(
@@ -200,11 +323,36 @@ class RepeatFactorTrainingSampler(_InfiniteSampler):
     ) -> RepeatFactorTrainingSampler:
         """The config-facing constructor: factors from the same records the loader uses.
 
-        In a recipe: ``sampler=L(RepeatFactorTrainingSampler.from_dataset_dicts)(dataset_dicts="${..dataset}",
-        repeat_thresh=0.001)``, so ``dataloader.train.sampler.repeat_thresh`` is overridable.
+        In a recipe (``"${..dataset}"`` is built once and shared with the loader, and
+        ``dataloader.train.sampler.repeat_thresh`` can be overridden or swept)::
+
+            sampler=L(RepeatFactorTrainingSampler.from_dataset_dicts)(
+                dataset_dicts="${..dataset}", repeat_thresh=0.001, sqrt=True, instance_aware=False,
+                seed="${train.seed}")
+
+        Args:
+            dataset_dicts: records, or a prebuilt `CategoryIndex`.
+            repeat_thresh: t (>= 0); 0 samples uniformly.
+            sqrt: r_c = sqrt(t / f_c) as in the LVIS paper; False uses t / f_c.
+            instance_aware: instance-aware RFS (see `repeat_factors_from_category_frequency`).
+            shuffle: shuffle each epoch.
+            seed: generator seed; None draws a random seed shared by all ranks.
+            rank: this process's rank; defaults to the live process group's.
+            world_size: number of processes; defaults to the live process group's.
         """
         factors = cls.repeat_factors_from_category_frequency(
-            dataset_dicts, repeat_thresh, sqrt, instance_aware
+            dataset_dicts, repeat_thresh, sqrt=sqrt, instance_aware=instance_aware
+        )
+        logger.info(
+            "Repeat factor sampling (t=%g, sqrt=%s, instance_aware=%s): %d of %d images repeated, max factor "
+            "%.2f, expected epoch length %.0f.",
+            repeat_thresh,
+            sqrt,
+            instance_aware,
+            int((factors > 1).sum()),
+            len(factors),
+            factors.max().item(),
+            factors.sum(dtype=torch.float64).item(),
         )
         return cls(factors, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
 
@@ -215,59 +363,78 @@ class RepeatFactorTrainingSampler(_InfiniteSampler):
         sqrt: bool = True,
         instance_aware: bool = False,
     ) -> torch.Tensor:
-        """Per-image repeat factors r_i = max over the image's categories of max(1, sqrt(t / f_c)).
+        """Per-image factors r_i = max over the image's categories c of max(1, sqrt(t / f_c)).
+
+        f_c is the fraction of images that contain c. With ``instance_aware`` (IRFS, Yaman et al. 2023),
+        f_c = sqrt(f_img_c * f_inst_c) where f_inst_c is the share of all annotations that belong to c.
+        Images without annotations get 1.
 
         Args:
             dataset_dicts: records (``annotations[*].category_id``) or a prebuilt `CategoryIndex`.
-            repeat_thresh: t; 0 gives uniform sampling (all factors 1).
-            sqrt: use sqrt(t / f_c) (the LVIS paper); False uses t / f_c.
-            instance_aware: IRFS (Yaman et al. 2023): f_c = sqrt(image frequency * instance frequency).
+            repeat_thresh: t (>= 0); 0 gives all factors 1 (uniform sampling).
+            sqrt: use sqrt(t / f_c); False uses t / f_c.
+            instance_aware: use the instance-aware frequency.
 
         Returns:
-            float32 tensor [N].
+            float32 tensor [N], equal bit for bit to the per-image loop computation in float64 then float32.
         """
-        if not repeat_thresh >= 0:
+        if not (isinstance(repeat_thresh, numbers.Real) and repeat_thresh >= 0):
             raise ValueError(
-                f"RepeatFactorTrainingSampler(repeat_thresh=) must be >= 0 (0 = uniform sampling; LVIS uses "
-                f"0.001); got {repeat_thresh}. Set dataloader.train.sampler.repeat_thresh to a value in [0, 1]."
+                f"RepeatFactorTrainingSampler(repeat_thresh=) must be a number >= 0 (0 = uniform sampling, "
+                f"LVIS uses 0.001); got {repeat_thresh!r}. Set dataloader.train.sampler.repeat_thresh to a value "
+                "in [0, 1]."
             )
         index = (
             dataset_dicts
             if isinstance(dataset_dicts, CategoryIndex)
             else CategoryIndex.from_dataset_dicts(dataset_dicts)
         )
-        factors = np.ones(index.num_images, dtype=np.float64)
-        if len(index.categories):
-            per_entry = _category_factors(index, repeat_thresh, sqrt, instance_aware)[index.categories]
+        factors = np.ones(index.num_images, dtype=np.float32)
+        if len(index.categories) and repeat_thresh > 0:
+            frequency = _category_frequencies(index, instance_aware)
+            with np.errstate(divide="ignore"):
+                ratio = repeat_thresh / frequency  # inf for absent categories, never looked up
+            # Rounding to float32 is monotone, so rounding before the per-image max gives the same result as
+            # the reference's max in float64 then rounding, with half the memory traffic.
+            category_factor = np.maximum(1.0, np.sqrt(ratio) if sqrt else ratio).astype(np.float32)
             nonempty = np.flatnonzero(np.diff(index.offsets) > 0)
-            factors[nonempty] = np.maximum.reduceat(per_entry, index.offsets[nonempty])
-        return torch.from_numpy(factors).to(torch.float32)
+            factors[nonempty] = np.maximum.reduceat(
+                category_factor[index.categories], index.offsets[nonempty]
+            )
+        return torch.from_numpy(factors)
 
     def _epoch(self, generator: torch.Generator) -> torch.Tensor:
         rands = torch.rand(len(self._frac_part), generator=generator)
-        counts = (self._int_part + (rands < self._frac_part).float()).to(torch.int64)
-        indices = torch.repeat_interleave(torch.arange(len(counts)), counts)
-        if self._shuffle:
-            return indices[torch.randperm(len(indices), generator=generator)]
-        return indices
+        counts = self._counts_base + (rands < self._frac_part)
+        del rands
+        # numpy's repeat is ~3x faster than torch.repeat_interleave on CPU.
+        indices = torch.from_numpy(np.repeat(self._image_ids, counts.numpy()))
+        del counts
+        if not self._shuffle:
+            return indices
+        # An int32 permutation has the same values and generator use as the int64 one, at half the memory;
+        # index_select gathers ~2x faster than advanced indexing.
+        order = torch.randperm(len(indices), generator=generator, dtype=_index_dtype(len(indices)))
+        return torch.index_select(indices, 0, order)
 
 
-class InferenceSampler(Sampler):
-    """Every index exactly once across ranks, in contiguous shards (``16/2 -> [0,8), [8,16)``).
+class InferenceSampler(Sampler[int]):
+    """Every index exactly once across ranks, in contiguous shards (``16/2 -> [0,8), [8,16)``;
+    ``2/3 -> [0,1), [1,2), []``): the first ``size % world_size`` ranks get one more image.
 
     Args:
         size: number of images.
-        rank, world_size: default to the live process group.
+        rank: this process's rank; defaults to the live process group's.
+        world_size: number of processes; defaults to the live process group's.
     """
 
     def __init__(self, size: int, *, rank: int | None = None, world_size: int | None = None) -> None:
         if size < 0:
             raise ValueError(f"InferenceSampler(size=) must be >= 0; got {size}")
-        rank, world_size = _resolve_rank(rank, world_size)
-        shard, extra = divmod(size, world_size)
-        sizes = [shard + (r < extra) for r in range(world_size)]
-        begin = sum(sizes[:rank])
-        self._indices = range(begin, begin + sizes[rank])
+        rank, world_size = _resolve_rank("InferenceSampler", rank, world_size)
+        shard, extra = divmod(int(size), world_size)
+        begin = rank * shard + min(rank, extra)
+        self._indices = range(begin, begin + shard + (rank < extra))
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._indices)
@@ -276,37 +443,93 @@ class InferenceSampler(Sampler):
         return len(self._indices)
 
 
-class IterationBasedSampler(Sampler):
-    """Turn any finite sampler into an infinite stream (re-iterating it, calling ``set_epoch`` if present).
+class IterationBasedSampler(Sampler[int]):
+    """Turn a finite sampler into an infinite, resumable stream (as maskrcnn-benchmark's
+    IterationBasedBatchSampler did): iterate it again and again, calling ``set_epoch(epoch)`` when it has one.
 
-    A finite sampler that does not shard by itself (not a DistributedSampler) is sharded by position.
-    Resuming skips `position` items (O(position); use the lazytrain samplers for O(epoch) resume).
+    A `DistributedSampler` already shards by rank and is used as it is; any other sampler (Random,
+    WeightedRandom, SubsetRandom, ...) must produce the same order on every rank, and rank r takes its items
+    r, r+W, ... A sampler with a ``generator`` attribute left at None would draw a different order on each
+    rank from the global RNG, so it is given a generator seeded with `seed`. The generator state is recorded at
+    the start of each pass, so resuming replays one pass at most.
+
+    Args:
+        sampler: the finite sampler.
+        seed: seeds the sampler's generator when it has none; None draws one shared by all ranks.
+        rank: this process's rank; defaults to the live process group's.
+        world_size: number of processes; defaults to the live process group's.
     """
 
-    def __init__(self, sampler: Sampler, *, rank: int | None = None, world_size: int | None = None) -> None:
+    def __init__(
+        self,
+        sampler: Sampler,
+        *,
+        seed: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
         self._sampler = sampler
-        self._rank, self._world_size = _resolve_rank(rank, world_size)
+        self._rank, self._world_size = _resolve_rank("IterationBasedSampler", rank, world_size)
         if isinstance(sampler, torch.utils.data.DistributedSampler):
             self._rank, self._world_size = 0, 1
-        self._start = 0
+        if hasattr(sampler, "generator") and sampler.generator is None:
+            seed = _resolve_seed(seed)
+            sampler.generator = torch.Generator().manual_seed(seed)
+            logger.info(
+                "IterationBasedSampler: gave %s a generator seeded with %d.", type(sampler).__name__, seed
+            )
+        generator = getattr(sampler, "generator", None)
+        # Every iteration from position 0 replays the same passes, however often the sampler was iterated.
+        start = {"position": 0, "epoch": 0, "epoch_start": 0}
+        start["generator"] = None if generator is None else generator.get_state()
+        self._start = start
+        self._resume: dict[str, Any] = start
+        self._state: dict[str, Any] = dict(start)
 
-    def _stream(self) -> Iterator[int]:
-        for epoch in itertools.count():
+    def _passes(self, epoch: int) -> Iterator[tuple[int, torch.Tensor | None, Iterator[int]]]:
+        generator = getattr(self._sampler, "generator", None)
+        for number in itertools.count(epoch):
             if hasattr(self._sampler, "set_epoch"):
-                self._sampler.set_epoch(epoch)
-            empty = True
-            for index in self._sampler:
-                empty = False
-                yield int(index)
-            if empty:
-                raise ValueError(f"IterationBasedSampler: {type(self._sampler).__name__} yielded nothing")
+                self._sampler.set_epoch(number)
+            yield number, None if generator is None else generator.get_state(), iter(self._sampler)
 
     def __iter__(self) -> Iterator[int]:
-        start = self._rank + self._start * self._world_size
-        return itertools.islice(self._stream(), start, None, self._world_size)
+        resume = self._resume
+        position = int(resume["position"])
+        target = self._rank + position * self._world_size
+        generator = getattr(self._sampler, "generator", None)
+        if "epoch" not in resume or resume["epoch_start"] > target:
+            resume = self._start
+        epoch, pass_start = int(resume["epoch"]), int(resume["epoch_start"])
+        if generator is not None and resume.get("generator") is not None:
+            generator.set_state(resume["generator"])
+        global_position = pass_start
+        for number, generator_state, items in self._passes(epoch):
+            state = {"position": position, "epoch": number, "epoch_start": pass_start}
+            state["generator"] = generator_state
+            self._state = state
+            empty = True
+            for index in items:
+                empty = False
+                global_position += 1
+                if global_position - 1 == target:
+                    target += self._world_size
+                    position += 1
+                    state["position"] = position
+                    yield int(index)
+            if empty:
+                raise ValueError(f"IterationBasedSampler: {type(self._sampler).__name__} yielded no index")
+            pass_start = global_position
 
-    def state_dict(self) -> dict:
-        return {"position": self._start}
+    def state_dict(self) -> dict[str, Any]:
+        """Per-rank ``position``, and the pass (``epoch``, ``epoch_start``, ``generator``) it is in."""
+        return dict(self._state)
 
-    def load_state_dict(self, state: dict) -> None:
-        self._start = int(state["position"])
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start the next iteration where `state` (from `state_dict`, or just ``{"position": k}``) points."""
+        if "position" not in state:
+            raise ValueError(
+                f"IterationBasedSampler.load_state_dict: the state needs a 'position'; got {sorted(state)}"
+            )
+        self._resume = dict(state)
+        self._state = dict(state)

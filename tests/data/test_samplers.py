@@ -1,10 +1,13 @@
+import collections
+import io
 import itertools
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
-from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
+from torch.utils.data import DistributedSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
 from lazytrain.data.samplers import (
     CategoryIndex,
@@ -13,17 +16,60 @@ from lazytrain.data.samplers import (
     RepeatFactorTrainingSampler,
     TrainingSampler,
 )
-from tests.data.rfs_reference import reference_repeat_factors, reference_stream
+
+# ----------------------------------------------------------------------------------------------------------
+# The straightforward per-image loop reference of (instance-aware) Repeat Factor Sampling.
+
+
+def loop_repeat_factors(dataset_dicts, repeat_thresh, sqrt=True, instance_aware=False):
+    image_count, instance_count = collections.Counter(), collections.Counter()
+    for record in dataset_dicts:
+        categories = [a["category_id"] for a in record.get("annotations", [])]
+        image_count.update(set(categories))
+        instance_count.update(categories)
+    total_instances = sum(instance_count.values())
+    category_factor = {}
+    for category, count in image_count.items():
+        frequency = count / len(dataset_dicts)
+        if instance_aware:
+            frequency = math.sqrt(frequency * (instance_count[category] / total_instances))
+        ratio = repeat_thresh / frequency
+        category_factor[category] = max(1.0, math.sqrt(ratio) if sqrt else ratio)
+    factors = []
+    for record in dataset_dicts:
+        categories = {a["category_id"] for a in record.get("annotations", [])}
+        factors.append(max((category_factor[c] for c in categories), default=1.0))
+    return torch.tensor(factors, dtype=torch.float32)
+
+
+def loop_stream(repeat_factors, seed, num_epochs):
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    int_part = torch.trunc(repeat_factors)
+    frac_part = repeat_factors - int_part
+    stream = []
+    for _ in range(num_epochs):
+        rands = torch.rand(len(repeat_factors), generator=generator)
+        counts = int_part + (rands < frac_part).float()
+        indices = []
+        for image, count in enumerate(counts.tolist()):
+            indices.extend([image] * int(count))
+        order = torch.randperm(len(indices), generator=generator)
+        stream.extend(indices[i] for i in order.tolist())
+    return stream
+
+
+# ----------------------------------------------------------------------------------------------------------
 
 
 def make_dicts(num_images, num_categories=20, seed=0):
     rng = random.Random(seed)
     records = []
     for i in range(num_images):
-        count = rng.choice([0, 1, 1, 2, 3])
-        # power-law-ish category popularity
-        cats = [min(int(rng.paretovariate(1.0)) - 1, num_categories - 1) for _ in range(count)]
-        records.append({"image_id": i, "annotations": [{"category_id": c} for c in cats]})
+        count = rng.choice([0, 1, 1, 2, 3, 5])
+        # power-law category popularity, repeated categories within an image
+        categories = [min(int(rng.paretovariate(1.0)) - 1, num_categories - 1) for _ in range(count)]
+        records.append({"image_id": i, "annotations": [{"category_id": c} for c in categories]})
     return records
 
 
@@ -34,7 +80,11 @@ def take(sampler, n):
     return list(itertools.islice(iter(sampler), n))
 
 
-SAMPLER_FACTORIES = [
+def seeded(sampler_class, *args, seed=0):
+    return sampler_class(*args, generator=torch.Generator().manual_seed(seed))
+
+
+TRAINING_SAMPLERS = [
     pytest.param(
         lambda seed, rank, ws: TrainingSampler(50, seed=seed, rank=rank, world_size=ws), id="training"
     ),
@@ -50,31 +100,118 @@ SAMPLER_FACTORIES = [
         ),
         id="instance-aware-repeat-factor",
     ),
+    pytest.param(
+        lambda seed, rank, ws: IterationBasedSampler(
+            seeded(RandomSampler, range(37), seed=seed), rank=rank, world_size=ws
+        ),
+        id="iteration-based-random",
+    ),
 ]
 
 
-@pytest.mark.parametrize("factory", SAMPLER_FACTORIES)
+@pytest.mark.parametrize("factory", TRAINING_SAMPLERS)
 class TestTrainingSamplerContract:
     def test_same_seed_same_order_different_seed_differs(self, factory):
         assert take(factory(1, 0, 1), 400) == take(factory(1, 0, 1), 400)
         assert take(factory(1, 0, 1), 400) != take(factory(2, 0, 1), 400)
 
-    def test_rank_shards_are_disjoint_and_cover_the_stream(self, factory):
+    @pytest.mark.parametrize("world_size", [2, 3])
+    def test_rank_shards_are_disjoint_and_cover_the_stream(self, factory, world_size):
         full = take(factory(3, 0, 1), 600)
-        shard0, shard1 = take(factory(3, 0, 2), 300), take(factory(3, 1, 2), 300)
-        assert shard0 == full[0::2] and shard1 == full[1::2]
+        shards = [take(factory(3, rank, world_size), 600 // world_size) for rank in range(world_size)]
+        # rank r holds exactly the stream positions r, r + W, ...: disjoint, and together all of them
+        for rank, shard in enumerate(shards):
+            assert shard == full[rank::world_size]
 
     def test_epochs_differ(self, factory):
-        stream = take(factory(5, 0, 1), 100)
-        assert stream[:50] != stream[50:]
+        stream = take(factory(5, 0, 1), 400)
+        assert stream[:30] != stream[100:130] != stream[200:230]
 
     @pytest.mark.parametrize("world_size", [1, 2])
-    def test_resume_at_position_equals_continuing(self, factory, world_size):
+    @pytest.mark.parametrize("stop", [1, 37, 400])
+    def test_resume_from_state_equals_continuing(self, factory, world_size, stop):
         for rank in range(world_size):
-            full = take(factory(7, rank, world_size), 700)
+            sampler = factory(7, rank, world_size)
+            stream = iter(sampler)
+            head = [next(stream) for _ in range(stop)]
+            state = sampler.state_dict()
+            tail = [next(stream) for _ in range(150)]
+            assert state["position"] == stop
+            buffer = io.BytesIO()
+            torch.save(state, buffer)  # only what weights_only loading accepts
+            buffer.seek(0)
             resumed = factory(7, rank, world_size)
-            resumed.load_state_dict({"position": 523})
-            assert take(resumed, 177) == full[523:]
+            resumed.load_state_dict(torch.load(buffer, weights_only=True))
+            assert head + take(resumed, 150) == head + tail
+            positional = factory(7, rank, world_size)
+            positional.load_state_dict({"position": stop})
+            assert take(positional, 150) == tail
+
+    def test_state_after_resume_matches_an_uninterrupted_run(self, factory):
+        sampler = factory(9, 0, 1)
+        take(sampler, 250)
+        resumed = factory(9, 0, 1)
+        resumed.load_state_dict({"position": 100})
+        take(resumed, 150)
+        assert resumed.state_dict()["position"] == sampler.state_dict()["position"] == 250
+        again = factory(9, 0, 1)
+        again.load_state_dict(resumed.state_dict())
+        assert take(again, 50) == take(sampler, 300)[250:]
+
+
+@pytest.mark.parametrize("sampler_class", [TrainingSampler, RepeatFactorTrainingSampler])
+def test_resume_regenerates_one_epoch_only(sampler_class, monkeypatch):
+    sampler = (
+        TrainingSampler(40, seed=0, rank=0, world_size=1)
+        if sampler_class is TrainingSampler
+        else RepeatFactorTrainingSampler.from_dataset_dicts(RECORDS[:40], 0.3, seed=0, rank=0, world_size=1)
+    )
+    stream = iter(sampler)
+    for _ in range(40 * 25 + 3):  # ~20 epochs in
+        next(stream)
+    resumed = (
+        TrainingSampler(40, seed=0, rank=0, world_size=1)
+        if sampler_class is TrainingSampler
+        else RepeatFactorTrainingSampler.from_dataset_dicts(RECORDS[:40], 0.3, seed=0, rank=0, world_size=1)
+    )
+    resumed.load_state_dict(sampler.state_dict())
+    calls = []
+    original = resumed._epoch
+    monkeypatch.setattr(resumed, "_epoch", lambda g: calls.append(1) or original(g))
+    assert take(resumed, 50) == [next(stream) for _ in range(50)]
+    assert len(calls) <= 2  # the epoch of the state, and maybe the next one
+
+
+def test_resumed_state_carries_the_seed():
+    sampler = TrainingSampler(30, seed=11, rank=0, world_size=1)
+    take(sampler, 45)
+    other = TrainingSampler(30, seed=12, rank=0, world_size=1)
+    other.load_state_dict(sampler.state_dict())
+    assert other.seed == 11 and take(other, 10) == take(sampler, 55)[45:]
+
+
+def test_unshuffled_training_sampler_repeats_the_range():
+    assert take(TrainingSampler(4, shuffle=False, seed=0, rank=1, world_size=2), 5) == [1, 3, 1, 3, 1]
+
+
+def test_sampler_argument_errors():
+    with pytest.raises(ValueError, match=r"TrainingSampler\(size=\) must be a positive int.*got 0"):
+        TrainingSampler(0, seed=0)
+    with pytest.raises(ValueError, match=r"TrainingSampler\(rank=, world_size=\).*got rank=2, world_size=2"):
+        TrainingSampler(5, seed=0, rank=2, world_size=2)
+    with pytest.raises(ValueError, match=r"repeat_factors=\) must be finite and >= 0"):
+        RepeatFactorTrainingSampler(torch.tensor([1.0, -1.0]), seed=0)
+
+
+def test_seed_none_is_shared_random_seed(monkeypatch):
+    from lazytrain.utils import comm
+
+    monkeypatch.setattr(comm, "shared_random_seed", lambda: 1234)
+    assert TrainingSampler(5, rank=0, world_size=1).seed == 1234
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Repeat factors
 
 
 def test_rfs_formula_hand_computed():
@@ -84,7 +221,7 @@ def test_rfs_formula_hand_computed():
         {"annotations": []},
     ]
     factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(records, 0.5)
-    # f_0 = 2/3 -> r_0 = 1; f_1 = 1/3 -> r_1 = sqrt(1.5)
+    # f_0 = 2/3 -> r_0 = max(1, sqrt(0.75)) = 1; f_1 = 1/3 -> r_1 = sqrt(1.5)
     assert factors.tolist() == pytest.approx([math.sqrt(1.5), 1.0, 1.0])
     no_sqrt = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(records, 0.5, sqrt=False)
     assert no_sqrt.tolist() == pytest.approx([1.5, 1.0, 1.0])
@@ -94,34 +231,45 @@ def test_irfs_formula_hand_computed():
     records = [
         {"annotations": [{"category_id": 0}] * 3 + [{"category_id": 1}]},
         {"annotations": [{"category_id": 0}]},
+        {},  # no annotations key at all
     ]
     factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
         records, 0.9, instance_aware=True
     )
-    f1 = math.sqrt((1 / 2) * (1 / 5))  # image freq 1/2, instance freq 1/5
-    f0 = math.sqrt((2 / 2) * (4 / 5))
-    expected0 = max(1.0, math.sqrt(0.9 / f0), math.sqrt(0.9 / f1))
-    assert factors.tolist() == pytest.approx([expected0, max(1.0, math.sqrt(0.9 / f0))])
+    f0 = math.sqrt((2 / 3) * (4 / 5))  # in 2 of 3 images, 4 of 5 instances
+    f1 = math.sqrt((1 / 3) * (1 / 5))
+    r0, r1 = max(1.0, math.sqrt(0.9 / f0)), max(1.0, math.sqrt(0.9 / f1))
+    assert factors.tolist() == pytest.approx([max(r0, r1), r0, 1.0])
+    assert r1 > r0 > 1.0
 
 
-def test_zero_threshold_is_uniform_and_negative_is_error():
-    assert RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
-        RECORDS, 0.0
-    ).unique().tolist() == [1.0]
-    with pytest.raises(
-        ValueError,
-        match=r"repeat_thresh=\) must be >= 0.*got -0\.1.*dataloader\.train\.sampler\.repeat_thresh",
-    ):
-        RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(RECORDS, -0.1)
+def test_zero_threshold_is_uniform_and_negative_is_an_error():
+    uniform = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(RECORDS, 0.0)
+    assert uniform.unique().tolist() == [1.0]
+    for bad in (-0.1, float("nan"), "0.1"):
+        with pytest.raises(
+            ValueError,
+            match=r"repeat_thresh=\) must be a number >= 0.*got .*dataloader\.train\.sampler\.repeat_thresh",
+        ):
+            RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(RECORDS, bad)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 42])
+@pytest.mark.parametrize("instance_aware", [False, True], ids=["rfs", "irfs"])
+@pytest.mark.parametrize("sqrt", [True, False], ids=["sqrt", "linear"])
 @pytest.mark.parametrize("thresh", [0.01, 0.3])
-def test_vectorized_stream_equals_loop_reference_bit_for_bit(seed, thresh):
-    factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(RECORDS, thresh)
-    reference = reference_repeat_factors(RECORDS, thresh)
-    assert torch.equal(factors, reference)
-    expected = reference_stream(reference, seed, num_epochs=3)
+def test_factors_equal_the_loop_reference_bit_for_bit(thresh, sqrt, instance_aware):
+    vectorized = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
+        RECORDS, thresh, sqrt=sqrt, instance_aware=instance_aware
+    )
+    assert torch.equal(vectorized, loop_repeat_factors(RECORDS, thresh, sqrt, instance_aware))
+    assert vectorized.max() > 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 42, 2**40 + 3])
+@pytest.mark.parametrize("thresh", [0.01, 0.3, 2.0])
+def test_stream_equals_the_loop_reference_bit_for_bit(seed, thresh):
+    factors = loop_repeat_factors(RECORDS, thresh)
+    expected = loop_stream(factors, seed, num_epochs=3)
     sampler = RepeatFactorTrainingSampler(factors, seed=seed, rank=0, world_size=1)
     assert take(sampler, len(expected)) == expected
 
@@ -130,66 +278,122 @@ def test_epoch_length_matches_sum_of_factors():
     factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(RECORDS, 0.3)
     sampler = RepeatFactorTrainingSampler(factors, seed=0, rank=0, world_size=1)
     generator = torch.Generator().manual_seed(0)
-    lengths = [len(sampler._epoch(generator)) for _ in range(200)]
-    expected = factors.sum().item()
-    # variance of the length is sum p(1-p) over fractional parts; 200 epochs -> tight mean
-    std = math.sqrt(sum(f * (1 - f) for f in (factors - factors.trunc()).tolist()) / 200)
-    assert abs(sum(lengths) / 200 - expected) < 4 * std + 1e-6
-    assert expected > len(RECORDS)
+    num_epochs = 200
+    lengths = [len(sampler._epoch(generator)) for _ in range(num_epochs)]
+    fractions = (factors - factors.trunc()).double()
+    # the length is a sum of independent Bernoulli(frac) over images: std of the mean over epochs
+    std = math.sqrt(float((fractions * (1 - fractions)).sum()) / num_epochs)
+    assert abs(sum(lengths) / num_epochs - float(factors.double().sum())) < 4 * std
+    assert float(factors.sum()) > 1.2 * len(RECORDS)
 
 
-def test_category_index_accepts_prebuilt_csr():
+def test_each_image_appears_as_often_as_its_factor():
+    factors = torch.tensor([1.0, 2.5, 4.0, 1.25])
+    sampler = RepeatFactorTrainingSampler(factors, seed=0, rank=0, world_size=1)
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.zeros(4)
+    for _ in range(400):
+        epoch = sampler._epoch(generator)
+        assert epoch.dtype == torch.int32
+        counts += torch.bincount(epoch, minlength=4)
+    assert (counts / 400).tolist() == pytest.approx(factors.tolist(), abs=0.1)
+
+
+def test_category_index_from_dicts_and_prebuilt_csr_agree():
     index = CategoryIndex.from_dataset_dicts(RECORDS)
-    assert torch.equal(
-        RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(index, 0.1),
-        RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(RECORDS, 0.1),
+    assert index.num_images == len(RECORDS) and index.categories.dtype == np.int32
+    image = 5
+    annotations = [a["category_id"] for a in RECORDS[image]["annotations"]]
+    span = slice(index.offsets[image], index.offsets[image + 1])
+    assert index.categories[span].tolist() == sorted(set(annotations))
+    assert index.instances[span].tolist() == [annotations.count(c) for c in sorted(set(annotations))]
+    prebuilt = CategoryIndex(index.offsets.copy(), index.categories.copy(), index.instances.copy())
+    for instance_aware in (False, True):
+        assert torch.equal(
+            RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
+                prebuilt, 0.1, True, instance_aware
+            ),
+            loop_repeat_factors(RECORDS, 0.1, True, instance_aware),
+        )
+
+
+def test_category_index_rejects_inconsistent_arrays():
+    with pytest.raises(ValueError, match=r"CategoryIndex\(offsets=\) must be 1-D, start at 0"):
+        CategoryIndex(np.array([0, 2, 3]), np.zeros(2, np.int32), np.ones(2, np.int32))
+
+
+def test_from_dataset_dicts_is_the_config_facing_constructor():
+    sampler = RepeatFactorTrainingSampler.from_dataset_dicts(
+        RECORDS, repeat_thresh=0.3, sqrt=True, instance_aware=False, seed=4, rank=0, world_size=1
     )
+    factors = loop_repeat_factors(RECORDS, 0.3)
+    assert torch.equal(sampler.repeat_factors, factors)
+    assert take(sampler, 200) == loop_stream(factors, 4, num_epochs=1)[:200]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Inference sampler
 
 
 @pytest.mark.parametrize(
     "size, world_size, expected",
-    [(16, 2, [list(range(0, 8)), list(range(8, 16))]), (2, 3, [[0], [1], []]), (5, 2, [[0, 1, 2], [3, 4]])],
-)
-def test_inference_sampler_shards(size, world_size, expected):
-    assert [
-        list(InferenceSampler(size, rank=r, world_size=world_size)) for r in range(world_size)
-    ] == expected
-
-
-@pytest.mark.parametrize(
-    "finite",
     [
-        pytest.param(
-            lambda: RandomSampler(range(7), generator=torch.Generator().manual_seed(0)), id="random"
-        ),
-        pytest.param(
-            lambda: WeightedRandomSampler([0.1, 0.9, 0.5], 5, generator=torch.Generator().manual_seed(0)),
-            id="weighted",
-        ),
-        pytest.param(
-            lambda: SubsetRandomSampler([2, 4, 6], generator=torch.Generator().manual_seed(0)), id="subset"
-        ),
-        pytest.param(
-            lambda: torch.utils.data.DistributedSampler(range(8), num_replicas=2, rank=1, seed=3),
-            id="distributed",
-        ),
+        pytest.param(16, 2, [list(range(0, 8)), list(range(8, 16))], id="16/2"),
+        pytest.param(2, 3, [[0], [1], []], id="2/3"),
+        pytest.param(5, 2, [[0, 1, 2], [3, 4]], id="5/2"),
+        pytest.param(0, 2, [[], []], id="0/2"),
     ],
 )
-def test_finite_samplers_become_infinite_streams(finite):
-    stream = take(IterationBasedSampler(finite(), rank=0, world_size=1), 40)
-    assert len(stream) == 40
-    resumed = IterationBasedSampler(finite(), rank=0, world_size=1)
-    resumed.load_state_dict({"position": 17})
-    assert take(resumed, 23) == stream[17:]
+def test_inference_sampler_shards(size, world_size, expected):
+    shards = [list(InferenceSampler(size, rank=r, world_size=world_size)) for r in range(world_size)]
+    assert shards == expected
+    assert [len(InferenceSampler(size, rank=r, world_size=world_size)) for r in range(world_size)] == [
+        len(s) for s in expected
+    ]
 
 
-def test_distributed_sampler_epochs_change_via_set_epoch():
+# ----------------------------------------------------------------------------------------------------------
+# Finite samplers made infinite
+
+
+FINITE_SAMPLERS = [
+    pytest.param(lambda: seeded(RandomSampler, range(7)), id="random"),
+    pytest.param(lambda: RandomSampler(range(7), replacement=True, num_samples=5), id="random-replacement"),
+    pytest.param(lambda: seeded(WeightedRandomSampler, [0.1, 0.9, 0.5], 5), id="weighted"),
+    pytest.param(lambda: SubsetRandomSampler([2, 4, 6]), id="subset"),
+    pytest.param(lambda: DistributedSampler(range(8), num_replicas=2, rank=1, seed=3), id="distributed"),
+]
+
+
+@pytest.mark.parametrize("finite", FINITE_SAMPLERS)
+def test_finite_samplers_become_resumable_infinite_streams(finite):
+    sampler = IterationBasedSampler(finite(), seed=0, rank=0, world_size=1)
+    stream = iter(sampler)
+    head = [next(stream) for _ in range(17)]
+    state = sampler.state_dict()
+    tail = [next(stream) for _ in range(23)]
+    resumed = IterationBasedSampler(finite(), seed=0, rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    assert take(resumed, 23) == tail
+    assert len(head) == 17
+
+
+def test_finite_sampler_without_generator_is_seeded_so_ranks_agree():
+    shards = [
+        take(IterationBasedSampler(RandomSampler(range(10)), seed=5, rank=r, world_size=2), 15)
+        for r in (0, 1)
+    ]
+    full = take(IterationBasedSampler(RandomSampler(range(10)), seed=5, rank=0, world_size=1), 30)
+    assert shards == [full[0::2], full[1::2]]
+    assert sorted(shards[0][:5] + shards[1][:5]) == list(range(10))
+
+
+def test_distributed_sampler_is_not_resharded_and_gets_set_epoch():
     stream = take(
         IterationBasedSampler(
-            torch.utils.data.DistributedSampler(range(8), num_replicas=2, rank=0, seed=3),
-            rank=0,
-            world_size=1,
+            DistributedSampler(range(8), num_replicas=2, rank=0, seed=3), rank=1, world_size=2
         ),
-        8,
+        12,
     )
-    assert sorted(stream[:4]) == sorted(set(stream[:4])) and stream[:4] != stream[4:]
+    assert len(set(stream[:4])) == 4 and stream[:4] != stream[4:8]
+    assert set(stream[:4]) == set(DistributedSampler(range(8), num_replicas=2, rank=0, seed=3))
