@@ -11,7 +11,8 @@ uses ``self.trainer.model``, ``.optimizer``, ``.data_loader``, ``.checkpointer``
 
 What the trainer saves for exact resume (see `TrainerBase.state_dict`): iteration, hook states, grad scaler,
 and per rank the data-loader position and the torch/numpy/python (and CUDA) RNG states. RNG states are put
-back just before the first step of the resumed run, after the ``before_train`` hooks.
+back just before the first step of the resumed run, after the ``before_train`` hooks and after the data
+iterator is created, so random numbers drawn by setup code do not shift the resumed stream.
 """
 
 from __future__ import annotations
@@ -346,3 +347,10 @@ class SimpleTrainer(TrainerBase):
         if "data_loader" in state and hasattr(self.data_loader, "load_state_dict"):
             self.data_loader.load_state_dict(state["data_loader"])
             self._data_iter = None
+
+    def _restore_rng_state(self) -> None:
+        # Start iterating first: torch's DataLoader draws its workers' base seed from the global RNG here,
+        # which would otherwise shift the restored stream (workers seed augmentation per sample instead).
+        if self._data_iter is None:
+            self._data_iter = iter(self.data_loader)
+        super()._restore_rng_state()

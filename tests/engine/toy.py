@@ -51,6 +51,11 @@ class ToyLoader:
         self.true_w = torch.arange(1.0, dim + 1)
 
     def __iter__(self):
+        # Like torch's DataLoader, which draws its workers' base seed from the global RNG in iter().
+        torch.empty((), dtype=torch.int64).random_()
+        return self._batches()
+
+    def _batches(self):
         while True:
             g = torch.Generator().manual_seed(self.seed * 100003 + self.position)
             x = torch.randn(self.batch_size, self.dim, generator=g)
