@@ -218,8 +218,10 @@ class SimpleTrainer(TrainerBase):
 
     Args:
         model: returns ``dict[str, Tensor]`` of losses in training mode (already on its device/DDP-wrapped).
-        data_loader: an iterable of batches; if it has ``state_dict``/``load_state_dict`` the position
-            is checkpointed for exact resume.
+        data_loader: an infinite iterable of batches; if it has ``state_dict``/``load_state_dict`` the
+            position is checkpointed for exact resume (architecture.md, "Resumable data protocol"). For
+            exact resume it must not draw from the global RNGs while iterating: give a torch ``DataLoader``
+            created inside ``__iter__`` its own ``generator=``.
         optimizer: a torch optimizer.
         clip_grad_enabled: clip the global gradient norm (``train.clip_grad.enabled``).
         clip_grad_max_norm: the norm to clip to (``train.clip_grad.max_norm``).
