@@ -94,9 +94,7 @@ class TrainerBase:
             if not isinstance(hook, HookBase):
                 raise TypeError(
                     f"train.hooks.{name}: expected a HookBase instance, got {type(hook).__name__}; give the "
-                    "hook a `_target_` naming a HookBase subclass (or remove it with ~train.hooks."
-                    + name
-                    + ")"
+                    f"hook a `_target_` naming a HookBase subclass (or remove it with ~train.hooks.{name})"
                 )
             hook.trainer = weakref.proxy(self)
             unique = name

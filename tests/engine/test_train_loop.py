@@ -295,3 +295,12 @@ def test_run_returns_after_writing_config_yaml(toy_cfg):
     saved = LazyConfig.load(os.path.join(toy_cfg.train.output_dir, "config.yaml"))
     assert saved.train.max_iter == 2
     assert "timer" in saved.train.hooks
+
+
+def test_register_hooks_rejects_non_hooks_naming_the_key():
+    model = toy.ToyRegressor()
+    trainer = SimpleTrainer(model, toy.ToyLoader(), torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(
+        TypeError, match=r"train.hooks.oops: expected a HookBase instance, got dict.*~train.hooks.oops"
+    ):
+        trainer.register_hooks({"oops": {"period": 3}})
