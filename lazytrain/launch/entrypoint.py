@@ -105,8 +105,53 @@ def _primary_config(cfg, config_path: str) -> dict:
         "callbacks": {
             "lazytrain_sweep_summary": {"_target_": "lazytrain.launch.summary.SweepSummaryCallback"}
         },
+        "help": {"template": _help_template(data, config_path)},
     }
     return data
+
+
+def _help_template(data: dict, config_path: str) -> str:
+    """``--help``: the config's docstring, its top-level keys, how to override, then Hydra's config view."""
+    lines = []
+    if config_path.endswith(".py"):
+        doc = _module_docstring(config_path)
+        if doc:
+            lines += [doc, ""]
+    lines += [f"usage: python -m lazytrain {config_path} [-m] [key=value ...] [Hydra flags]", ""]
+    lines += ["== Top-level keys =="]
+    for key, value in data.items():
+        if isinstance(value, dict) and "_target_" in value:
+            kind = f"builds {value['_target_']}"
+        elif isinstance(value, dict):
+            names = list(value)
+            kind = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        else:
+            kind = type(value).__name__
+        lines.append(f"  {key}: {kind}")
+    lines += [
+        "",
+        "Override any value with key.sub=value; +key=value adds a key, ++key=value adds or overrides,",
+        "~key deletes. Sweep with -m key=a,b,c (or range(...), choice(...)); several swept keys run the",
+        "Cartesian product. Processes: launch.num_gpus, launch.num_processes (CPU), launch.num_machines,",
+        "launch.machine_rank, launch.dist_url (auto = a free local port).",
+        "",
+        "Useful flags: --cfg job (print the config, add --resolve to resolve it, -p KEY for one node),",
+        "--info, -m/--multirun, hydra.run.dir=DIR / hydra.sweep.dir=DIR, hydra/launcher=joblib.",
+        "",
+    ]
+    # OmegaConf would read "${" in the docstring as an interpolation.
+    text = "\n".join(lines).replace("${", "\\${")
+    return text + "== Config ==\n$CONFIG\n\n${hydra.help.footer}"
+
+
+def _module_docstring(path: str) -> str | None:
+    import ast
+
+    try:
+        with open(path) as f:
+            return ast.get_docstring(ast.parse(f.read()))
+    except (OSError, SyntaxError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -137,20 +182,35 @@ def main(argv: list[str] | None = None) -> None:
     ConfigStore.instance().store(name=CONFIG_NAME, node=primary)
     sys.argv = [sys.argv[0], *rest]
     hydra.main(version_base="1.3", config_path=None, config_name=CONFIG_NAME)(_hydra_task)()
+    from lazytrain.launch import summary
+
+    if summary.failed_jobs_of_last_sweep:
+        _fail(f"{summary.failed_jobs_of_last_sweep} job(s) of the sweep failed; see the summary above.")
 
 
 def _hydra_task(cfg) -> Any:
+    """One Hydra job. A single run reports known errors as one paragraph; in a sweep, a failing job is
+    logged and recorded as failed in the summary, and the sweep goes on."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from lazytrain.errors import ConfigError
+    from lazytrain.launch.launch import RankFailedError
+    from lazytrain.launch.summary import FAILED_KEY
 
+    single_run = HydraConfig.get().mode == RunMode.RUN
     try:
         return run_job(cfg)
-    except ConfigError as e:
-        if HydraConfig.get().mode == RunMode.RUN:
+    except (ConfigError, RankFailedError) as e:
+        if single_run:
             _fail(str(e))
-        raise
+        logger.error("Job %s failed: %s", HydraConfig.get().job.num, e)
+        return {FAILED_KEY: str(e)}
+    except Exception as e:
+        if single_run:
+            raise
+        logger.exception("Job %s failed", HydraConfig.get().job.num)
+        return {FAILED_KEY: f"{type(e).__name__}: {e}"}
 
 
 def _check_datasets(cfg) -> None:
@@ -177,9 +237,14 @@ def run_job(cfg) -> Any:
     validate(cfg, INJECTED_ARGUMENTS)
     _check_datasets(cfg)
     num_gpus = launch_cfg.num_gpus
-    use_gpu = cfg.get("train", {}).get("device", "cpu") == "cuda"
+    use_gpu = str(cfg.get("train", {}).get("device", "cpu")).startswith("cuda")
     if use_gpu:
         num_gpus = _resolve_num_gpus(num_gpus)
+    elif num_gpus not in (0, None, "auto"):
+        raise _config_error(
+            f"launch.num_gpus={num_gpus} but train.device is not cuda; set train.device=cuda, or use "
+            "launch.num_processes=N for N CPU processes."
+        )
     per_machine = num_gpus if use_gpu else int(launch_cfg.num_processes)
     main_path = str(launch_cfg.main)
     locate(main_path)  # fail here, not in every rank

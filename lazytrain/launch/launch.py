@@ -16,10 +16,14 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["find_free_port", "get_env_rank_info", "launch"]
+__all__ = ["RankFailedError", "find_free_port", "get_env_rank_info", "launch"]
 
 logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+class RankFailedError(RuntimeError):
+    """A spawned rank raised or died; the message names the rank and holds its traceback."""
 
 
 def find_free_port() -> int:
@@ -229,12 +233,12 @@ def launch(
             pass
     except mp.ProcessRaisedException as e:
         rank = machine_rank * num_gpus_per_machine + e.error_index
-        raise RuntimeError(
+        raise RankFailedError(
             f"rank {rank} (process {e.error_index} on machine {machine_rank}) failed:\n{e}"
         ) from None
     except mp.ProcessExitedException as e:
         rank = machine_rank * num_gpus_per_machine + e.error_index
-        raise RuntimeError(
+        raise RankFailedError(
             f"rank {rank} (process {e.error_index} on machine {machine_rank}) exited with code {e.exit_code}"
         ) from None
     except BaseException:

@@ -1,6 +1,6 @@
 """The multirun summary: a Hydra callback writing ``summary.csv`` and ``summary.md`` at the sweep root.
 
-One row per job: its overrides, status (ok/failed), wall time and the final metrics (every ``*/AP*`` key of
+One row per job: the overrides that differ between jobs, status (ok/failed), wall time and the final metrics (every ``*/AP*`` key of
 the last evaluation in the job's ``metrics.json``). Registered automatically by the entrypoint.
 """
 
@@ -17,6 +17,9 @@ from hydra.experimental.callback import Callback
 __all__ = ["SweepSummaryCallback", "collect_sweep", "read_final_metrics"]
 
 _STATUS_FILE = "lazytrain_job.json"
+FAILED_KEY = "lazytrain_job_failed"
+# Set at the end of each multirun (in the process that ran the sweep); the entrypoint exits non-zero on it.
+failed_jobs_of_last_sweep = 0
 
 
 def read_final_metrics(output_dir: str) -> dict[str, float]:
@@ -36,7 +39,15 @@ def read_final_metrics(output_dir: str) -> dict[str, float]:
 
 
 def collect_sweep(sweep_dir: str) -> list[dict[str, Any]]:
-    """Rows of the sweep's jobs, in job-number order."""
+    """Rows of the sweep's jobs, in job-number order.
+
+    Args:
+        sweep_dir: the sweep root (``hydra.sweep.dir``).
+
+    Returns:
+        One dict per job: ``job``, ``overrides`` (those that differ between jobs), ``status``, ``seconds``
+        and the job's final ``*/AP*`` metrics.
+    """
     import yaml
 
     rows = []
@@ -53,7 +64,12 @@ def collect_sweep(sweep_dir: str) -> list[dict[str, Any]]:
         if os.path.exists(os.path.join(job_dir, _STATUS_FILE)):
             with open(os.path.join(job_dir, _STATUS_FILE)) as f:
                 status = json.load(f)
-        rows.append({"job": job, "overrides": " ".join(overrides), **status, **read_final_metrics(job_dir)})
+        rows.append({"job": job, "overrides": overrides, **status, **read_final_metrics(job_dir)})
+    # Overrides shared by every job (e.g. hydra/launcher=..., launch.num_processes=1) are noise in a table
+    # that compares jobs: show only those that vary.
+    shared = set.intersection(*(set(r["overrides"]) for r in rows)) if len(rows) > 1 else set()
+    for row in rows:
+        row["overrides"] = " ".join(o for o in row["overrides"] if o not in shared)
     return rows
 
 
@@ -61,8 +77,15 @@ def _format(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-def write_summary(sweep_dir: str) -> str:
-    """Write summary.csv/summary.md for `sweep_dir` and return the markdown table."""
+def write_summary(sweep_dir: str) -> tuple[str, list[dict[str, Any]]]:
+    """Write summary.csv/summary.md for `sweep_dir`.
+
+    Args:
+        sweep_dir: the sweep root (``hydra.sweep.dir``), holding one directory per job.
+
+    Returns:
+        The markdown table and the rows (one dict per job).
+    """
     rows = collect_sweep(sweep_dir)
     metric_keys = sorted(
         {k for r in rows for k in r if "/AP" in k}, key=lambda k: (k.split("/")[0] != "segm", k)
@@ -77,7 +100,7 @@ def write_summary(sweep_dir: str) -> str:
     table = "\n".join(lines) + "\n"
     with open(os.path.join(sweep_dir, "summary.md"), "w") as f:
         f.write(table)
-    return table
+    return table, rows
 
 
 class SweepSummaryCallback(Callback):
@@ -90,12 +113,18 @@ class SweepSummaryCallback(Callback):
         from hydra.core.utils import JobStatus
 
         output_dir = config.hydra.runtime.output_dir
-        status = "ok" if job_return.status == JobStatus.COMPLETED else "failed"
+        failed = job_return.status != JobStatus.COMPLETED or (
+            isinstance(job_return.return_value, dict) and FAILED_KEY in job_return.return_value
+        )
+        status = "failed" if failed else "ok"
         seconds = time.perf_counter() - getattr(self, "_start", time.perf_counter())
         with open(os.path.join(output_dir, _STATUS_FILE), "w") as f:
             json.dump({"status": status, "seconds": round(seconds, 1)}, f)
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
+        global failed_jobs_of_last_sweep
         sweep_dir = config.hydra.sweep.dir
         if os.path.isdir(sweep_dir):
-            print(f"\nSweep summary ({sweep_dir}/summary.md):\n{write_summary(sweep_dir)}")
+            table, rows = write_summary(sweep_dir)
+            failed_jobs_of_last_sweep = sum(row["status"] != "ok" for row in rows)
+            print(f"\nSweep summary ({sweep_dir}/summary.md):\n{table}")

@@ -49,8 +49,8 @@ def setup_logger(
 ) -> logging.Logger:
     """Configure the `name` logger: console on rank 0, ``log.txt`` (rank 0) / ``log.txt.rank{N}`` in `output`.
 
-    Idempotent: calling it again (e.g. once per multirun job) adds no duplicate handler; a new `output`
-    adds its file. The logger does not propagate to the root logger, so Hydra's own handlers do not print
+    Idempotent: calling it again adds no duplicate handler; a different `output` (the next job of a
+    multirun) replaces the log file. The logger does not propagate to the root logger, so Hydra's own handlers do not print
     lines twice. To log from your own package as well, call it again with ``name="mypackage"``.
 
     Args:
@@ -87,6 +87,10 @@ def setup_logger(
             path = f"{path}.rank{distributed_rank}"
         path = os.path.abspath(path)
         if not _has_handler(logger, path):
+            # One log file at a time: the next job of a multirun must not write into the previous job's file.
+            for old in [h for h in logger.handlers if isinstance(h, logging.FileHandler)]:
+                old.close()
+                logger.removeHandler(old)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             handler = logging.FileHandler(path, mode="a")
             handler.setLevel(logging.DEBUG)

@@ -137,8 +137,49 @@ def test_failing_rank_exits_nonzero_quickly_naming_rank(tmp_path):
         timeout=120,
     )
     assert time.time() - start < 60
-    assert result.returncode != 0
-    assert "rank 1" in result.stderr and "deliberate failure on rank 1" in result.stderr
+    assert result.returncode == 1
+    assert "lazytrain: rank 1 (process 1 on machine 0) failed" in result.stderr
+    assert "deliberate failure on rank 1" in result.stderr
+    pids = [int((tmp_path / "run" / f"pid{rank}").read_text()) for rank in (0, 1)]
+    time.sleep(0.5)
+    for pid in pids:  # no orphan rank left behind
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_failing_job_in_a_sweep_is_recorded_and_the_sweep_goes_on(tmp_path):
+    result = lazytrain(
+        TOY,
+        "-m",
+        "launch.num_processes=1",
+        "launch.main=tests.launch.toy_main.fail_if_lr_is_negative",
+        "train.lr=-1,0.5",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1 and "1 job(s) of the sweep failed" in result.stderr
+    assert "negative lr -1" in result.stdout + result.stderr
+    summary = (tmp_path / "sweep" / "summary.md").read_text()
+    assert "| 0 | train.lr=-1 | failed |" in summary and "| 1 | train.lr=0.5 | ok |" in summary
+    assert "50.00 |" in summary
+
+
+def test_help_lists_top_level_keys_and_the_config_docstring(tmp_path):
+    result = lazytrain(TOY, "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "A config whose per-rank program only records ranks" in result.stdout
+    assert "== Top-level keys ==\n  train: output_dir, lr, device\n  launch: num_gpus," in result.stdout
+    assert "lr: 0.5" in result.stdout
+
+
+def test_more_gpus_than_visible_is_a_clear_error(tmp_path):
+    result = lazytrain(
+        TOY, "train.device=cuda", "launch.num_gpus=64", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "launch.num_gpus=64 but only" in result.stderr or "no GPU is visible" in result.stderr
+    result = lazytrain(TOY, "launch.num_gpus=2", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert result.returncode == 1 and "launch.num_gpus=2 but train.device is not cuda" in result.stderr
 
 
 def test_explicit_port_in_use_is_a_clear_error(tmp_path):

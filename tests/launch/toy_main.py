@@ -37,7 +37,17 @@ def record_ranks(cfg):
 
 
 def fail_on_rank_one(cfg):
+    os.makedirs(cfg.train.output_dir, exist_ok=True)
+    with open(os.path.join(cfg.train.output_dir, f"pid{comm.get_rank()}"), "w") as f:
+        f.write(str(os.getpid()))
     comm.synchronize()
     if comm.get_rank() == 1:
         raise RuntimeError("deliberate failure on rank 1")
     comm.synchronize()  # rank 0 would wait here forever if the failure were not propagated
+
+
+def fail_if_lr_is_negative(cfg):
+    """Record ranks, then fail the job when train.lr < 0 (a failing job inside a sweep)."""
+    if cfg.train.lr < 0:
+        raise ValueError(f"negative lr {cfg.train.lr}")
+    return record_ranks(cfg)

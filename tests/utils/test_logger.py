@@ -49,6 +49,7 @@ def test_setup_is_idempotent(tmp_path, capsys, fresh_logger):
     assert (tmp_path / "log.txt").read_text().count("once") == 1
     setup_logger(str(tmp_path / "job2"), name=fresh_logger).info("second job")
     assert "second job" in (tmp_path / "job2" / "log.txt").read_text()
+    assert "second job" not in (tmp_path / "log.txt").read_text()
 
 
 def test_abbreviated_name_and_colors(tmp_path, monkeypatch, fresh_logger):
