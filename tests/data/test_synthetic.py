@@ -174,3 +174,22 @@ def test_builtin_name_generates_on_first_use_under_env_root(tmp_path, monkeypatc
     assert meta.json_file == str(tmp_path / "synthetic_lt" / "lvis_v1_train.json")
     assert meta.evaluator_type == "lvis" and len(meta.class_image_count) == 30
     assert len(DatasetCatalog.get("synthetic_lt_val")) == TINY["num_val"]
+
+
+def test_dataset_stats_script_prints_buckets_and_repeat_factors(tiny, capsys):
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "dataset_stats.py")
+    spec = importlib.util.spec_from_file_location("dataset_stats", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    try:
+        script.main(["--root", tiny, "--repeat-thresh", "0.5"])
+    finally:
+        for split in ("train", "val"):
+            DatasetCatalog.remove(f"dataset_stats_{split}")
+            MetadataCatalog.remove(f"dataset_stats_{split}")
+    out = capsys.readouterr().out
+    assert f"train: {TINY['num_train']} images" in out and f"val: {TINY['num_val']} images" in out
+    assert "| r | 8 (27%) |" in out and "| c | 12 (40%) |" in out and "| f | 10 (33%) |" in out
+    assert "repeat factors at t=0.5: epoch" in out
