@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=CONFIG_NAME, node=primary)
-    sys.argv = [sys.argv[0], *rest]
+    sys.argv = [sys.argv[0], *_quiet_non_main_rank(rest)]
     hydra.main(version_base="1.3", config_path=None, config_name=CONFIG_NAME)(_hydra_task)()
     from lazytrain.launch import summary
 
@@ -282,9 +282,25 @@ def _resolve_num_gpus(requested) -> int:
 
 
 def _run_rank(container: dict, main_path: str) -> Any:
-    """What every rank runs: rebuild the config and call the program."""
+    """What every rank runs: rebuild the config (rank 0's) and call the program."""
     from omegaconf import OmegaConf
 
     from lazytrain.config import locate
+    from lazytrain.utils import comm
 
+    # Under torchrun/SLURM every rank resolved its own config; values such as a timestamped run dir could
+    # differ by a second between ranks, so all ranks use rank 0's.
+    container = comm.all_gather(container)[0]
     return locate(main_path)(OmegaConf.create(container))
+
+
+def _quiet_non_main_rank(overrides: list[str]) -> list[str]:
+    """Under torchrun/SLURM every rank runs the Hydra app: only rank 0 writes ``.hydra/`` and Hydra's log."""
+    from lazytrain.launch.launch import get_env_rank_info
+
+    info = get_env_rank_info()
+    if info is None or info["rank"] == 0:
+        return overrides
+    extra = {"hydra.output_subdir": "hydra.output_subdir=null", "hydra/job_logging": "hydra/job_logging=none"}
+    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    return overrides + [override for key, override in extra.items() if key not in given]

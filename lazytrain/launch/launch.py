@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["RankFailedError", "find_free_port", "get_env_rank_info", "launch"]
+__all__ = ["RankFailedError", "find_free_port", "first_slurm_host", "get_env_rank_info", "launch"]
 
 logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -48,9 +49,17 @@ def _check_port_free(dist_url: str) -> None:
             ) from None
 
 
-def get_env_rank_info() -> dict[str, Any] | None:
-    """Rank info from torchrun (RANK/WORLD_SIZE/LOCAL_RANK) or SLURM (SLURM_PROCID/NTASKS/LOCALID); None
-    when the process was not started by such a launcher."""
+def get_env_rank_info() -> dict[str, int] | None:
+    """This process's place in a job started by torchrun, SLURM or submitit's local executor.
+
+    torchrun: ``RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT``. SLURM: ``SLURM_PROCID/SLURM_NTASKS/
+    SLURM_LOCALID`` with more than one task (MASTER_ADDR defaults to the first node of the job, MASTER_PORT to a
+    port derived from the job id). submitit local: ``SUBMITIT_LOCAL_GLOBALID/NTASKS/LOCALID``.
+
+    Returns:
+        ``rank``, ``world_size``, ``local_rank``, ``local_size``; None when no such launcher started the
+        process (or it started a single task, which then spawns as usual).
+    """
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
         return {
@@ -59,18 +68,35 @@ def get_env_rank_info() -> dict[str, Any] | None:
             "local_rank": int(env.get("LOCAL_RANK", 0)),
             "local_size": int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
         }
-    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
-        if "MASTER_ADDR" not in env:
-            nodes = env.get("SLURM_JOB_NODELIST", "127.0.0.1").split(",")[0].replace("[", "").split("-")[0]
-            env["MASTER_ADDR"] = nodes
-        env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
-        return {
-            "rank": int(env["SLURM_PROCID"]),
-            "world_size": int(env["SLURM_NTASKS"]),
-            "local_rank": int(env.get("SLURM_LOCALID", 0)),
-            "local_size": int(env.get("SLURM_NTASKS_PER_NODE", env["SLURM_NTASKS"]).split("(")[0]),
-        }
+    for prefix, rank, tasks, local in (
+        ("SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        ("SUBMITIT_LOCAL", "SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_LOCALID"),
+    ):
+        if int(env.get(tasks, "1")) > 1 and rank in env:
+            if prefix == "SLURM":
+                env.setdefault("MASTER_ADDR", first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
+                per_node = env.get("SLURM_NTASKS_PER_NODE", env[tasks]).split("(")[0]
+            else:
+                env.setdefault("MASTER_ADDR", "127.0.0.1")
+                per_node = env[tasks]
+            # Every task derives the same port from the job id; jobs running side by side get different ones.
+            job_id = "".join(c for c in env.get(f"{prefix}_JOB_ID", "0") if c.isdigit()) or "0"
+            env.setdefault("MASTER_PORT", str(20000 + int(job_id) % 20000))
+            return {
+                "rank": int(env[rank]),
+                "world_size": int(env[tasks]),
+                "local_rank": int(env.get(local, 0)),
+                "local_size": int(per_node),
+            }
     return None
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``"gpu-node[03-05,9],other"`` -> ``"gpu-node03"``."""
+    match = re.match(r"([^,\[]+)(?:\[([^\],\-]+))?", nodelist.strip())
+    if match is None:
+        raise ValueError(f"cannot read the SLURM node list {nodelist!r}; set MASTER_ADDR")
+    return match.group(1) + (match.group(2) or "")
 
 
 def _choose_backend(backend: str, use_gpu: bool | None) -> str:

@@ -164,6 +164,38 @@ def test_failing_job_in_a_sweep_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert "50.00 |" in summary
 
 
+def test_range_and_choice_sweep_runs_the_cartesian_product(tmp_path):
+    result = lazytrain(
+        TOY,
+        "--multirun",
+        "launch.num_processes=1",
+        "train.lr=range(1,3)",
+        "+train.tag=choice(a,b)",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = (tmp_path / "sweep" / "summary.csv").read_text().splitlines()[1:]
+    assert [row.split(",")[1] for row in rows] == [
+        "train.lr=1 +train.tag=a",
+        "train.lr=1 +train.tag=b",
+        "train.lr=2 +train.tag=a",
+        "train.lr=2 +train.tag=b",
+    ]
+    assert read_rank(tmp_path / "sweep" / "3", 0)["lr"] == 2
+
+
+def test_cfg_resolve_package_and_info(tmp_path):
+    result = lazytrain(
+        TOY, "--cfg", "job", "--resolve", "-p", "launch", "launch.dist_url=tcp://h:1", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("# @package launch") and "dist_url: tcp://h:1" in result.stdout
+    assert "train:" not in result.stdout
+    result = lazytrain(TOY, "--info", "config", cwd=tmp_path)
+    assert result.returncode == 0 and "num_processes: 2" in result.stdout
+
+
 def test_help_lists_top_level_keys_and_the_config_docstring(tmp_path):
     result = lazytrain(TOY, "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
