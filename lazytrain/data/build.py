@@ -1,15 +1,21 @@
 """Loader builders: records -> `DatasetFromList` -> `MapDataset(mapper)` -> sampler -> batches.
 
-The train loader groups images by orientation (w > h or not) in the main process using the records'
-sizes, so no image is read to batch it. It is resumable: its `state_dict` describes exactly the batches
-handed to the trainer (the sampler position plus the group buffers after that batch), not those that
-workers prefetched, and every sample carries a seed derived from (seed, rank, stream position) for its
-random augmentations.
+The train loader is infinite and resumable (docs/architecture.md, "Resumable data protocol"):
+
+- Batching happens on indices in the main process: `GroupedBatchSampler` puts each index into the buffer of
+  its image's orientation (w > h or not, read from the record's ``width``/``height``, no image is opened) and
+  emits a buffer when it holds a batch. Workers only map the indices they are given.
+- After each emitted batch the batch sampler snapshots its state (sampler state + group buffers). When the
+  loader hands batch n to the consumer, snapshot n becomes the loader's `state_dict`, so the state describes
+  exactly the batches consumed, never those the workers prefetched.
+- Every sample carries a seed derived from (seed, global stream position); `MapDataset` seeds the global
+  RNGs with it before mapping, so a resumed run sees the same augmented images, whatever the worker count.
 """
 
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -20,10 +26,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lazytrain.data.common import DatasetFromList, MapDataset, seed_sample_rngs
-from lazytrain.data.samplers import InferenceSampler, IterationBasedSampler, TrainingSampler
-from lazytrain.utils import comm
+from lazytrain.data.samplers import InferenceSampler, IterationBasedSampler, TrainingSampler, _resolve_seed
 
 __all__ = [
+    "GroupedBatchSampler",
+    "TrainLoader",
     "build_detection_test_loader",
     "build_detection_train_loader",
     "get_detection_dataset_dicts",
@@ -32,46 +39,84 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_MASK64 = 2**64 - 1
+
 
 def trivial_batch_collator(batch: list) -> list:
-    """Batches are lists of per-image dicts (models handle variable image sizes)."""
+    """Keep a batch as the list of per-image dicts (detection models take images of different sizes)."""
     return batch
 
 
 def get_detection_dataset_dicts(names: str | Sequence[str], filter_empty: bool = True) -> list[dict]:
-    """Records of one or several registered data sets, concatenated; images without annotations dropped
-    when `filter_empty`."""
+    """Records of one or several registered data sets, concatenated in order.
+
+    Args:
+        names: a registered name or a list of them (see `DatasetCatalog`; an unknown name is an error that
+            lists the registered ones).
+        filter_empty: drop images without annotations (training); keep them for evaluation.
+    """
     from lazytrain.data.catalog import DatasetCatalog
 
     names = [names] if isinstance(names, str) else list(names)
+    if not names:
+        raise ValueError("get_detection_dataset_dicts(names=) needs at least one data set name; got []")
     records = list(itertools.chain.from_iterable(DatasetCatalog.get(name) for name in names))
     if filter_empty:
         before = len(records)
-        records = [r for r in records if r.get("annotations")]
+        records = [record for record in records if record.get("annotations")]
         if before != len(records):
             logger.info(
                 "Removed %d images without annotations; %d left.", before - len(records), len(records)
             )
     if not records:
-        raise ValueError(f"get_detection_dataset_dicts: no images in {names}")
+        raise ValueError(
+            f"get_detection_dataset_dicts: no images in {names}"
+            + (" with annotations (filter_empty=True)" if filter_empty else "")
+        )
     return records
 
 
-def _aspect_groups(dataset: Any) -> np.ndarray | None:
-    if (
-        isinstance(dataset, (list, tuple))
-        and dataset
-        and all("width" in r and "height" in r for r in dataset)
-    ):
-        return np.array([1 if r["width"] > r["height"] else 0 for r in dataset], dtype=np.int8)
-    return None
+def _mix64(value: int) -> int:
+    """splitmix64 finalizer: nearby inputs give unrelated outputs."""
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def sample_seed(seed: int, global_position: int) -> int:
+    """The augmentation seed (in [0, 2**63)) of the sample at `global_position` of a run seeded with `seed`.
+
+    It depends on the global stream position only, so it does not change with the world size or the number of
+    workers.
+    """
+    return _mix64((_mix64(seed & _MASK64) + global_position) & _MASK64) >> 1
+
+
+def _aspect_groups(dataset: Sequence[Any] | Dataset) -> np.ndarray | None:
+    """int8 [N]: 1 for landscape (w > h) records, 0 otherwise; None when records lack the sizes."""
+    if isinstance(dataset, DatasetFromList):
+        records: Any = (dataset[i] for i in range(len(dataset)))
+    elif isinstance(dataset, (list, tuple)):
+        records = iter(dataset)
+    else:
+        return None
+    try:
+        return np.fromiter((r["width"] > r["height"] for r in records), np.int8, count=len(dataset))
+    except (KeyError, TypeError):
+        return None
 
 
 class GroupedBatchSampler(Sampler):
-    """Batches of `batch_size` (index, sample_seed) pairs from an infinite sampler, one orientation per batch.
+    """Batches of `batch_size` ``(index, sample_seed)`` pairs from an infinite sampler, every batch from one
+    aspect group, with a snapshot of the state after each emitted batch.
 
-    Keeps a snapshot (sampler position + group buffers) for each recently emitted batch so the loader can
-    report the state after the batches actually consumed.
+    Args:
+        sampler: an infinite sampler with ``state_dict``/``load_state_dict`` and a per-rank ``position``.
+        batch_size: images per batch (this rank's).
+        groups: group id (0 or 1) per dataset index, or None for no grouping.
+        seed: base of the per-sample seeds.
+        rank: this process's rank.
+        world_size: number of processes.
     """
 
     def __init__(
@@ -79,138 +124,196 @@ class GroupedBatchSampler(Sampler):
         sampler: Sampler,
         batch_size: int,
         groups: np.ndarray | None,
+        *,
         seed: int,
         rank: int,
         world_size: int,
     ) -> None:
         self.sampler, self.batch_size, self.groups = sampler, batch_size, groups
         self.seed, self.rank, self.world_size = seed, rank, world_size
-        self._state = {"batches": 0, "position": 0, "buffers": [[], []]}
-        self.snapshots: collections.OrderedDict[int, dict] = collections.OrderedDict()
-
-    def _sample_seed(self, position: int) -> int:
-        global_position = position * self.world_size + self.rank
-        return (self.seed * 1000003 + global_position * 7919 + 17) % (2**31)
+        self.start_state: dict[str, Any] = {
+            "batches": 0,
+            "sampler": sampler.state_dict(),
+            "buffers": [[], []],
+        }
+        self.snapshots: collections.deque[dict[str, Any]] = collections.deque()
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        state = self._state
-        self.sampler.load_state_dict({"position": state["position"]})
-        buffers = [list(map(tuple, b)) for b in state["buffers"]]
-        batches, position = state["batches"], state["position"]
-        for index in self.sampler:
-            group = int(self.groups[index]) if self.groups is not None else 0
-            buffers[group].append((index, self._sample_seed(position)))
-            position += 1
-            if len(buffers[group]) == self.batch_size:
-                batch, buffers[group] = buffers[group], []
-                batches += 1
-                self.snapshots[batches] = {
-                    "batches": batches,
-                    "position": position,
-                    "buffers": [[list(p) for p in b] for b in buffers],
-                }
-                while len(self.snapshots) > 256:
-                    self.snapshots.popitem(last=False)
-                yield batch
-
-    def load_state_dict(self, state: dict) -> None:
-        self._state = {
-            "batches": int(state["batches"]),
-            "position": int(state["position"]),
-            "buffers": state["buffers"],
-        }
+        start = self.start_state
+        self.sampler.load_state_dict(start["sampler"])
         self.snapshots.clear()
+        # Buffered items are [index, per-rank position]; the seed is derived when the batch is emitted.
+        buffers = [[tuple(item) for item in buffer] for buffer in start["buffers"]]
+        batches, position = start["batches"], int(start["sampler"]["position"])
+        for index in self.sampler:
+            buffer = buffers[int(self.groups[index]) if self.groups is not None else 0]
+            buffer.append((index, position))
+            position += 1
+            if len(buffer) < self.batch_size:
+                continue
+            batch = [(i, sample_seed(self.seed, p * self.world_size + self.rank)) for i, p in buffer]
+            buffer.clear()
+            batches += 1
+            self.snapshots.append(
+                {
+                    "batches": batches,
+                    "sampler": self.sampler.state_dict(),
+                    "buffers": [[list(item) for item in b] for b in buffers],
+                }
+            )
+            yield batch
 
 
 class _WorkerSeeder:
-    """Picklable worker_init_fn seeding worker RNGs from (seed, rank, worker id)."""
+    """Picklable ``worker_init_fn``: seed a worker's RNGs from (seed, rank, worker id)."""
 
     def __init__(self, seed: int, rank: int) -> None:
         self.seed, self.rank = seed, rank
 
     def __call__(self, worker_id: int) -> None:
-        seed_sample_rngs(self.seed + 1000 * self.rank + worker_id)
+        seed_sample_rngs(sample_seed(self.seed ^ 0x5EED, self.rank * 4096 + worker_id))
+
+
+def _identity(record: Any) -> Any:
+    return record
 
 
 class TrainLoader:
-    """An infinite iterable of batches with the resumable-data protocol (`state_dict`/`load_state_dict`)."""
+    """Infinite iterable of batches (lists of mapped records) with ``state_dict``/``load_state_dict``.
+
+    Each ``iter()`` starts worker processes and continues from the state after the batches consumed so far.
+    To change how batches are formed, wrap this loader or pass another ``sampler``/``collate_fn`` to
+    `build_detection_train_loader`.
+
+    Args:
+        dataset: the mapped dataset; items are requested as ``(index, sample_seed)``.
+        batch_sampler: the grouped batch sampler.
+        num_workers: worker processes (0: map in the main process).
+        collate_fn: batch list -> what the model takes.
+    """
 
     def __init__(
         self, dataset: Dataset, batch_sampler: GroupedBatchSampler, num_workers: int, collate_fn: Callable
     ) -> None:
         self.dataset, self.batch_sampler = dataset, batch_sampler
         self.num_workers, self.collate_fn = num_workers, collate_fn
-        self._consumed = 0
+        self._state = batch_sampler.start_state
 
-    def __iter__(self) -> Iterator[list]:
-        # (Re)start from the state after the batches consumed so far.
-        self.batch_sampler.load_state_dict(self.state_dict())
-        self._consumed = 0
-        loader = DataLoader(
+    def _data_loader(self) -> DataLoader:
+        return DataLoader(
             self.dataset,
             batch_sampler=self.batch_sampler,
             num_workers=self.num_workers,
             collate_fn=self.collate_fn,
             worker_init_fn=_WorkerSeeder(self.batch_sampler.seed, self.batch_sampler.rank),
-            persistent_workers=False,
         )
-        for batch in loader:
-            self._consumed += 1
+
+    def __iter__(self) -> Iterator[Any]:
+        self.batch_sampler.start_state = self._state
+        snapshots = self.batch_sampler.snapshots
+        if self.num_workers > 0:
+            # Forked workers inherit the parent's objects; a garbage collection in a worker would write to
+            # every tracked object (the records list of the config, say) and copy its pages. Frozen objects
+            # are skipped by the workers' collector; the parent unfreezes right after the fork.
+            gc.freeze()
+            try:
+                batches = iter(self._data_loader())
+            finally:
+                gc.unfreeze()
+        else:
+            batches = iter(self._data_loader())
+        for batch in batches:
+            state = snapshots.popleft()  # in-order loading: the snapshot taken when this batch was formed
+            self._state = state
             yield batch
 
-    def state_dict(self) -> dict:
-        """Sampler position and group buffers after the last batch this loader yielded."""
-        start = self.batch_sampler._state
-        if self._consumed == 0:
-            return {"batches": start["batches"], "position": start["position"], "buffers": start["buffers"]}
-        return dict(self.batch_sampler.snapshots[start["batches"] + self._consumed])
+    def state_dict(self) -> dict[str, Any]:
+        """Batches consumed, sampler state and group buffers after the last batch yielded to the consumer."""
+        return dict(
+            self._state, world_size=self.batch_sampler.world_size, batch_size=self.batch_sampler.batch_size
+        )
 
-    def load_state_dict(self, state: dict) -> None:
-        self.batch_sampler.load_state_dict(state)
-        self._consumed = 0
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after the batches `state` describes at the next ``iter()``."""
+        expected = (self.batch_sampler.world_size, self.batch_sampler.batch_size)
+        if (state.get("world_size"), state.get("batch_size")) != expected:
+            logger.warning(
+                "Resuming a train loader saved with world size %s, batch size %s in a run with world size %d, "
+                "batch size %d: the data order continues from the same sampler position but not exactly.",
+                state.get("world_size"),
+                state.get("batch_size"),
+                *expected,
+            )
+        self._state = {key: state[key] for key in ("batches", "sampler", "buffers")}
+
+
+def _infinite_sampler(sampler: Sampler | None, size: int, seed: int) -> Sampler:
+    if sampler is None:
+        return TrainingSampler(size, seed=seed)
+    sampler_size = getattr(sampler, "size", size)
+    if sampler_size != size:
+        raise ValueError(
+            f"build_detection_train_loader(sampler=): {type(sampler).__name__} samples {sampler_size} images but "
+            f'the dataset has {size}; build the sampler from the loader\'s dataset (dataset_dicts="${{..dataset}}").'
+        )
+    if hasattr(sampler, "__len__"):  # a finite torch sampler
+        return IterationBasedSampler(sampler, seed=seed)
+    if hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict"):
+        return sampler
+    raise TypeError(
+        f"build_detection_train_loader(sampler=) must be a lazytrain training sampler, a finite torch Sampler "
+        f"(with __len__) or an infinite sampler with state_dict/load_state_dict; got {type(sampler).__name__}"
+    )
 
 
 def build_detection_train_loader(
     dataset: Sequence[dict] | Dataset,
     *,
     mapper: Callable | None,
-    total_batch_size: int,
     sampler: Sampler | None = None,
+    total_batch_size: int,
     aspect_ratio_grouping: bool = True,
     num_workers: int = 0,
-    seed: int = 0,
+    seed: int | None = None,
     collate_fn: Callable | None = None,
 ) -> TrainLoader:
     """An infinite, resumable train loader yielding lists of mapped records.
 
     Args:
-        dataset: records (list of dicts) or a torch Dataset.
-        mapper: record -> model input (None: records as they are).
-        total_batch_size: images per step over all processes; each process takes total // world size.
-        sampler: a lazytrain training sampler, any finite torch Sampler (made infinite), or None for a
-            shuffled `TrainingSampler`.
-        aspect_ratio_grouping: batch landscape and portrait images separately.
+        dataset: records (list of dicts) or a torch Dataset of records.
+        mapper: record -> model input (e.g. `DatasetMapper`); None yields the records.
+        sampler: a lazytrain training sampler; any finite torch Sampler (Random, WeightedRandom, SubsetRandom,
+            Distributed), which is iterated again and again; or None for a shuffled `TrainingSampler`.
+        total_batch_size: images per step over all processes; each takes total_batch_size // world size.
+        aspect_ratio_grouping: form each batch from landscape or from portrait images only (needs ``width``
+            and ``height`` in the records).
         num_workers: data-loader worker processes.
-        seed: base seed of per-sample augmentation and worker RNGs.
-        collate_fn: default keeps batches as lists.
+        seed: base of the per-sample augmentation seeds (and of the default sampler); None draws a random seed
+            shared by all ranks (the resumed state carries it).
+        collate_fn: batch list -> model input; default keeps the list.
     """
+    from lazytrain.utils import comm
+
     world_size, rank = comm.get_world_size(), comm.get_rank()
     if total_batch_size <= 0 or total_batch_size % world_size != 0:
         raise ValueError(
             f"build_detection_train_loader(total_batch_size={total_batch_size}) must be a positive multiple of the "
-            f"world size {world_size}; set dataloader.train.total_batch_size to a multiple of {world_size}."
+            f"world size {world_size}; set dataloader.train.total_batch_size to a multiple of {world_size} "
+            f"(e.g. {max(1, total_batch_size // world_size) * world_size})."
         )
+    seed = _resolve_seed(seed)
     groups = _aspect_groups(dataset) if aspect_ratio_grouping else None
+    if aspect_ratio_grouping and groups is None:
+        logger.warning(
+            "build_detection_train_loader: aspect_ratio_grouping needs records with 'width' and 'height' (a list "
+            "of dicts or a DatasetFromList); batches are not grouped."
+        )
     if isinstance(dataset, (list, tuple)):
         dataset = DatasetFromList(dataset, copy=False)
-    if mapper is not None:
-        dataset = MapDataset(dataset, mapper)
-    if sampler is None:
-        sampler = TrainingSampler(len(dataset), seed=seed)
-    elif not hasattr(sampler, "load_state_dict"):
-        sampler = IterationBasedSampler(sampler)
+    dataset = MapDataset(dataset, mapper if mapper is not None else _identity)
+    sampler = _infinite_sampler(sampler, len(dataset), seed)
     batch_sampler = GroupedBatchSampler(
-        sampler, total_batch_size // world_size, groups, seed, rank, world_size
+        sampler, total_batch_size // world_size, groups, seed=seed, rank=rank, world_size=world_size
     )
     return TrainLoader(dataset, batch_sampler, num_workers, collate_fn or trivial_batch_collator)
 
@@ -223,13 +326,26 @@ def build_detection_test_loader(
     batch_size: int = 1,
     num_workers: int = 0,
 ) -> DataLoader:
-    """A finite loader over every image exactly once across ranks (`InferenceSampler` shards)."""
+    """A finite loader over every image exactly once across ranks (contiguous `InferenceSampler` shards).
+
+    An image the mapper cannot read is an error here (an evaluation must see every image).
+
+    Args:
+        dataset: records (list of dicts) or a torch Dataset of records.
+        mapper: record -> model input; None yields the records.
+        sampler: defaults to `InferenceSampler(len(dataset))`.
+        batch_size: images per batch (per process).
+        num_workers: data-loader worker processes.
+    """
     if isinstance(dataset, (list, tuple)):
         dataset = DatasetFromList(dataset, copy=False)
     if mapper is not None:
-        dataset = MapDataset(dataset, mapper)
-    sampler = sampler or InferenceSampler(len(dataset))
-    batch_sampler = torch.utils.data.BatchSampler(sampler, batch_size, drop_last=False)
+        dataset = MapDataset(dataset, mapper, max_failure_fraction=0.0)
+    if sampler is None:
+        sampler = InferenceSampler(len(dataset))
     return DataLoader(
-        dataset, batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=trivial_batch_collator
+        dataset,
+        batch_sampler=torch.utils.data.BatchSampler(sampler, batch_size, drop_last=False),
+        num_workers=num_workers,
+        collate_fn=trivial_batch_collator,
     )

@@ -1,8 +1,9 @@
-"""Datasets in memory: `DatasetFromList` (records serialized in one buffer) and `MapDataset` (apply a mapper).
+"""Datasets in memory: `DatasetFromList` (records serialized in one buffer) and `MapDataset` (apply a mapper,
+skipping bad images, with per-sample seeding for reproducible augmentation).
 
-`DatasetFromList` pickles all records into one contiguous numpy byte buffer plus offsets: data-loader
-workers then share a few large arrays instead of touching (and so copying, through reference counts)
-millions of small Python objects.
+`DatasetFromList` pickles all records into one contiguous numpy byte buffer plus an int64 offset array. Data
+loader workers forked from the main process then share two large arrays, instead of touching (and so copying,
+through reference counts) millions of small Python objects page by page.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from lazytrain.errors import LazytrainError
+
 __all__ = ["DatasetFromList", "MapDataset", "seed_sample_rngs"]
 
 logger = logging.getLogger(__name__)
@@ -27,87 +30,135 @@ class DatasetFromList(Dataset):
     """A list of records as a torch Dataset.
 
     Args:
-        records: the records.
-        copy: return a deep copy of a record on access (when not serialized), so mappers may modify it.
-        serialize: keep records pickled in one byte buffer (recommended for large data sets).
+        lst: the records (any picklable objects).
+        copy: when not serialized, return a deep copy of the record on access so a mapper may modify it
+            (serialized records are always fresh objects).
+        serialize: keep the records pickled in one byte buffer (recommended: constant memory per worker).
     """
 
-    def __init__(self, records: Sequence[Any], copy: bool = True, serialize: bool = True) -> None:
+    def __init__(self, lst: Sequence[Any], copy: bool = True, serialize: bool = True) -> None:
         self._copy = copy
         self._serialize = serialize
-        if serialize:
-            blobs = [np.frombuffer(pickle.dumps(r, protocol=-1), dtype=np.uint8) for r in records]
-            self._offsets = np.cumsum([0] + [len(b) for b in blobs], dtype=np.int64)
-            self._buffer = np.concatenate(blobs) if blobs else np.zeros(0, np.uint8)
-            logger.info("Serialized %d records into %.2f MB", len(records), len(self._buffer) / 1024**2)
-        else:
-            self._records = list(records)
+        if not serialize:
+            self._records = list(lst)
+            return
+        blobs = [pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL) for record in lst]
+        self._offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, blobs), np.int64, count=len(blobs)), out=self._offsets[1:])
+        self._buffer = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+        logger.info("Serialized %d records into %.2f MiB.", len(blobs), self._buffer.nbytes / 2**20)
 
     def __len__(self) -> int:
         return len(self._offsets) - 1 if self._serialize else len(self._records)
 
     def __getitem__(self, index: int) -> Any:
         if self._serialize:
-            start, end = self._offsets[index], self._offsets[index + 1]
+            start, end = int(self._offsets[index]), int(self._offsets[index + 1])
             return pickle.loads(memoryview(self._buffer[start:end]))
         return copy.deepcopy(self._records[index]) if self._copy else self._records[index]
 
 
 def seed_sample_rngs(seed: int) -> None:
-    """Seed python/numpy/torch global RNGs for one sample (random augmentations draw from them)."""
+    """Seed Python's, numpy's and torch's global RNGs, from which random augmentations draw.
+
+    Args:
+        seed: any int >= 0 (numpy takes it modulo 2**32).
+    """
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 
-class MapDataset(Dataset):
-    """Apply `map_func` to each item; on a failure (None or an exception such as a missing image) log a
-    warning naming the file and use another item, stopping with an error when failures exceed
-    `max_failure_fraction` of the items mapped (after at least 5 failures).
+class _PreservedGlobalRngs:
+    """Context manager restoring the global RNGs on exit (so per-sample seeding in the main process does not
+    change the trainer's randomness)."""
 
-    Items may be requested as ``(index, sample_seed)``: the global RNGs are then seeded with `sample_seed`
-    before mapping, which makes random augmentation a function of the sample (exact resume).
+    def __enter__(self) -> None:
+        self._states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+    def __exit__(self, *exc_info: object) -> None:
+        python, numpy, torch_state = self._states
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(torch_state)
+
+
+def _describe(record: Any) -> str:
+    if isinstance(record, dict):
+        return str(record.get("file_name", record.get("image_id", "a record without file_name")))
+    return repr(record)[:200]
+
+
+class MapDataset(Dataset):
+    """Apply `map_func` to each item of `dataset`, replacing items that cannot be mapped.
+
+    When the mapper returns None or raises (a missing or corrupt image, say), a warning names the record's
+    ``file_name`` and another, deterministically chosen item is used instead. When the items that failed in
+    this process exceed `max_failure_fraction` of the data set, an error stops the run: a broken data set
+    should not train silently on what is left. Use ``max_failure_fraction=0`` for evaluation, where every
+    image must be mapped.
+
+    An item can be requested as ``(index, sample_seed)``: the global Python, numpy and torch RNGs are then
+    seeded with `sample_seed` before mapping (and restored afterwards outside loader workers), which makes
+    random augmentation a function of the sample; the train loader does this so resumed runs see the same
+    augmented images.
+
+    Args:
+        dataset: a dataset of records (e.g. `DatasetFromList`).
+        map_func: record -> model input, e.g. a `DatasetMapper`.
+        max_failure_fraction: largest fraction of items that may fail (in [0, 1]).
     """
 
     def __init__(
         self, dataset: Dataset, map_func: Callable[[Any], Any], max_failure_fraction: float = 0.01
     ) -> None:
+        if not 0 <= max_failure_fraction <= 1:
+            raise ValueError(
+                f"MapDataset(max_failure_fraction=) must be in [0, 1]; got {max_failure_fraction}"
+            )
         self._dataset = dataset
         self._map_func = map_func
+        self._max_failures = int(max_failure_fraction * len(dataset))
         self._max_failure_fraction = max_failure_fraction
-        self._attempts = 0
-        self._failures = 0
+        self._failed: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._dataset)
 
     def __getitem__(self, item: int | tuple[int, int]) -> Any:
         index, seed = item if isinstance(item, tuple) else (item, None)
-        retry_rng = random.Random(index if seed is None else seed)
+        if seed is None:
+            return self._map_with_retries(index, None)
+        if torch.utils.data.get_worker_info() is not None:
+            return self._map_with_retries(index, seed)
+        with _PreservedGlobalRngs():
+            return self._map_with_retries(index, seed)
+
+    def _map_with_retries(self, index: int, seed: int | None) -> Any:
+        retry_rng = random.Random(index if seed is None else seed)  # the same replacement on every run
         while True:
             if seed is not None:
                 seed_sample_rngs(seed)
             record = self._dataset[index]
-            self._attempts += 1
             try:
-                result = self._map_func(record)
-                error = None
-            except Exception as e:  # a bad/missing image must not kill a long run
+                result, error = self._map_func(record), None
+            except Exception as e:  # one bad image must not end a long run
                 result, error = None, e
             if result is not None:
                 return result
-            self._record_failure(record, error)
+            self._record_failure(index, record, error)
             index = retry_rng.randrange(len(self._dataset))
-            seed = None if seed is None else retry_rng.randrange(2**31)
+            seed = None if seed is None else retry_rng.randrange(2**63)
 
-    def _record_failure(self, record: Any, error: Exception | None) -> None:
-        self._failures += 1
-        name = record.get("file_name", record) if isinstance(record, dict) else record
-        reason = f"{type(error).__name__}: {error}" if error else "the mapper returned None"
-        logger.warning("Skipping %s (%s); using another image instead.", name, reason)
-        if self._failures >= 5 and self._failures > self._max_failure_fraction * self._attempts:
-            raise RuntimeError(
-                f"MapDataset: {self._failures} of {self._attempts} items failed to map (more than "
-                f"max_failure_fraction={self._max_failure_fraction}); last: {name} ({reason}). Check the data set "
-                "files, or raise max_failure_fraction."
+    def _record_failure(self, index: int, record: Any, error: Exception | None) -> None:
+        name = _describe(record)
+        reason = f"{type(error).__name__}: {error}" if error is not None else "the mapper returned None"
+        if index not in self._failed:
+            self._failed.add(index)
+            logger.warning("Skipping %s (%s); using another image instead.", name, reason)
+        if len(self._failed) > self._max_failures:
+            raise LazytrainError(
+                f"MapDataset: {len(self._failed)} of {len(self)} items failed to map, more than "
+                f"max_failure_fraction={self._max_failure_fraction}; the last was {name} ({reason}). Check the "
+                "data set files (missing or corrupt images), or raise max_failure_fraction."
             ) from error

@@ -184,6 +184,11 @@ class TrainingSampler(_InfiniteSampler):
         super().__init__(shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
         self._size = int(size)
 
+    @property
+    def size(self) -> int:
+        """Number of images sampled from."""
+        return self._size
+
     def _epoch(self, generator: torch.Generator) -> torch.Tensor:
         dtype = _index_dtype(self._size)
         if self._shuffle:
@@ -307,6 +312,11 @@ class RepeatFactorTrainingSampler(_InfiniteSampler):
         self._frac_part = factors - self._int_part  # exactly the reference's float32 arithmetic
         self._counts_base = self._int_part.to(torch.int32)
         self._image_ids = np.arange(len(factors), dtype=np.int32 if len(factors) < 2**31 else np.int64)
+
+    @property
+    def size(self) -> int:
+        """Number of images sampled from."""
+        return len(self.repeat_factors)
 
     @classmethod
     def from_dataset_dicts(

@@ -1,34 +1,63 @@
+import io
 import itertools
+import json
+import logging
+import os
 import random
+import socket
 
+import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+from torch.utils.data import DistributedSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
-from lazytrain.data.build import build_detection_test_loader, build_detection_train_loader
-from lazytrain.data.samplers import RepeatFactorTrainingSampler
+from lazytrain.config import LazyCall as L
+from lazytrain.config import LazyConfig, instantiate
+from lazytrain.data.build import (
+    build_detection_test_loader,
+    build_detection_train_loader,
+    get_detection_dataset_dicts,
+    sample_seed,
+)
+from lazytrain.data.catalog import DatasetCatalog
+from lazytrain.data.common import DatasetFromList
+from lazytrain.data.samplers import InferenceSampler, RepeatFactorTrainingSampler, TrainingSampler
+from lazytrain.errors import LazytrainError
+from lazytrain.utils import comm
+
+CALLS = {"make_records": 0}
 
 
 def make_records(n=40):
+    CALLS["make_records"] += 1
     rng = random.Random(0)
     return [
         {
+            "file_name": f"{i}.jpg",
             "image_id": i,
             "width": rng.choice([60, 100]),
             "height": rng.choice([60, 100]) + 1,
-            "annotations": [{"category_id": i % 3}],
+            "annotations": [{"category_id": 0 if i % 7 else 1 + i % 3}],
         }
         for i in range(n)
     ]
 
 
 def noisy_mapper(record):
-    # draws from the global RNG like a random augmentation does
+    # draws from the global RNGs like random augmentations do
     return {
         "image_id": record["image_id"],
         "landscape": record["width"] > record["height"],
-        "noise": torch.rand(1).item(),
-        "r": random.random(),
+        "noise": (random.random(), float(np.random.rand()), torch.rand(1).item()),
     }
+
+
+class NoisyMapper:
+    def __call__(self, record):
+        return noisy_mapper(record)
 
 
 def take(loader, n):
@@ -37,62 +66,240 @@ def take(loader, n):
 
 def test_batches_are_grouped_by_orientation():
     loader = build_detection_train_loader(make_records(), mapper=noisy_mapper, total_batch_size=4, seed=0)
-    for batch in take(loader, 20):
-        assert len(batch) == 4
-        assert len({item["landscape"] for item in batch}) == 1
+    batches = take(loader, 30)
+    assert all(len(batch) == 4 and len({item["landscape"] for item in batch}) == 1 for batch in batches)
+    assert {batch[0]["landscape"] for batch in batches} == {True, False}
+
+
+def test_grouping_reads_sizes_from_a_dataset_from_list():
+    loader = build_detection_train_loader(
+        DatasetFromList(make_records()), mapper=noisy_mapper, total_batch_size=4, seed=0
+    )
+    assert all(len({item["landscape"] for item in batch}) == 1 for batch in take(loader, 20))
+
+
+def test_grouping_without_sizes_warns(caplog):
+    records = [{"image_id": i} for i in range(8)]
+    with caplog.at_level(logging.WARNING, logger="lazytrain.data.build"):
+        loader = build_detection_train_loader(records, mapper=None, total_batch_size=2, seed=0)
+    assert "aspect_ratio_grouping needs records with 'width' and 'height'" in caplog.text
+    assert [r["image_id"] for b in take(loader, 4) for r in b] == take(TrainingSampler(8, seed=0), 8)
 
 
 def test_batch_size_must_divide_world_size(monkeypatch):
-    from lazytrain.utils import comm
-
     monkeypatch.setattr(comm, "get_world_size", lambda: 2)
     with pytest.raises(
-        ValueError, match=r"total_batch_size=3\) must be a positive multiple of the world size 2"
+        ValueError,
+        match=r"total_batch_size=3\) must be a positive multiple of the world size 2; set "
+        r"dataloader.train.total_batch_size to a multiple of 2",
     ):
-        build_detection_train_loader(make_records(), mapper=noisy_mapper, total_batch_size=3)
+        build_detection_train_loader(make_records(), mapper=noisy_mapper, total_batch_size=3, seed=0)
+
+
+def build(num_workers, records=None, **kwargs):
+    kwargs.setdefault("total_batch_size", 4)
+    return build_detection_train_loader(
+        records or make_records(), mapper=noisy_mapper, seed=3, num_workers=num_workers, **kwargs
+    )
+
+
+def round_trip(state):
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_resumed_loader_yields_the_same_batches(num_workers):
-    records = make_records()
-    reference = take(
-        build_detection_train_loader(
-            records, mapper=noisy_mapper, total_batch_size=4, seed=3, num_workers=num_workers
-        ),
-        12,
-    )
-    first = build_detection_train_loader(
-        records, mapper=noisy_mapper, total_batch_size=4, seed=3, num_workers=num_workers
-    )
+@pytest.mark.parametrize("consumed", [1, 5])
+def test_resumed_loader_yields_the_same_batches(num_workers, consumed):
+    reference = take(build(0), 12)
+    first = build(num_workers)
     stream = iter(first)
-    consumed = [next(stream) for _ in range(5)]
-    state = first.state_dict()
-    assert state["batches"] == 5
+    head = [next(stream) for _ in range(consumed)]
+    state = round_trip(first.state_dict())  # workers have prefetched more than `consumed` batches by now
+    assert state["batches"] == consumed
     del stream
-    resumed = build_detection_train_loader(
-        records, mapper=noisy_mapper, total_batch_size=4, seed=3, num_workers=num_workers
-    )
+    resumed = build(num_workers)
     resumed.load_state_dict(state)
-    assert consumed + take(resumed, 7) == reference
+    assert head + take(resumed, 12 - consumed) == reference  # same images, same augmentation draws
 
 
-def test_rfs_sampler_plugs_into_loader():
-    records = make_records()
-    sampler = RepeatFactorTrainingSampler.from_dataset_dicts(records, 0.5, seed=1, rank=0, world_size=1)
-    loader = build_detection_train_loader(records, mapper=noisy_mapper, sampler=sampler, total_batch_size=2)
-    assert len(take(loader, 3)) == 3
+def test_state_is_the_consumed_one_and_iterating_again_continues():
+    loader = build(2)
+    reference = take(build(0), 6)
+    assert take(loader, 2) == reference[:2]
+    assert loader.state_dict()["batches"] == 2
+    assert take(loader, 4) == reference[2:]
 
 
-def test_finite_torch_sampler_becomes_infinite():
-    records = make_records(6)
-    sampler = torch.utils.data.RandomSampler(range(6), generator=torch.Generator().manual_seed(0))
-    loader = build_detection_train_loader(
-        records, mapper=noisy_mapper, sampler=sampler, total_batch_size=2, aspect_ratio_grouping=False
+def test_resume_with_another_worker_count_and_a_rfs_sampler():
+    def rfs_loader(num_workers):
+        records = make_records()
+        sampler = RepeatFactorTrainingSampler.from_dataset_dicts(records, 0.5, seed=1, rank=0, world_size=1)
+        return build(num_workers, records=records, sampler=sampler)
+
+    reference = take(rfs_loader(0), 8)
+    first = rfs_loader(2)
+    assert take(first, 3) == reference[:3]
+    resumed = rfs_loader(0)
+    resumed.load_state_dict(round_trip(first.state_dict()))
+    assert take(resumed, 5) == reference[3:]
+
+
+def test_sample_seed_depends_on_position_not_world_size():
+    assert sample_seed(3, 10) == sample_seed(3, 10) != sample_seed(3, 11)
+    assert (
+        len({sample_seed(0, p) for p in range(10_000)} | {sample_seed(1, p) for p in range(10_000)}) == 20_000
     )
-    assert len(take(loader, 10)) == 10  # more batches than one pass of the sampler
+    assert 0 <= sample_seed(2**70, 2**40) < 2**63
+
+
+def test_sampler_built_for_another_dataset_is_an_error():
+    sampler = RepeatFactorTrainingSampler.from_dataset_dicts(
+        make_records(30), 0.5, seed=1, rank=0, world_size=1
+    )
+    with pytest.raises(ValueError, match=r"samples 30 images but the dataset has 40"):
+        build(0, sampler=sampler)
+
+
+FINITE_SAMPLERS = [
+    pytest.param(lambda: RandomSampler(range(6)), id="random"),
+    pytest.param(lambda: WeightedRandomSampler([0.1, 0.9, 0.5, 1, 1, 1], 5), id="weighted"),
+    pytest.param(lambda: SubsetRandomSampler([2, 4, 5]), id="subset"),
+    pytest.param(lambda: DistributedSampler(range(6), num_replicas=2, rank=1, seed=3), id="distributed"),
+]
+
+
+@pytest.mark.parametrize("finite", FINITE_SAMPLERS)
+def test_finite_torch_sampler_becomes_an_infinite_resumable_stream(finite):
+    def loader():
+        return build(
+            0, records=make_records(6), sampler=finite(), total_batch_size=2, aspect_ratio_grouping=False
+        )
+
+    reference = take(loader(), 10)  # more batches than one pass of the sampler
+    first = loader()
+    assert take(first, 4) == reference[:4]
+    resumed = loader()
+    resumed.load_state_dict(round_trip(first.state_dict()))
+    assert take(resumed, 6) == reference[4:]
+
+
+def test_unsupported_sampler_is_a_type_error():
+    with pytest.raises(TypeError, match=r"sampler=\) must be a lazytrain training sampler"):
+        build(0, sampler=iter(range(5)))
+
+
+def test_recipe_sampler_node_shares_the_dataset_and_takes_overrides():
+    cfg = OmegaConf.create(
+        {
+            "train": L(build_detection_train_loader)(
+                dataset=L(make_records)(n=40),
+                mapper=L(NoisyMapper)(),
+                sampler=L(RepeatFactorTrainingSampler.from_dataset_dicts)(
+                    dataset_dicts="${..dataset}", repeat_thresh=0.5, sqrt=True, instance_aware=False, seed=2
+                ),
+                total_batch_size=2,
+                seed=2,
+            )
+        }
+    )
+    LazyConfig.apply_overrides(cfg, ["train.sampler.repeat_thresh=0"])
+    CALLS["make_records"] = 0
+    loader = instantiate(cfg.train)
+    assert CALLS["make_records"] == 1  # one records object for the loader and the sampler
+    assert loader.batch_sampler.sampler.repeat_factors.unique().tolist() == [1.0]  # uniform at t=0
 
 
 def test_test_loader_covers_every_image_once():
     records = make_records(7)
-    loader = build_detection_test_loader(records, mapper=noisy_mapper)
-    assert [b[0]["image_id"] for b in loader] == list(range(7))
+    assert [b[0]["image_id"] for b in build_detection_test_loader(records, mapper=noisy_mapper)] == list(
+        range(7)
+    )
+    shards = [
+        [
+            r["image_id"]
+            for b in build_detection_test_loader(records, mapper=None, sampler=s, batch_size=2)
+            for r in b
+        ]
+        for s in (InferenceSampler(7, rank=r, world_size=3) for r in range(3))
+    ]
+    assert shards == [[0, 1, 2], [3, 4], [5, 6]]
+
+
+def test_test_loader_does_not_replace_an_unreadable_image():
+    def mapper(record):
+        if record["image_id"] == 2:
+            raise FileNotFoundError("no such file")
+        return record
+
+    with pytest.raises(LazytrainError, match=r"the last was 2.jpg \(FileNotFoundError: no such file\)"):
+        list(build_detection_test_loader(make_records(4), mapper=mapper))
+
+
+@pytest.fixture
+def two_datasets():
+    DatasetCatalog.register("_build_a", lambda: make_records(3))
+    DatasetCatalog.register("_build_b", lambda: [dict(r, annotations=[]) for r in make_records(2)])
+    yield
+    DatasetCatalog.remove("_build_a")
+    DatasetCatalog.remove("_build_b")
+
+
+def test_get_detection_dataset_dicts(two_datasets):
+    assert len(get_detection_dataset_dicts("_build_a")) == 3
+    assert len(get_detection_dataset_dicts(["_build_a", "_build_b"], filter_empty=False)) == 5
+    assert len(get_detection_dataset_dicts(["_build_a", "_build_b"])) == 3
+    with pytest.raises(KeyError, match=r"'_build_c' is not registered.*Registered names.*_build_a"):
+        get_detection_dataset_dicts(["_build_a", "_build_c"])
+    with pytest.raises(ValueError, match=r"no images in \['_build_b'\] with annotations"):
+        get_detection_dataset_dicts("_build_b")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Two processes (gloo): the ranks' train loaders read disjoint positions of one stream.
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _record_rank(rank, port, out_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        result = {}
+        for grouping in (False, True):
+            loader = build_detection_train_loader(
+                make_records(),
+                mapper=noisy_mapper,
+                total_batch_size=4,
+                aspect_ratio_grouping=grouping,
+                seed=None,
+            )
+            items = [[item["image_id"], item["noise"][0]] for b in take(loader, 15) for item in b]
+            result[str(grouping)] = {"seed": loader.batch_sampler.seed, "items": items}
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_processes_read_disjoint_shards_of_one_stream(tmp_path):
+    mp.start_processes(_record_rank, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    seed = ranks[0]["False"]["seed"]
+    assert ranks[1]["False"]["seed"] == seed  # seed=None: drawn on rank 0, shared
+    # Without grouping rank r takes the global positions r, r+2, ...: one process sees the same items.
+    single = build_detection_train_loader(
+        make_records(), mapper=noisy_mapper, total_batch_size=2, seed=seed, aspect_ratio_grouping=False
+    )
+    expected = [[item["image_id"], item["noise"][0]] for b in take(single, 30) for item in b]
+    assert ranks[0]["False"]["items"] == expected[0::2] and ranks[1]["False"]["items"] == expected[1::2]
+    # With grouping the batches differ, but the positions (and so the augmentation draws) stay disjoint.
+    draws = [{noise for _, noise in r["True"]["items"]} for r in ranks]
+    assert len(draws[0]) == len(draws[1]) == 30 and not draws[0] & draws[1]
