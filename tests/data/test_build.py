@@ -1,3 +1,4 @@
+import gc
 import io
 import itertools
 import json
@@ -16,6 +17,7 @@ from torch.utils.data import DistributedSampler, RandomSampler, SubsetRandomSamp
 
 from lazytrain.config import LazyCall as L
 from lazytrain.config import LazyConfig, instantiate
+from lazytrain.data import build as build_module
 from lazytrain.data.build import (
     build_detection_test_loader,
     build_detection_train_loader,
@@ -303,3 +305,32 @@ def test_two_processes_read_disjoint_shards_of_one_stream(tmp_path):
     # With grouping the batches differ, but the positions (and so the augmentation draws) stay disjoint.
     draws = [{noise for _, noise in r["True"]["items"]} for r in ranks]
     assert len(draws[0]) == len(draws[1]) == 30 and not draws[0] & draws[1]
+
+
+def _private_kb():
+    with open("/proc/self/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Dirty", "Private_Clean")))
+
+
+def _collect_garbage(record):
+    before = _private_kb()
+    gc.collect()
+    return _private_kb() - before
+
+
+@pytest.mark.parametrize("freeze", [True, False], ids=["frozen", "control"])
+def test_a_garbage_collection_in_a_worker_does_not_copy_the_parents_records(freeze, monkeypatch):
+    if not freeze:
+        monkeypatch.setattr(build_module.gc, "freeze", lambda: None)
+    held = [{"file_name": f"{i}.jpg", "annotations": [{"bbox": [1.0, 2, 3, 4]}]} for i in range(100_000)]
+    loader = build_detection_train_loader(
+        [{}] * 2,
+        mapper=_collect_garbage,
+        total_batch_size=1,
+        num_workers=1,
+        seed=0,
+        aspect_ratio_grouping=False,
+    )
+    growth_kb = next(iter(loader))[0]
+    assert (growth_kb < 5_000) if freeze else (growth_kb > 20_000), growth_kb
+    del held
