@@ -115,13 +115,6 @@ class _Instances:
             _rasterize(list(self.polygons.values()), out, rows=list(self.polygons))
         return torch.from_numpy(out)
 
-    def rasterize_polygons(self) -> None:
-        """Turn the remaining polygons into bitmaps at the current size (before a torchvision transform)."""
-        if self.polygons:
-            self.bitmaps = self.masks()
-            self.bitmap_index = list(range(len(self.bitmaps)))
-            self.polygons = {}
-
     def output(self, recompute_boxes: bool = False) -> dict[str, torch.Tensor]:
         """boxes/classes/masks of the instances still visible, boxes clipped to the image (or, with
         `recompute_boxes`, the extent of the masks)."""
@@ -287,17 +280,14 @@ class DatasetMapper:
 
     @staticmethod
     def _apply_torchvision(augmentation: Any, image: torch.Tensor, instances: _Instances) -> torch.Tensor:
-        """Call a torchvision v2 transform on image, boxes and (bitmap) masks together."""
-        instances.rasterize_polygons()
+        """Call a torchvision v2 transform on image, boxes, labels and masks together (one random draw)."""
         height, width = image.shape[-2:]
         boxes = tv_tensors.BoundingBoxes(instances.boxes, format="XYXY", canvas_size=(height, width))
-        # the permutation maps bitmap rows back to instance order; a transform may drop instances only through
-        # boxes (e.g. SanitizeBoundingBoxes), which needs labels: pass them so it can.
+        # "labels" lets transforms that drop instances (SanitizeBoundingBoxes) drop their classes too
         inputs = {"image": tv_tensors.Image(image), "boxes": boxes, "labels": instances.classes}
         if instances.with_masks:
-            masks = torch.zeros((len(boxes), height, width), dtype=torch.uint8)
-            masks[instances.bitmap_index] = instances.bitmaps
-            inputs["masks"] = tv_tensors.Mask(masks)
+            inputs["masks"] = tv_tensors.Mask(instances.masks())
+            instances.polygons = {}
         outputs = augmentation(inputs)
         image = outputs["image"].as_subclass(torch.Tensor)
         instances.boxes = outputs["boxes"].as_subclass(torch.Tensor).float()
