@@ -80,7 +80,8 @@ def _required_files(name: str) -> list[str]:
     if name.startswith("lvis_v1_"):
         return [
             os.path.join(root, "lvis", f"lvis_v1_{split}.json"),
-            os.path.join(root, "coco", f"{split}2017"),
+            os.path.join(root, "coco", "train2017"),  # LVIS v1 val also uses COCO train2017 images
+            os.path.join(root, "coco", "val2017"),
         ]
     if name.startswith("coco_2017_"):
         return [
