@@ -80,3 +80,28 @@ def test_missing_builtin_data_names_path_and_env(tmp_path, monkeypatch):
         DatasetCatalog.get("lvis_v1_val")
     with pytest.raises(FileNotFoundError, match=r"instances_train2017\.json"):
         DatasetCatalog.get("coco_2017_train")
+
+
+def test_preflight_names_missing_builtin_data(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from lazytrain.data.datasets.builtin import find_missing_data
+
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", str(tmp_path))
+    target = "lazytrain.data.build.get_detection_dataset_dicts"
+    cfg = OmegaConf.create(
+        {
+            "dataloader": {
+                "train": {"dataset": {"_target_": target, "names": ["lvis_v1_train", "synthetic_lt_train"]}},
+                "evaluator": {
+                    "_target_": "lazytrain.evaluation.LVISEvaluator",
+                    "dataset_name": "lvis_v1_val",
+                },
+            }
+        }
+    )
+    problems = find_missing_data(cfg)
+    assert len(problems) == 2 and all("LAZYTRAIN_DATASETS" in p for p in problems)
+    assert (
+        "'lvis_v1_train' is not on disk" in problems[0] and str(tmp_path / "coco" / "val2017") in problems[1]
+    )
