@@ -193,3 +193,10 @@ def test_dataset_stats_script_prints_buckets_and_repeat_factors(tiny, capsys):
     assert f"train: {TINY['num_train']} images" in out and f"val: {TINY['num_val']} images" in out
     assert "| r | 8 (27%) |" in out and "| c | 12 (40%) |" in out and "| f | 10 (33%) |" in out
     assert "repeat factors at t=0.5: epoch" in out
+
+
+def test_incomplete_folder_in_the_way_is_reported(tmp_path):
+    (tmp_path / "synthetic_lt" / "train").mkdir(parents=True)
+    with pytest.raises(OSError, match=r"synthetic_lt exists but holds no complete data set.*delete it"):
+        generate_synthetic_lt(str(tmp_path / "synthetic_lt"), **TINY)
+    assert sorted(os.listdir(tmp_path)) == ["synthetic_lt"]

@@ -514,9 +514,12 @@ def generate_synthetic_lt(
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         try:
             os.rename(tmp, root)
-        except OSError:
+        except OSError as e:
             if not is_complete(root):
-                raise
+                raise OSError(
+                    f"generate_synthetic_lt: {root} exists but holds no complete data set (no lvis_v1_train.json "
+                    "and lvis_v1_val.json); delete it and retry"
+                ) from e
             logger.info("Another process finished %s first; using its copy", root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
