@@ -248,7 +248,7 @@ def run_job(cfg) -> Any:
     per_machine = num_gpus if use_gpu else int(launch_cfg.num_processes)
     main_path = str(launch_cfg.main)
     locate(main_path)  # fail here, not in every rank
-    from lazytrain.launch.launch import launch
+    from lazytrain.launch.launch import get_env_rank_info, launch
 
     container = OmegaConf.to_container(cfg, resolve=True)
     return launch(
@@ -257,7 +257,7 @@ def run_job(cfg) -> Any:
         num_machines=int(launch_cfg.num_machines),
         machine_rank=int(launch_cfg.machine_rank),
         dist_url=launch_cfg.dist_url,
-        args=(container, main_path),
+        args=(container, main_path, get_env_rank_info() is not None),
         use_gpu=use_gpu,
     )
 
@@ -281,16 +281,18 @@ def _resolve_num_gpus(requested) -> int:
     return max(requested, 1)
 
 
-def _run_rank(container: dict, main_path: str) -> Any:
-    """What every rank runs: rebuild the config (rank 0's) and call the program."""
+def _run_rank(container: dict, main_path: str, use_rank0_config: bool = False) -> Any:
+    """What every rank runs: rebuild the config and call the program."""
     from omegaconf import OmegaConf
 
     from lazytrain.config import locate
     from lazytrain.utils import comm
 
-    # Under torchrun/SLURM every rank resolved its own config; values such as a timestamped run dir could
-    # differ by a second between ranks, so all ranks use rank 0's.
-    container = comm.all_gather(container)[0]
+    if use_rank0_config:
+        # Under torchrun/SLURM every rank ran the same command and resolved its own config; values such as a
+        # timestamped run dir can differ by a second between ranks, so all ranks take rank 0's. (Machines
+        # started by separate commands keep their own config: their differences are deliberate.)
+        container = comm.all_gather(container)[0]
     return locate(main_path)(OmegaConf.create(container))
 
 
