@@ -334,3 +334,43 @@ def test_a_garbage_collection_in_a_worker_does_not_copy_the_parents_records(free
     growth_kb = next(iter(loader))[0]
     assert (growth_kb < 5_000) if freeze else (growth_kb > 20_000), growth_kb
     del held
+
+
+def tensor_mapper(record):
+    generator = torch.Generator().manual_seed(record["image_id"])
+    image = torch.randint(
+        0, 255, (3, record["height"], record["width"]), dtype=torch.uint8, generator=generator
+    )
+    return {
+        "image": image,
+        "instances": {
+            "boxes": torch.rand(2, 4, generator=generator),
+            "classes": torch.tensor([record["image_id"], 1]),
+            "masks": image[:2] > 128,  # bool
+            "empty": torch.zeros(0, 4, dtype=torch.float64),
+        },
+        "transposed": (torch.arange(6.0).view(2, 3).t(), "text", 7),  # not contiguous
+        "image_id": record["image_id"],
+    }
+
+
+def assert_same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys() and all(assert_same(a[k], b[k]) is None for k in a)
+    elif isinstance(a, (list, tuple)):
+        assert (
+            type(a) is type(b) and len(a) == len(b) and all(assert_same(x, y) is None for x, y in zip(a, b))
+        )
+    else:
+        assert a == b
+
+
+def test_worker_batches_arrive_intact_through_the_packed_buffer():
+    def loader(num_workers):
+        return build_detection_train_loader(
+            make_records(), mapper=tensor_mapper, total_batch_size=3, num_workers=num_workers, seed=1
+        )
+
+    assert_same(take(loader(2), 5), take(loader(0), 5))
