@@ -35,6 +35,7 @@ __all__ = [
     "build_detection_test_loader",
     "build_detection_train_loader",
     "get_detection_dataset_dicts",
+    "sample_seed",
     "trivial_batch_collator",
 ]
 
