@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -99,28 +100,45 @@ def _locate_node(path: str) -> dict:
     return {"_target_": "lazytrain.config.lazy.locate", "_args_": [path]}
 
 
+def _is_torch_dtype(value: Any) -> bool:
+    # Checked by type name so that converting values never imports torch.
+    return type(value).__name__ == "dtype" and type(value).__module__ == "torch"
+
+
 def to_config_value(value: Any, *, name: str = "value") -> Any:
     """Convert a Python value into something an omegaconf node can hold and YAML can save.
 
-    Dicts, lists and scalars pass through (recursively); dataclass instances become lazy calls of their
-    class; enums become lazy calls of the enum class; classes/functions and ``torch.dtype`` values become
-    nodes that `instantiate` turns back into the object. Anything else is rejected, naming `name`.
+    - dicts, lists, tuples (become lists) and scalars pass through, recursively;
+    - a dataclass instance becomes a lazy call of its class with its init fields, an enum member a lazy call
+      of its enum class: `instantiate` rebuilds an equal object;
+    - a class, function or ``torch.dtype`` becomes a ``lazytrain.config.lazy.locate`` node that
+      `instantiate` turns back into the very same object (``torch.float16`` stays ``torch.float16``).
+
+    Args:
+        value: the value to convert.
+        name: its argument name or key path, used in error messages.
+
+    Raises:
+        ConfigError: naming `name`, for anything else (built objects, bytes, sets, lambdas, ...).
     """
     if isinstance(value, (DictConfig, ListConfig, *_SCALARS)):
         return value
     if isinstance(value, Mapping):
         return {str(k): to_config_value(v, name=f"{name}.{k}") for k, v in value.items()}
-    if isinstance(value, Sequence):
+    if isinstance(value, (list, tuple)):
         return [to_config_value(v, name=f"{name}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
-        return LazyCall(type(value))(**fields)
+        return LazyCall(type(value))(**{k: to_config_value(v, name=f"{name}.{k}") for k, v in fields.items()})
     if isinstance(value, enum.Enum):
         return LazyCall(type(value))(value.value)
-    if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
+    if _is_torch_dtype(value):
         return _locate_node(str(value))  # str(torch.float32) == "torch.float32"
-    if callable(value):
-        return _locate_node(get_dotted_path(value))
+    if inspect.isclass(value) or inspect.isroutine(value):
+        try:
+            return _locate_node(get_dotted_path(value))
+        except ConfigError as e:
+            raise ConfigError(f"{name}: {e}") from None
     raise ConfigError(
         f"{name}: a config cannot hold {value!r} (type {type(value).__name__}); configs hold plain data. "
         "Describe the object with LazyCall(Class)(...) so it is built at instantiation time."
@@ -133,9 +151,15 @@ class LazyCall:
     ``LazyCall(torch.optim.SGD)(lr=0.02)`` returns the DictConfig ``{_target_: "torch.optim.sgd.SGD",
     lr: 0.02}``; `instantiate` makes the call later. Positional arguments go to ``_args_``. The target may
     be a class, a function, a dotted-path string, or another lazy-call node (whose result is then called).
+    Argument values go through `to_config_value`: nested lazy calls, dicts and lists nest; a dataclass
+    instance, a class or a ``torch.dtype`` becomes a node that instantiates back to it.
 
     Args:
         target: what to call.
+
+    Raises:
+        ConfigError: at once, for a lambda, a local function, a non-callable, a target whose dotted path does
+            not import back to it, or an argument value a config cannot hold (naming the argument).
     """
 
     def __init__(self, target: Callable | str | DictConfig | Mapping) -> None:

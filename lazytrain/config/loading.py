@@ -8,10 +8,12 @@ so mutating an imported dict never leaks into another importer.
 from __future__ import annotations
 
 import builtins
+import inspect
 import itertools
 import os
+import traceback
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -23,6 +25,7 @@ __all__ = ["execute_config_file", "public_values"]
 
 _FILE_KEY = "__lazytrain_config_file__"
 _counter = itertools.count()
+_executing: list[str] = []  # files being executed, innermost last (cycle detection)
 
 
 def _relative_import(name: str, importer_file: str, level: int) -> types.ModuleType:
@@ -36,15 +39,21 @@ def _relative_import(name: str, importer_file: str, level: int) -> types.ModuleT
         )
     target = os.path.join(base_dir, *name.split(".")) + ".py"
     if not os.path.isfile(target):
+        hint = ""
+        if os.path.isdir(target[:-3]):
+            hint = f" '{target[:-3]}' is a folder: import from a file in it ('from {'.' * level}{name}.FILE import ...')."
         raise ConfigError(
             f"{importer_file}: 'from {'.' * level}{name} import ...' refers to config file {target}, "
-            "which does not exist. Relative imports in config files resolve by file location."
+            f"which does not exist. Relative imports in config files resolve by file location.{hint}"
         )
     module = execute_config_file(target)
-    # Imported dicts become DictConfigs so the importer can write `train.max_iter = 20`, as in detectron2.
-    for name, value in public_values(module).items():
-        if isinstance(value, (Mapping, Sequence)) and not isinstance(value, (str, DictConfig, ListConfig)):
-            setattr(module, name, OmegaConf.create(to_config_value(value, name=name)))
+    # Imported dicts and lists become omegaconf nodes so the importer can write `train.max_iter = 20` and
+    # `model.backbone.depth = 18`, as in detectron2. Other values stay Python objects until the final load.
+    for key, value in vars(module).items():
+        if key.startswith("_") or not isinstance(value, (Mapping, list, tuple)):
+            continue
+        if not isinstance(value, (DictConfig, ListConfig)):
+            setattr(module, key, OmegaConf.create(to_config_value(value, name=key)))
     return module
 
 
@@ -57,12 +66,22 @@ def _make_import(importer_file: str):
     return _import
 
 
+def _error_line(error: BaseException, path: str) -> int | None:
+    """The line of `path` that was executing when `error` was raised (innermost frame in that file)."""
+    line = None
+    for frame, lineno in traceback.walk_tb(error.__traceback__):
+        if frame.f_code.co_filename == path:
+            line = lineno
+    return line
+
+
 def execute_config_file(path: str) -> types.ModuleType:
     """Execute a Python config file as a fresh module and return it.
 
     Raises:
-        ConfigError: the file is missing, has a syntax error (file and line named), or imports a missing
-            config file.
+        ConfigError: the file is missing, has a syntax error (file and line named), imports a missing
+            config file, imports itself in a cycle, or raises while executing (file and line named, the
+            original exception chained).
     """
     path = os.path.abspath(path)
     try:
@@ -74,26 +93,57 @@ def execute_config_file(path: str) -> types.ModuleType:
         code = compile(source, path, "exec")
     except SyntaxError as e:
         raise ConfigError(f"syntax error in config file {path}, line {e.lineno}: {e.msg}") from e
+    if path in _executing:
+        chain = " -> ".join([*_executing[_executing.index(path) :], path])
+        raise ConfigError(f"config files import each other in a cycle: {chain}")
     module = types.ModuleType(f"lazytrain_config_{next(_counter)}_{os.path.basename(path)[:-3]}")
     module.__file__ = path
     module_builtins = dict(vars(builtins))
     module_builtins["__import__"] = _make_import(path)
     module.__dict__.update({"__builtins__": module_builtins, _FILE_KEY: path})
-    exec(code, module.__dict__)
+    _executing.append(path)
+    try:
+        exec(code, module.__dict__)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(
+            f"error in config file {path}, line {_error_line(e, path)}: {type(e).__name__}: {e}"
+        ) from e
+    finally:
+        _executing.pop()
     return module
 
 
-def _is_config_value(value: Any) -> bool:
-    if isinstance(value, (DictConfig, ListConfig, str, int, float, bool, type(None))):
-        return True
-    return isinstance(value, (Mapping, Sequence)) and not isinstance(value, (bytes, bytearray))
+def _is_dropped(value: Any) -> bool:
+    """Module-level values a config leaves out: modules, classes, functions and typing constructs."""
+    return (
+        isinstance(value, types.ModuleType)
+        or inspect.isclass(value)
+        or inspect.isroutine(value)
+        or type(value).__module__ == "typing"
+    )
 
 
 def public_values(module: types.ModuleType) -> dict[str, Any]:
-    """The module's public module-level values a config keeps: dicts, lists and scalars (no modules,
-    functions, classes or ``_private`` names)."""
-    return {
-        name: value
-        for name, value in vars(module).items()
-        if not name.startswith("_") and _is_config_value(value)
-    }
+    """The public module-level values of an executed config file, converted to config values.
+
+    Dicts, lists, scalars (and what `to_config_value` converts: dataclass instances, enums, torch dtypes)
+    are kept; modules, classes, functions and ``_private`` names are left out.
+
+    Raises:
+        ConfigError: naming the file and variable, for a public value a config cannot hold (e.g. an
+            object built eagerly in the file; describe it with ``LazyCall`` or give it a ``_name``).
+    """
+    values = {}
+    for name, value in vars(module).items():
+        if name.startswith("_") or _is_dropped(value):
+            continue
+        try:
+            values[name] = to_config_value(value, name=name)
+        except ConfigError as e:
+            raise ConfigError(
+                f"config file {module.__file__}: {e} To keep a helper object out of the config, give it a "
+                f"private name (_{name})."
+            ) from None
+    return values

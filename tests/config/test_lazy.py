@@ -68,3 +68,33 @@ def test_locate_names_missing_attribute():
 def test_import_config_does_not_import_torch():
     code = "import sys, lazytrain.config; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        pytest.param(b"xy", r"weights: a config cannot hold b'xy' \(type bytes\)", id="bytes"),
+        pytest.param({1, 2}, r"weights: a config cannot hold \{1, 2\} \(type set\)", id="set"),
+        pytest.param(helpers.Registry(), r"weights: a config cannot hold .* \(type Registry\)", id="object"),
+        pytest.param(
+            [1, helpers.make_adder(1)], r"weights\[1\]: LazyCall target .* local function", id="local"
+        ),
+    ],
+)
+def test_lazycall_values_a_config_cannot_hold_name_the_argument(value, message):
+    with pytest.raises(ConfigError, match=message):
+        L(helpers.record)(weights=value)
+
+
+def test_tuples_become_lists_and_nested_dataclass_fields_convert():
+    node = L(helpers.record)(size=(2, 3), outer=helpers.Point(x=helpers.Point(1, 2)))
+    assert list(node.size) == [2, 3]
+    assert node.outer.x._target_ == "tests.config.helpers.Point"
+    assert instantiate(node) == {"size": [2, 3], "outer": helpers.Point(helpers.Point(1, 2), 0)}
+
+
+def test_torch_dtype_value_round_trips_as_the_same_object():
+    torch = pytest.importorskip("torch")
+    node = L(helpers.record)(dtype=torch.float16)
+    assert node.dtype == {"_target_": "lazytrain.config.lazy.locate", "_args_": ["torch.float16"]}
+    assert instantiate(node)["dtype"] is torch.float16

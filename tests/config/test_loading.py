@@ -172,3 +172,69 @@ def test_current_version_file_is_not_rewritten(tmp_path):
     path = tmp_path / "new.yaml"
     path.write_text("# lazytrain-config-version: 1\nsampler:\n  threshold: 3\n")
     assert LazyConfig.load(str(path)).sampler.threshold == 3
+
+
+def test_module_level_dataclass_and_tuple_are_kept(tmp_path):
+    path = write(
+        tmp_path / "a.py",
+        """
+        import dataclasses
+        from tests.config.helpers import Point
+        origin = Point(1, 2)
+        size = (3, 4)
+        """,
+    )
+    cfg = LazyConfig.load(str(path))
+    assert set(cfg.keys()) == {"origin", "size"}
+    assert instantiate(cfg.origin) == helpers.Point(1, 2)
+    assert list(cfg.size) == [3, 4]
+
+
+def test_eagerly_built_object_is_an_error_naming_the_variable(tmp_path):
+    path = write(
+        tmp_path / "a.py", "import logging\nlog = logging.getLogger('x')\n_ok = logging.getLogger('y')\n"
+    )
+    with pytest.raises(ConfigError, match=r"a\.py: log: a config cannot hold .*private name \(_log\)"):
+        LazyConfig.load(str(path))
+
+
+def test_imported_dataclass_stays_an_object_in_the_importer(tmp_path):
+    write(
+        tmp_path / "base.py",
+        "from tests.config.helpers import Point\norigin = Point(1, 2)\nopts = dict(a=1)\n",
+    )
+    path = write(tmp_path / "child.py", "from .base import origin, opts\norigin.x = 5\nopts.b = 2\n")
+    cfg = LazyConfig.load(str(path))
+    assert instantiate(cfg.origin) == helpers.Point(5, 2)
+    assert dict(cfg.opts) == {"a": 1, "b": 2}
+
+
+def test_import_cycle_is_named(tmp_path):
+    write(tmp_path / "a.py", "from .b import x\ny = 1\n")
+    write(tmp_path / "b.py", "from .a import y\nx = 1\n")
+    with pytest.raises(ConfigError, match=r"cycle: .*a\.py -> .*b\.py -> .*a\.py"):
+        LazyConfig.load(str(tmp_path / "a.py"))
+
+
+def test_error_while_executing_names_file_and_line(tmp_path):
+    write(tmp_path / "base.py", "x = 1\ny = undefined_name\n")
+    path = write(tmp_path / "a.py", "from .base import x\n")
+    with pytest.raises(ConfigError, match=r"base\.py, line 2: NameError: name 'undefined_name'") as info:
+        LazyConfig.load(str(path))
+    assert isinstance(info.value.__cause__, NameError)
+
+
+def test_missing_imported_name_names_the_file(tmp_path):
+    write(tmp_path / "base.py", "x = 1\n")
+    path = write(tmp_path / "a.py", "from .base import model\n")
+    with pytest.raises(
+        ConfigError, match=r"a\.py, line 1: ImportError: cannot import name 'model' .*base\.py"
+    ):
+        LazyConfig.load(str(path))
+
+
+def test_importing_a_folder_suggests_a_file(tmp_path):
+    (tmp_path / "models").mkdir()
+    path = write(tmp_path / "a.py", "from .models import model\n")
+    with pytest.raises(ConfigError, match=r"is a folder: import from a file in it"):
+        LazyConfig.load(str(path))
