@@ -2,23 +2,45 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from lazytrain.config.lazy import get_dotted_path, locate, to_config_value
+from lazytrain.config.lazy import to_config_value
 from lazytrain.config.loading import execute_config_file, public_values
 from lazytrain.config.overrides import apply_overrides
+from lazytrain.config.rendering import render_python
 from lazytrain.config.versioning import CONFIG_VERSION, VERSION_HEADER, read_version, upgrade_config
 from lazytrain.errors import ConfigError
 
 __all__ = ["LazyConfig"]
 
 _YAML_SCALARS = (str, int, float, bool, type(None))
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+# YAML 1.1 (PyYAML) reads `1e-3` as a string; configs mean a float, as omegaconf's own loader does.
+_FLOAT_PATTERN = re.compile(
+    r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+    |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.VERBOSE,
+)
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (no Python objects) with the float rule above."""
+
+
+_SafeLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _FLOAT_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_SafeLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_PATTERN, list("-+0123456789."))
 
 
 def _check_representable(node: Any, path: str) -> None:
@@ -66,7 +88,7 @@ class LazyConfig:
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {os.path.abspath(path)}") from None
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_SafeLoader)
         except yaml.YAMLError as e:
             raise ConfigError(f"invalid YAML in config file {path}: {e}") from e
         if data is None:
@@ -89,6 +111,7 @@ class LazyConfig:
         _check_representable(cfg, "")
         text = VERSION_HEADER.format(version=CONFIG_VERSION) + OmegaConf.to_yaml(cfg, resolve=False)
         path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
@@ -102,54 +125,13 @@ class LazyConfig:
 
     @staticmethod
     def to_py(cfg: DictConfig, prefix: str = "") -> str:
-        """Render `cfg` as readable Python using ``LazyCall`` (no formatter needed)."""
-        return _PythonRenderer().render(cfg, prefix)
+        """Render `cfg` as a readable Python config file using ``LazyCall`` (no formatter needed).
 
+        Args:
+            cfg: the config.
+            prefix: prepended to every top-level variable name.
 
-@dataclasses.dataclass
-class _PythonRenderer:
-    imports: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    def render(self, cfg: DictConfig, prefix: str) -> str:
-        body = [f"{prefix}{key} = {self._value(cfg._get_node(key), 0)}" for key in cfg.keys()]
-        header = ["from lazytrain.config import LazyCall as L"]
-        header += sorted(f"from {module} import {name}" for name, module in self.imports.items())
-        return "\n".join(header) + "\n\n" + "\n".join(body) + "\n"
-
-    def _target_name(self, path: str) -> str:
-        try:
-            obj = locate(path)
-            dotted = get_dotted_path(obj)
-        except (ImportError, ConfigError):
-            return repr(path)
-        qualname = obj.__qualname__
-        module, head = dotted[: -len(qualname) - 1], qualname.split(".")[0]
-        if self.imports.setdefault(head, module) != module:
-            return repr(path)
-        return qualname
-
-    def _value(self, node: Any, indent: int) -> str:
-        pad, inner = "    " * indent, "    " * (indent + 1)
-        if isinstance(node, DictConfig):
-            keys = list(node.keys())
-            if "_target_" in keys and isinstance(node._get_node("_target_")._value(), str):
-                target = self._target_name(node._get_node("_target_")._value())
-                args = node._get_node("_args_") if "_args_" in keys else []
-                items = [self._value(args._get_node(i), indent + 1) for i in range(len(args))]
-                items += [
-                    f"{k}={self._value(node._get_node(k), indent + 1)}"
-                    for k in keys
-                    if k not in ("_target_", "_args_")
-                ]
-                return (
-                    f"L({target})("
-                    + "".join(f"\n{inner}{i}," for i in items)
-                    + (f"\n{pad})" if items else ")")
-                )
-            items = [f"{k!r}: {self._value(node._get_node(k), indent + 1)}" for k in keys]
-            return "{" + "".join(f"\n{inner}{i}," for i in items) + (f"\n{pad}}}" if items else "}")
-        if isinstance(node, ListConfig):
-            items = [self._value(node._get_node(i), indent + 1) for i in range(len(node))]
-            return "[" + "".join(f"\n{inner}{i}," for i in items) + (f"\n{pad}]" if items else "]")
-        value = node._value() if hasattr(node, "_value") else node
-        return repr(value)
+        Returns:
+            Python source that `LazyConfig.load` reads back to an equal config.
+        """
+        return render_python(cfg, prefix)

@@ -238,3 +238,40 @@ def test_importing_a_folder_suggests_a_file(tmp_path):
     path = write(tmp_path / "a.py", "from .models import model\n")
     with pytest.raises(ConfigError, match=r"is a folder: import from a file in it"):
         LazyConfig.load(str(path))
+
+
+def test_yaml_reads_exponent_floats_and_keeps_quoted_strings(tmp_path):
+    path = tmp_path / "hand.yaml"
+    path.write_text("lr: 1e-3\nwd: -2E+4\nscale: .5\nname: '1e-3'\nsteps: 1_000\n")
+    cfg = LazyConfig.load(str(path))
+    assert cfg == {"lr": 0.001, "wd": -20000.0, "scale": 0.5, "name": "1e-3", "steps": 1000}
+    assert type(cfg.lr) is float and type(cfg.name) is str
+
+
+def test_save_load_round_trips_float_extremes_and_string_lookalikes(tmp_path):
+    cfg = OmegaConf.create({"a": 1e-8, "b": 1e20, "c": float("inf"), "d": "1e-3", "e": "null", "f": "${a}"})
+    path = tmp_path / "new" / "folder" / "c.yaml"
+    LazyConfig.save(cfg, str(path))
+    again = LazyConfig.load(str(path))
+    assert again == cfg
+    assert type(again.d) is str and again.e == "null"
+
+
+def test_to_py_handles_lazy_targets_odd_keys_and_inf(tmp_path):
+    cfg = OmegaConf.create(
+        {
+            "adder": {"_target_": L(helpers.make_adder)(offset=10), "_args_": [5]},
+            "odd": L(helpers.record)(**{"my-key": 1, "class": 2, "ok": float("inf")}),
+            "none_node": None,
+            "empty": L(helpers.record)(),
+        }
+    )
+    text = LazyConfig.to_py(cfg)
+    assert "L(L(make_adder)(\n" in text
+    assert "**{\n" in text and "'my-key': 1" in text and "ok=float('inf')" in text
+    path = tmp_path / "rendered.py"
+    path.write_text(text)
+    again = LazyConfig.load(str(path))
+    assert again == cfg
+    assert instantiate(again.adder) == 15
+    assert instantiate(again.odd) == {"my-key": 1, "class": 2, "ok": float("inf")}
