@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from lazytrain.errors import ConfigError
 
@@ -50,34 +51,45 @@ def _did_you_mean(cfg: DictConfig, key: str) -> str:
     return f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""
 
 
+def _not_a_node(key: str, inside: str, node: Any, part: str) -> ConfigError:
+    return ConfigError(
+        f"override '{key}': '{inside}' holds a plain value ({type(node._value()).__name__} {node._value()!r}), "
+        f"not a config node, so it has no key '{part}'. Override '{inside}' itself (e.g. {inside}=VALUE)."
+    )
+
+
+def _child(node: Any, part: str) -> Any:
+    """The child node named `part`, or None when `node` is a container without it."""
+    if isinstance(node, DictConfig):
+        return node._get_node(part) if part in node else None
+    if part.isdigit() and int(part) < len(node):
+        return node._get_node(int(part))
+    return None
+
+
 def _find(cfg: DictConfig, key: str) -> tuple[Any, str, bool]:
-    """Walk to the parent of `key`. Returns (parent container or None, last part, exists)."""
+    """Walk to the parent of `key`. Returns (parent container or None when a parent is missing, last part,
+    whether the key exists)."""
     *parents, last = key.split(".")
     node: Any = cfg
     for depth, part in enumerate(parents):
-        if isinstance(node, DictConfig) and part in node:
-            node = node._get_node(part)
-            if node._is_interpolation():
-                node = node._dereference_node()
-        elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
-            node = node._get_node(int(part))
-        elif isinstance(node, (DictConfig, ListConfig)):
+        if not isinstance(node, (DictConfig, ListConfig)):
+            raise _not_a_node(key, ".".join(parents[:depth]), node, part)
+        node = _child(node, part)
+        if node is None:
             return None, last, False
-        else:
-            inside = ".".join(parents[:depth])
+        if node._is_interpolation():
+            # Writing through a reference would silently replace it (and un-share a node built once).
+            inside = ".".join(parents[: depth + 1])
+            rest = ".".join([*parents[depth + 1 :], last])
+            target = node._dereference_node()._get_full_key(None)
             raise ConfigError(
-                f"override '{key}': '{inside}' holds a {type(node._value()).__name__} value, not a config "
-                f"node, so it has no key '{part}'. Override '{inside}' itself (e.g. {inside}=VALUE)."
+                f"override '{key}': '{inside}' is an interpolation ({node._value()}) of '{target}'. Override "
+                f"'{target}.{rest}' to change the shared value, or replace '{inside}' as a whole."
             )
-    if isinstance(node, DictConfig):
-        return node, last, last in node
-    if isinstance(node, ListConfig):
-        return node, last, last.isdigit() and int(last) < len(node)
-    inside = ".".join(parents)
-    raise ConfigError(
-        f"override '{key}': '{inside}' holds a {type(node._value()).__name__} value, not a config node, so it "
-        f"has no key '{last}'. Override '{inside}' itself (e.g. {inside}=VALUE)."
-    )
+    if not isinstance(node, (DictConfig, ListConfig)):
+        raise _not_a_node(key, ".".join(parents), node, last)
+    return node, last, _child(node, last) is not None
 
 
 def _set(cfg: DictConfig, key: str, value: Any) -> None:
@@ -103,12 +115,47 @@ def _delete(cfg: DictConfig, key: str, expected: Any, line: str) -> None:
     parent.pop(index)
 
 
+def _apply(cfg: DictConfig, override: Any, line: str) -> None:
+    key = override.key_or_group
+    if override.is_sweep_override():
+        raise ConfigError(
+            f"override '{line}' is a sweep; run with -m/--multirun to launch one job per value "
+            f"(e.g. python -m lazytrain CONFIG -m {line})."
+        )
+    value = override.value()
+    if override.is_delete():
+        _delete(cfg, key, value, line)
+        return
+    _, _, exists = _find(cfg, key)
+    if override.is_add() and exists:
+        raise ConfigError(
+            f"override '{line}': '{key}' already exists; use '{key}=...' to change it or '++{key}=...' "
+            "to add-or-change."
+        )
+    if not exists and not (override.is_add() or override.is_force_add()):
+        raise ConfigError(
+            f"override '{line}': key '{key}' is not in the config.{_did_you_mean(cfg, key)} "
+            f"To add a new key use '+{key}=...'."
+        )
+    _set(cfg, key, value)
+
+
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     """Apply Hydra-grammar overrides to `cfg` in place and return it.
 
+    Overrides apply in order, so a later one sees the effect of an earlier one (``+a.b=1 a.b=2``).
+
+    Args:
+        cfg: the config to change.
+        overrides: command-line overrides such as ``["train.max_iter=100", "+model.extra=1", "~train.hooks.x"]``.
+
+    Returns:
+        `cfg` itself.
+
     Raises:
-        ConfigError: unparsable override, unknown key (with suggestions), adding an existing key with
-            ``+``, overriding inside a non-config value, or a sweep (use ``-m``).
+        ConfigError: naming the override, for an unparsable override, an unknown key (with suggestions),
+            adding an existing key with ``+``, overriding inside a plain value or through an interpolation,
+            or a sweep (use ``-m``).
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -119,26 +166,8 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
             override = parser.parse_override(line)
         except HydraException as e:
             raise ConfigError(f"cannot parse override '{line}': {e}") from None
-        key = override.key_or_group
-        if override.is_sweep_override():
-            raise ConfigError(
-                f"override '{line}' is a sweep; run with -m/--multirun to launch one job per value "
-                f"(e.g. python -m lazytrain CONFIG -m {line})."
-            )
-        value = override.value()
-        if override.is_delete():
-            _delete(cfg, key, value, line)
-            continue
-        _, _, exists = _find(cfg, key)
-        if override.is_add() and exists:
-            raise ConfigError(
-                f"override '{line}': '{key}' already exists; use '{key}=...' to change it or '++{key}=...' "
-                "to add-or-change."
-            )
-        if not exists and not (override.is_add() or override.is_force_add()):
-            raise ConfigError(
-                f"override '{line}': key '{key}' is not in the config.{_did_you_mean(cfg, key)} "
-                f"To add a new key use '+{key}=...'."
-            )
-        _set(cfg, key, value)
+        try:
+            _apply(cfg, override, line)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"override '{line}' failed: {type(e).__name__}: {e}") from e
     return cfg

@@ -107,9 +107,56 @@ def test_add_existing_key_is_error(cfg):
         LazyConfig.apply_overrides(cfg, ["+train.lr=1"])
 
 
-def test_override_inside_non_config_value_is_error(cfg):
-    with pytest.raises(ConfigError, match=r"'train\.max_iter' holds a int value, not a config node"):
-        LazyConfig.apply_overrides(cfg, ["train.max_iter.x=1"])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        pytest.param("train.max_iter.x=1", r"'train\.max_iter' holds a plain value \(int 100\)", id="int"),
+        pytest.param("+train.name.x.y=1", r"'train\.name' holds a plain value \(str 'run'\)", id="add-deep"),
+        pytest.param("train.steps.0.x=1", r"'train\.steps\.0' holds a plain value \(int 1\)", id="list-item"),
+        pytest.param("~train.lr.x", r"'train\.lr' holds a plain value \(float 0\.1\)", id="delete"),
+    ],
+)
+def test_override_inside_non_config_value_is_error(cfg, override, message):
+    with pytest.raises(ConfigError, match=message + ", not a config node"):
+        LazyConfig.apply_overrides(cfg, [override])
+
+
+def test_override_through_interpolation_is_error_naming_the_shared_key(cfg):
+    expected = (
+        "'dataloader.train.sampler.dataset_dicts' is an interpolation (${..dataset}) of "
+        "'dataloader.train.dataset'. Override 'dataloader.train.dataset.size' to change the shared value"
+    )
+    with pytest.raises(ConfigError) as info:
+        LazyConfig.apply_overrides(cfg, ["dataloader.train.sampler.dataset_dicts.size=2"])
+    assert expected in str(info.value)
+    assert OmegaConf.is_interpolation(cfg.dataloader.train.sampler, "dataset_dicts")
+
+
+def test_replacing_an_interpolation_as_a_whole_is_allowed(cfg):
+    LazyConfig.apply_overrides(cfg, ["dataloader.train.sampler.dataset_dicts=[1]"])
+    assert list(cfg.dataloader.train.sampler.dataset_dicts) == [1]
+
+
+def test_list_items_can_be_set_and_deleted(cfg):
+    LazyConfig.apply_overrides(cfg, ["train.steps.0=9", "~train.steps.1"])
+    assert list(cfg.train.steps) == [9]
+
+
+def test_overrides_apply_in_order(cfg):
+    LazyConfig.apply_overrides(cfg, ["+train.extra=1", "train.extra=2", "++train.extra=3"])
+    assert cfg.train.extra == 3
+
+
+def test_delete_unknown_key_suggests(cfg):
+    with pytest.raises(
+        ConfigError, match=r"cannot delete 'train\.max_iters', no such key\. Did you mean: train\.max_iter"
+    ):
+        LazyConfig.apply_overrides(cfg, ["~train.max_iters"])
+
+
+def test_omegaconf_failure_names_the_override(cfg):
+    with pytest.raises(ConfigError, match=r"override '\+train\.steps\.5=1' failed: .*out of range"):
+        LazyConfig.apply_overrides(cfg, ["+train.steps.5=1"])
 
 
 @pytest.mark.parametrize("sweep", ["train.lr=0.1,0.2", "train.max_iter=range(1,3)", "train.lr=choice(1,2)"])
