@@ -28,7 +28,7 @@ from lazytrain.errors import ConfigError
 
 __all__ = ["instantiate", "InstantiationError"]
 
-_CONVERT_MODES = ("none", "partial", "object", "all")
+CONVERT_MODES = ("none", "partial", "object", "all")
 _DEFAULT_CONVERT = "all"
 
 
@@ -120,8 +120,8 @@ class _Builder:
         recursive = bool(self.setting(node, extra, "_recursive_", True))
         partial = bool(self.setting(node, extra, "_partial_", False))
         convert = str(self.setting(node, extra, "_convert_", convert))
-        if convert not in _CONVERT_MODES:
-            raise ValueError(f"_convert_ must be one of {_CONVERT_MODES}; got {convert!r}")
+        if convert not in CONVERT_MODES:
+            raise ValueError(f"_convert_ must be one of {CONVERT_MODES}; got {convert!r}")
         target = self.target(node, path, convert, extra)
         if "_args_" in extra:
             args = list(extra.pop("_args_"))
@@ -189,6 +189,6 @@ def instantiate(cfg: Any, /, **kwargs: Any) -> Any:
             f"instantiate(**kwargs) passes keyword arguments to a '_target_', but this config has none; "
             f"got {sorted(kwargs)}"
         )
-    if convert not in _CONVERT_MODES:
-        raise ValueError(f"instantiate(_convert_=) must be one of {_CONVERT_MODES}; got {convert!r}")
+    if convert not in CONVERT_MODES:
+        raise ValueError(f"instantiate(_convert_=) must be one of {CONVERT_MODES}; got {convert!r}")
     return builder.build(cfg, _full_key(cfg) if OmegaConf.is_config(cfg) else "", convert)

@@ -1,17 +1,25 @@
-"""Check a whole config before anything expensive runs: targets import, keyword arguments match signatures,
-mandatory (``???``) values are set, literal values match simple annotations. All problems are reported at
-once, each with its config key path and, for misspelled names, a did-you-mean suggestion.
+"""Check a whole config before anything expensive runs, without building anything.
+
+Checked: every ``_target_`` imports and is callable; keyword arguments are accepted by the target's
+signature (unless it takes ``**kwargs``) and required ones are given; ``_args_`` is not longer than the
+positional parameters; ``_partial_``/``_recursive_``/``_convert_`` hold valid values; mandatory (``???``)
+values are set; plain references (``${a.b}``, ``${..x}``) point at existing keys; literal values match
+``int``/``float``/``str``/``bool`` annotations. All problems are reported at once, each starting with its
+config key path, misspelled argument names with a did-you-mean suggestion. Only the targets' modules are
+imported (torch only when a target lives there).
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
+from lazytrain.config.instantiate import CONVERT_MODES
 from lazytrain.config.lazy import RESERVED_KEYS, locate
 from lazytrain.errors import ConfigError
 
@@ -19,9 +27,12 @@ __all__ = ["find_problems", "validate"]
 
 _SIMPLE_TYPES = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
 _SIMPLE_NAMES = {"int": int, "float": float, "str": str, "bool": bool}
+_REFERENCE = re.compile(r"^\$\{\.*[\w\-\[\]]+(?:\.[\w\-\[\]]+)*\}$")
 
 
 def _join(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
     return f"{path}.{key}" if path else str(key)
 
 
@@ -46,6 +57,19 @@ def _type_problem(param: inspect.Parameter, node: Any) -> str | None:
     return None
 
 
+def _check_settings(node: DictConfig, path: str, problems: list[str]) -> None:
+    """Hydra's call settings hold values `instantiate` accepts."""
+    for key in ("_partial_", "_recursive_"):
+        raw = node._get_node(key) if key in node else None
+        if raw is not None and not raw._is_interpolation() and not isinstance(raw._value(), bool):
+            problems.append(f"{_join(path, key)}: must be true or false; got {raw._value()!r}.")
+    raw = node._get_node("_convert_") if "_convert_" in node else None
+    if raw is not None and not raw._is_interpolation() and raw._value() not in CONVERT_MODES:
+        problems.append(
+            f"{_join(path, '_convert_')}: must be one of {', '.join(CONVERT_MODES)}; got {raw._value()!r}."
+        )
+
+
 def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: list[str]) -> None:
     raw = node._get_node("_target_")
     if isinstance(raw, DictConfig) or raw._is_interpolation():
@@ -56,6 +80,10 @@ def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: 
     except ImportError as e:
         problems.append(f"{_join(path, '_target_')}: cannot import '{name}': {e}")
         return
+    if not callable(target):
+        problems.append(f"{_join(path, '_target_')}: '{name}' is not callable (a {type(target).__name__}).")
+        return
+    _check_settings(node, path, problems)
     signature = _signature(target)
     if signature is None:
         return
@@ -78,6 +106,11 @@ def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: 
     num_args = len(node._get_node("_args_")) if "_args_" in node else 0
     provided = set(given) | set(injected)
     positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes_any = any(p.kind is p.VAR_POSITIONAL for p in params.values())
+    if num_args > len(positional) and not takes_any:
+        problems.append(
+            f"{_join(path, '_args_')}: {name} takes {len(positional)} positional argument(s); got {num_args}."
+        )
     for param in params.values():
         if param.default is not param.empty or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
@@ -87,25 +120,43 @@ def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: 
             problems.append(f"{_join(path, param.name)}: missing required argument '{param.name}' of {name}.")
 
 
+def _reference_problem(child: Any) -> str | None:
+    """A plain reference interpolation (``${a.b}``, ``${..x}``) to a key that does not exist."""
+    text = child._value()
+    if not isinstance(text, str) or not _REFERENCE.match(text):
+        return None  # resolvers (${oc.env:X}, ${hydra:...}) and string templates are not checked
+    try:
+        child._dereference_node()
+    except Exception as e:  # omegaconf raises several error types for a dangling reference
+        return f"interpolation {text} does not resolve: {str(e).splitlines()[0]}"
+    return None
+
+
 def _walk(node: Any, path: str, injected: Mapping[str, Iterable[str]], problems: list[str]) -> None:
     if isinstance(node, DictConfig):
+        if node._is_none():
+            return
+        given_later = set(injected.get(path, ())) if "_target_" in node else set()
         if "_target_" in node:
-            _check_call(node, path, injected.get(path, ()), problems)
-        for key in node.keys():
-            child = node._get_node(key)
-            if child._is_missing():
-                problems.append(
-                    f"{_join(path, key)}: mandatory value is missing (???). Set it: {_join(path, key)}=VALUE"
-                )
-            elif not child._is_interpolation():
-                _walk(child, _join(path, key), injected, problems)
+            _check_call(node, path, given_later, problems)
+        keys: Iterable[Any] = node.keys()
     elif isinstance(node, ListConfig):
-        for index in range(len(node)):
-            child = node._get_node(index)
-            if child._is_missing():
-                problems.append(f"{path}[{index}]: mandatory value is missing (???).")
-            elif not child._is_interpolation():
-                _walk(child, _join(path, index), injected, problems)
+        if node._is_none():
+            return
+        given_later, keys = set(), range(len(node))
+    else:
+        return
+    for key in keys:
+        child, child_path = node._get_node(key), _join(path, key)
+        if child._is_missing():
+            if key not in given_later:
+                problems.append(f"{child_path}: mandatory value is missing (???). Set it: {child_path}=VALUE")
+        elif child._is_interpolation():
+            problem = _reference_problem(child)
+            if problem:
+                problems.append(f"{child_path}: {problem}")
+        else:
+            _walk(child, child_path, injected, problems)
 
 
 def find_problems(cfg: DictConfig, injected: Mapping[str, Iterable[str]] | None = None) -> list[str]:
