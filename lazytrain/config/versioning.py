@@ -22,6 +22,7 @@ VERSION_HEADER = "# lazytrain-config-version: {version}\n"
 RENAMES: list[tuple[int, str, str]] = [
     (1, "dataloader.train.sampler.threshold", "dataloader.train.sampler.repeat_thresh"),
 ]
+_ABSENT = object()
 _HEADER_PATTERN = re.compile(r"^#\s*lazytrain-config-version:\s*(\d+)\s*$", re.MULTILINE)
 
 
@@ -48,12 +49,31 @@ def _pop_key(cfg: DictConfig, dotted: str) -> tuple[bool, object]:
 
 
 def upgrade_config(cfg: DictConfig, version: int, *, source: str = "config") -> DictConfig:
-    """Apply every rename newer than `version` to `cfg` in place and return it."""
-    for introduced_in, old, new in RENAMES:
+    """Apply every rename newer than `version` to `cfg` in place, oldest first, and return it.
+
+    Args:
+        cfg: a config loaded from a saved file.
+        version: the version the file was saved with (see `read_version`).
+        source: how to name the config in warnings (its path).
+    """
+    if version > CONFIG_VERSION:
+        logger.warning(
+            "%s was saved by a newer lazytrain (config version %d; this one reads up to %d): renamed keys "
+            "may not be recognised.",
+            source,
+            version,
+            CONFIG_VERSION,
+        )
+    for introduced_in, old, new in sorted(RENAMES, key=lambda row: row[0]):
         if introduced_in <= version:
             continue
         found, value = _pop_key(cfg, old)
         if not found:
+            continue
+        if OmegaConf.select(cfg, new, default=_ABSENT, throw_on_resolution_failure=False) is not _ABSENT:
+            logger.warning(
+                "%s: key '%s' was renamed to '%s', which is also set; '%s' dropped.", source, old, new, old
+            )
             continue
         OmegaConf.update(cfg, new, value, force_add=True)
         logger.warning(

@@ -151,29 +151,6 @@ def test_to_py_renders_loadable_python(tmp_path):
     assert LazyConfig.load(str(path)) == cfg
 
 
-def test_versioning_renames_old_key_with_warning(tmp_path, caplog):
-    path = tmp_path / "old.yaml"
-    path.write_text(
-        "# lazytrain-config-version: 0\n"
-        "dataloader:\n  train:\n    sampler:\n      _target_: tests.config.helpers.Sampler\n"
-        "      dataset_dicts: []\n      threshold: 0.001\n"
-    )
-    with caplog.at_level("WARNING", logger="lazytrain.config.versioning"):
-        cfg = LazyConfig.load(str(path))
-    assert cfg.dataloader.train.sampler.repeat_thresh == 0.001
-    assert "threshold" not in cfg.dataloader.train.sampler
-    assert (
-        "'dataloader.train.sampler.threshold' was renamed to 'dataloader.train.sampler.repeat_thresh'"
-        in caplog.text
-    )
-
-
-def test_current_version_file_is_not_rewritten(tmp_path):
-    path = tmp_path / "new.yaml"
-    path.write_text("# lazytrain-config-version: 1\nsampler:\n  threshold: 3\n")
-    assert LazyConfig.load(str(path)).sampler.threshold == 3
-
-
 def test_module_level_dataclass_and_tuple_are_kept(tmp_path):
     path = write(
         tmp_path / "a.py",
