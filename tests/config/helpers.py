@@ -57,3 +57,14 @@ class Registry:
         obj = cls()
         obj.size = size
         return obj
+
+
+def replaced():
+    return 1
+
+
+REPLACED_BEFORE = replaced
+
+
+def replaced():  # noqa: F811 (the first function's dotted path now names this one)
+    return 2

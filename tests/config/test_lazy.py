@@ -40,6 +40,14 @@ def test_classmethod_target_round_trips():
         pytest.param(lambda x: x, "lambda or local function", id="lambda"),
         pytest.param(helpers.make_adder(1), "lambda or local function", id="local-function"),
         pytest.param(3, "importable class or function", id="not-callable"),
+        pytest.param(
+            helpers.REPLACED_BEFORE,
+            r"its dotted path 'tests\.config\.helpers\.replaced' imports a different object",
+            id="path-names-another-object",
+        ),
+        pytest.param(
+            helpers.Registry().from_size.__func__, "imports a different object", id="unbound-classmethod"
+        ),
     ],
 )
 def test_lazycall_rejects_non_importable_targets(target, message):

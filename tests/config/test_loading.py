@@ -252,3 +252,10 @@ def test_to_py_handles_lazy_targets_odd_keys_and_inf(tmp_path):
     assert again == cfg
     assert instantiate(again.adder) == 15
     assert instantiate(again.odd) == {"my-key": 1, "class": 2, "ok": float("inf")}
+
+
+def test_star_import_and_dunder_file(tmp_path):
+    write(tmp_path / "base.py", "import os\nmodel = dict(depth=50)\nroot = os.path.dirname(__file__)\n")
+    path = write(tmp_path / "sub" / "a.py", "from ..base import *\nmodel.depth = 18\n")
+    cfg = LazyConfig.load(str(path))
+    assert OmegaConf.to_container(cfg) == {"model": {"depth": 18}, "root": str(tmp_path)}
