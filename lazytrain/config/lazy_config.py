@@ -10,7 +10,6 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from lazytrain.config.lazy import to_config_value
 from lazytrain.config.loading import execute_config_file, public_values
 from lazytrain.config.overrides import apply_overrides
 from lazytrain.config.rendering import render_python
@@ -65,17 +64,29 @@ class LazyConfig:
 
     @staticmethod
     def load(path: str | os.PathLike) -> DictConfig:
-        """Load a ``.py`` config (executed; relative imports by file location) or a saved ``.yaml`` config.
+        """Load a ``.py`` config (executed) or a saved ``.yaml`` config.
 
-        The result holds the file's public module-level values: dicts, lists and scalars.
+        In a ``.py`` file, relative imports (``from .base import model``, ``from ..recipes.x import y``)
+        load other config files by location, no ``__init__.py`` needed, each import a fresh execution;
+        absolute imports are normal Python imports. The result holds the file's public module-level values:
+        dicts, lists and scalars, plus dataclass instances/enums/dtypes converted by `to_config_value`;
+        modules, classes, functions and ``_private`` names are left out. ``.yaml`` files are read with a
+        safe loader; files saved by an older lazytrain get renamed keys upgraded (`versioning`).
+
+        Args:
+            path: the config file.
+
+        Returns:
+            The config.
 
         Raises:
-            ConfigError: missing file, syntax error (file and line), missing imported config file.
+            ConfigError: missing file (the path looked for), syntax or runtime error (file and line),
+                missing imported config file, ``from . import x``, import cycle, or a public value a config
+                cannot hold (naming it).
         """
         path = os.fspath(path)
         if path.endswith(".py"):
-            values = public_values(execute_config_file(path))
-            return OmegaConf.create({key: to_config_value(value, name=key) for key, value in values.items()})
+            return OmegaConf.create(public_values(execute_config_file(path)))
         if path.endswith((".yaml", ".yml")):
             return LazyConfig._load_yaml(path)
         raise ConfigError(f"LazyConfig.load: {path} is neither a .py nor a .yaml config file.")
@@ -101,13 +112,21 @@ class LazyConfig:
 
     @staticmethod
     def save(cfg: DictConfig, path: str | os.PathLike) -> None:
-        """Write `cfg` as YAML (interpolations kept) with a version header; `load` reads it back equal.
+        """Write `cfg` as YAML that `load` reads back to an equal config.
+
+        Interpolations are written as they are (not resolved). The file starts with the comment
+        ``# lazytrain-config-version: N`` (`versioning.CONFIG_VERSION`), so the version never becomes a
+        config key. The file is written atomically; missing folders are created.
+
+        Args:
+            cfg: the config (a plain dict is accepted too).
+            path: where to write.
 
         Raises:
             ConfigError: naming the key path of a value YAML cannot represent (nothing is written then).
         """
         if not isinstance(cfg, DictConfig):
-            cfg = OmegaConf.create(cfg)
+            cfg = OmegaConf.create(cfg, flags={"allow_objects": True})
         _check_representable(cfg, "")
         text = VERSION_HEADER.format(version=CONFIG_VERSION) + OmegaConf.to_yaml(cfg, resolve=False)
         path = os.fspath(path)
@@ -119,8 +138,8 @@ class LazyConfig:
 
     @staticmethod
     def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
-        """Apply Hydra-grammar overrides (``a.b=1``, ``+a.c=2``, ``++a.d=3``, ``~a.e``) in place; see
-        `lazytrain.config.overrides.apply_overrides`."""
+        """Apply Hydra-grammar overrides (``a.b=1``, ``+a.c=2``, ``++a.d=3``, ``~a.e``) to `cfg` in place
+        and return it; see `lazytrain.config.overrides.apply_overrides`."""
         return apply_overrides(cfg, overrides)
 
     @staticmethod

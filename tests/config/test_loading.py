@@ -139,6 +139,8 @@ def test_save_rejects_unrepresentable_value_with_key_path(tmp_path):
     with pytest.raises(ConfigError, match=r"'a\.b' holds"):
         LazyConfig.save(cfg, str(tmp_path / "x.yaml"))
     assert not (tmp_path / "x.yaml").exists()
+    with pytest.raises(ConfigError, match=r"'x\.y\[1\]' holds .*\(type Point\)"):
+        LazyConfig.save({"x": {"y": [1, helpers.Point()]}}, str(tmp_path / "x.yaml"))
 
 
 def test_to_py_renders_loadable_python(tmp_path):
