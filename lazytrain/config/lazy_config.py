@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from lazytrain.config.lazy import to_config_value
 from lazytrain.config.loading import execute_config_file, public_values
 from lazytrain.config.overrides import apply_overrides
 from lazytrain.config.rendering import render_python
@@ -119,14 +120,14 @@ class LazyConfig:
         config key. The file is written atomically; missing folders are created.
 
         Args:
-            cfg: the config (a plain dict is accepted too).
+            cfg: the config (a plain dict is accepted too; its values convert like LazyCall arguments).
             path: where to write.
 
         Raises:
             ConfigError: naming the key path of a value YAML cannot represent (nothing is written then).
         """
-        if not isinstance(cfg, DictConfig):
-            cfg = OmegaConf.create(cfg, flags={"allow_objects": True})
+        if not isinstance(cfg, DictConfig):  # a plain dict: its values convert as LazyCall arguments do
+            cfg = OmegaConf.create({str(k): to_config_value(v, name=str(k)) for k, v in cfg.items()})
         _check_representable(cfg, "")
         text = VERSION_HEADER.format(version=CONFIG_VERSION) + OmegaConf.to_yaml(cfg, resolve=False)
         path = os.fspath(path)

@@ -139,8 +139,15 @@ def test_save_rejects_unrepresentable_value_with_key_path(tmp_path):
     with pytest.raises(ConfigError, match=r"'a\.b' holds"):
         LazyConfig.save(cfg, str(tmp_path / "x.yaml"))
     assert not (tmp_path / "x.yaml").exists()
-    with pytest.raises(ConfigError, match=r"'x\.y\[1\]' holds .*\(type Point\)"):
-        LazyConfig.save({"x": {"y": [1, helpers.Point()]}}, str(tmp_path / "x.yaml"))
+    with pytest.raises(ConfigError, match=r"x\.y\[1\]: a config cannot hold .*\(type object\)"):
+        LazyConfig.save({"x": {"y": [1, object()]}}, str(tmp_path / "x.yaml"))
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_save_plain_dict_converts_values_like_lazycall(tmp_path):
+    LazyConfig.save({"p": helpers.Point(1, 2), "n": 3}, str(tmp_path / "x.yaml"))
+    cfg = LazyConfig.load(str(tmp_path / "x.yaml"))
+    assert instantiate(cfg) == {"p": helpers.Point(1, 2), "n": 3}
 
 
 def test_to_py_renders_loadable_python(tmp_path):
