@@ -49,11 +49,14 @@ def _relative_import(name: str, importer_file: str, level: int) -> types.ModuleT
     module = execute_config_file(target)
     # Imported dicts and lists become omegaconf nodes so the importer can write `train.max_iter = 20` and
     # `model.backbone.depth = 18`, as in detectron2. Other values stay Python objects until the final load.
-    for key, value in vars(module).items():
+    for key, value in list(vars(module).items()):
         if key.startswith("_") or not isinstance(value, (Mapping, list, tuple)):
             continue
         if not isinstance(value, (DictConfig, ListConfig)):
-            setattr(module, key, OmegaConf.create(to_config_value(value, name=key)))
+            try:
+                setattr(module, key, OmegaConf.create(to_config_value(value, name=key)))
+            except ConfigError as e:
+                raise ConfigError(f"config file {target}: {e}") from None
     return module
 
 

@@ -268,3 +268,10 @@ def test_star_import_and_dunder_file(tmp_path):
     path = write(tmp_path / "sub" / "a.py", "from ..base import *\nmodel.depth = 18\n")
     cfg = LazyConfig.load(str(path))
     assert OmegaConf.to_container(cfg) == {"model": {"depth": 18}, "root": str(tmp_path)}
+
+
+def test_bad_value_in_imported_file_names_that_file(tmp_path):
+    write(tmp_path / "base.py", "opts = dict(handler=object())\n")
+    path = write(tmp_path / "a.py", "from .base import opts\n")
+    with pytest.raises(ConfigError, match=r"config file .*base\.py: opts\.handler: a config cannot hold"):
+        LazyConfig.load(str(path))
