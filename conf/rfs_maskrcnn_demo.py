@@ -23,11 +23,12 @@ model.num_classes = 30
 dataloader.train.sampler.repeat_thresh = 0.1
 
 lr_multiplier.warmup_iters = 50
-train.max_iter = 250
+train.max_iter = 220
 train.eval_period = 0
 train.log_period = 20
 train.checkpointer.period = 100
 train.checkpointer.max_to_keep = 1
+train.clip_grad.enabled = True
 train.clip_grad.max_norm = 10.0
 train.device = "cpu"
 
