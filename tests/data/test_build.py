@@ -374,3 +374,29 @@ def test_worker_batches_arrive_intact_through_the_packed_buffer():
         )
 
     assert_same(take(loader(2), 5), take(loader(0), 5))
+
+
+PARENT_STATE = {"set_after_import": None}
+
+
+def parent_state_mapper(record):
+    # a forked worker sees what the parent set at run time; a spawned one re-imports this module
+    return {"image_id": record["image_id"], "parent_state": PARENT_STATE["set_after_import"]}
+
+
+def test_workers_are_forked_even_when_spawn_is_the_global_start_method(monkeypatch):
+    import multiprocessing
+
+    monkeypatch.setitem(PARENT_STATE, "set_after_import", 1234)
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)  # what the entrypoint does
+    try:
+        train = build_detection_train_loader(
+            make_records(8), mapper=parent_state_mapper, total_batch_size=2, num_workers=1, seed=0
+        )
+        test = build_detection_test_loader(make_records(4), mapper=parent_state_mapper, num_workers=1)
+        states = [s["parent_state"] for batch in take(train, 2) for s in batch]
+        states += [s["parent_state"] for batch in test for s in batch]
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
+    assert states == [1234] * 8
