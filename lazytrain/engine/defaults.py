@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lazytrain.config import LazyConfig, instantiate
 from lazytrain.engine.checkpoint import Checkpointer
@@ -85,7 +85,9 @@ def default_setup(cfg: DictConfig) -> None:
     if comm.is_main_process() and output_dir:
         path = os.path.join(output_dir, "config.yaml")
         saved = cfg.copy()
-        # Fed back as CONFIG, the saved file must write to its new run's directory, not over this one.
+        # Fed back as CONFIG, the saved file must write to its new run's directory, not over this one: paths
+        # that were resolved from train.output_dir (evaluator, writer hook, ...) point at it again.
+        _point_at_output_dir(saved, str(output_dir))
         saved.train.output_dir = "./output"
         LazyConfig.save(saved, path)
         logger.info("Config saved to %s", path)
@@ -95,6 +97,19 @@ def default_setup(cfg: DictConfig) -> None:
         seed = comm.shared_random_seed()
     seed_all_rng(seed + rank)
     logger.info("Seeded the random number generators with %d (train.seed + rank)", seed + rank)
+
+
+def _point_at_output_dir(node: DictConfig | ListConfig, output_dir: str) -> None:
+    """Replace, in place, every string equal to `output_dir` or under it by ``${train.output_dir}[/rest]``."""
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for key in list(keys):
+        child = node._get_node(key)
+        if isinstance(child, (DictConfig, ListConfig)):
+            _point_at_output_dir(child, output_dir)
+            continue
+        value = child._value()
+        if isinstance(value, str) and (value == output_dir or value.startswith(output_dir.rstrip("/") + "/")):
+            node[key] = "${train.output_dir}" + value[len(output_dir) :]
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:
