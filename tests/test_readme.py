@@ -1,0 +1,131 @@
+"""Every command in README.md runs: the quickstart is exactly two commands, CI runs the test command verbatim,
+and each ``python -m lazytrain`` / ``python scripts/...`` command is run here as written, in README order, with
+smoke overrides appended (2 iterations, tiny images, a tiny stand-in of the embedded data set)."""
+
+import glob
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from lazytrain.data.datasets.synthetic import generate_synthetic_lt
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(REPO, "README.md")
+
+# Appended to every `python -m lazytrain` command; a README override of the same key is replaced.
+SMOKE = [
+    "train.max_iter=2",
+    "train.log_period=1",
+    "train.eval_period=0",
+    "train.checkpointer.period=1",
+    "dataloader.train.total_batch_size=2",
+    "dataloader.train.num_workers=0",
+    "dataloader.test.num_workers=0",
+    "dataloader.train.mapper.augmentations.0.short_edge_length=[96]",
+    "dataloader.train.mapper.augmentations.0.max_size=128",
+    "dataloader.test.mapper.augmentations.0.short_edge_length=96",
+    "dataloader.test.mapper.augmentations.0.max_size=128",
+]
+SCRIPT_SMOKE = {
+    "scripts/benchmark_trainer.py": ["--iters", "4", "--warmup", "1", "--repeats", "1", "--width", "32"]
+}
+
+
+def readme_commands(section: str | None = None) -> list[str]:
+    """Commands of the ```bash blocks (of one `## section`, or all), comments stripped, in order."""
+    text = open(README).read()
+    if section is not None:
+        text = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        commands += [line.split(" #")[0].strip() for line in block.splitlines() if line.strip()]
+    return commands
+
+
+def test_quickstart_is_two_commands_install_and_run_then_test():
+    install_and_run, test = readme_commands("Quickstart")
+    assert install_and_run.startswith("pip install -e ") and "python -m lazytrain conf/" in install_and_run
+    assert test == "python -m pytest tests -q"
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    ci = [line.strip() for line in open(os.path.join(REPO, ".ci", "run"))]
+    test_command = readme_commands("Quickstart")[1]
+    assert ci[-1] == test_command  # the last thing CI does, so its exit code is CI's
+    install = readme_commands("Quickstart")[0].split(" && ")[0]
+    assert any(line.endswith(install.removeprefix("pip install ")) for line in ci if "pip install" in line)
+
+
+def with_smoke(arguments: list[str]) -> list[str]:
+    keys = {override.split("=")[0] for override in SMOKE}
+    return [a for a in arguments if a.split("=")[0] not in keys] + SMOKE
+
+
+@pytest.fixture(scope="module")
+def datasets_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("datasets")
+    generate_synthetic_lt(
+        str(root / "synthetic_lt"), num_train=12, num_val=6, size_range=(64, 96), val_images_per_category=1
+    )
+    return str(root)
+
+
+def run_command(command: str, cwd, env) -> subprocess.CompletedProcess:
+    """Run one README command as typed (python = this interpreter, conf/ = the repo's)."""
+    words = shlex.split(command)
+    assert words[0] == "python", command
+    if words[1:3] == ["-m", "lazytrain"]:
+        arguments = [os.path.join(REPO, w) if w.startswith("conf/") else w for w in words[3:]]
+        argv = [sys.executable, "-m", "lazytrain", *with_smoke(arguments)]
+    else:
+        argv = [sys.executable, os.path.join(REPO, words[1]), *SCRIPT_SMOKE[words[1]], *words[2:]]
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs(datasets_root, tmp_path):
+    env = dict(os.environ, LAZYTRAIN_DATASETS=datasets_root, OMP_NUM_THREADS="1")
+    commands = [c.split(" && ")[-1] for c in readme_commands()]
+    commands = [c for c in commands if c.startswith(("python -m lazytrain", "python scripts/"))]
+    assert len(commands) >= 8, commands  # the tour, the sweep, resume, eval-only, the benchmark
+    for command in dict.fromkeys(commands):  # README order; the quickstart's run appears twice
+        before = snapshot(tmp_path / "runs" / "a")
+        result = run_command(command, tmp_path, env)
+        assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
+        check_outputs(command, result, tmp_path)
+        if "runs/a/config.yaml" in command:  # a new run from the saved config leaves runs/a as it was
+            assert snapshot(tmp_path / "runs" / "a") == before
+
+
+def snapshot(directory) -> dict[str, tuple[int, int]]:
+    if not directory.exists():
+        return {}
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir() if p.is_file()}
+
+
+def check_outputs(command: str, result: subprocess.CompletedProcess, cwd) -> None:
+    """What each kind of command must leave behind, beyond exiting 0."""
+    output = result.stdout + result.stderr  # logs go to stdout, progress bars to stderr
+    if "--cfg job" in command:
+        assert "dataloader:" in result.stdout and "Starting training" not in output
+    elif " -m dataloader.train.sampler.repeat_thresh=" in command:
+        (summary,) = glob.glob(str(cwd / "multirun" / "*" / "*" / "summary.csv"))
+        rows = open(summary).read().splitlines()
+        assert len(rows) == 4 and all("repeat_thresh" in row for row in rows[1:]), rows
+    elif "train.resume=true" in command:
+        assert "Resuming from iteration 2" in output
+    elif "train.eval_only=true" in command:
+        # 2 iterations detect nothing above the score threshold, so there may be no AP to print
+        assert "Inference on 6 images" in output and "init weights from runs/a/model_final.pth" in output
+    elif "hydra.run.dir=runs/a" in command:
+        with open(cwd / "runs" / "a" / "last_checkpoint") as f:
+            assert f.read().strip() == "model_final.pth"
+        iterations = [json.loads(line).get("iteration") for line in open(cwd / "runs" / "a" / "metrics.json")]
+        assert 1 in iterations
+    elif command.startswith("python scripts/"):
+        assert "|" in result.stdout  # a markdown table
