@@ -57,6 +57,13 @@ def images_per_second(batches, num_images: int, batch_size: int) -> float:
     return num_images // batch_size * batch_size / (time.perf_counter() - start)
 
 
+def full_mapper() -> DatasetMapper:
+    """The mapper of recipes/data/synthetic_lt.py."""
+    return DatasetMapper(
+        True, [ResizeShortestEdge([160, 176, 192], max_size=256), RandomFlip()], use_instance_mask=True
+    )
+
+
 def measure(records: list[dict], path: int, args: argparse.Namespace) -> float:
     if path == 1:
         cycle = itertools.cycle(records)
@@ -73,17 +80,25 @@ def measure(records: list[dict], path: int, args: argparse.Namespace) -> float:
         return images_per_second(
             itertools.chain.from_iterable(itertools.repeat(loader)), args.images, args.batch
         )
-    mapper = (
-        DecodeOnly()
-        if path == 3
-        else DatasetMapper(
-            True, [ResizeShortestEdge([160, 176, 192], max_size=256), RandomFlip()], use_instance_mask=True
-        )
-    )
+    mapper = DecodeOnly() if path == 3 else full_mapper()
     loader = build_detection_train_loader(
         records, mapper=mapper, total_batch_size=args.batch, num_workers=args.workers, seed=0
     )
     return images_per_second(loader, args.images, args.batch)
+
+
+def cpu_ms_per_image(records: list[dict], mapper, num_images: int) -> float:
+    """CPU time of `mapper` per image in this process (one torch thread, as in a worker)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cycle = itertools.cycle(records)
+        start = time.process_time()
+        for _ in range(num_images):
+            mapper(next(cycle))
+        return (time.process_time() - start) / num_images * 1000
+    finally:
+        torch.set_num_threads(threads)
 
 
 def main() -> None:
@@ -115,6 +130,13 @@ def main() -> None:
     for path, name in names.items():
         runs = ", ".join(f"{r:.0f}" for r in rates[path])
         print(f"| {name} | {median[path]:.0f} | {runs} | {median[path] / median[1]:.2f} |")
+    decode = cpu_ms_per_image(records, DecodeOnly(), args.images)
+    full = cpu_ms_per_image(records, full_mapper(), args.images)
+    print("\nCPU per image in one process (one torch thread):\n")
+    print("| work | ms / image |")
+    print("|---|---|")
+    print(f"| decode only | {decode:.2f} |")
+    print(f"| DatasetMapper (decode, resize, flip, polygon masks) | {full:.2f} |")
 
 
 if __name__ == "__main__":
