@@ -137,12 +137,14 @@ class Checkpointer:
         self.save_dir = save_dir
         self.allow_unsafe = allow_unsafe
         self.checkpointables = checkpointables
+        self.last_saved_iteration: int | None = None  # the ``iteration`` of the last `save`, on every rank
 
     def save(self, name: str, **extra: Any) -> str | None:
         """Write ``<save_dir>/<name>.pth`` (all ranks must call: trainer state is gathered; rank 0 writes)."""
         data = {"model": _unwrap(self.model).state_dict()}
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(extra)
+        self.last_saved_iteration = extra.get("iteration")
         if not self.save_dir or not comm.is_main_process():
             return None
         path = os.path.join(self.save_dir, f"{name}.pth")

@@ -183,7 +183,9 @@ class PeriodicCheckpointer(HookBase):
         trainer = self.trainer
         if trainer.checkpointer is None:
             return
-        if _is_period_end(trainer, self.period) and trainer.iter + 1 < trainer.max_iter:
+        # On a stop request (SIGTERM/SIGINT) this step is saved like a periodic one, so it is rotated too.
+        due = _is_period_end(trainer, self.period) or getattr(trainer, "stop_signal", 0)
+        if due and trainer.iter + 1 < trainer.max_iter:
             name = f"{self.file_prefix}_{trainer.iter:07d}"
             # Recorded before saving, so the checkpoint's own copy of this list includes it.
             self._saved.append(f"{name}.pth")
@@ -277,7 +279,11 @@ class EvalHook(HookBase):
 
     def after_step(self) -> None:
         is_last = self.trainer.iter + 1 >= self.trainer.max_iter
-        if _is_period_end(self.trainer, self.eval_period) and not (is_last and self.eval_after_train):
+        # Stopping on a signal (preemption) leaves no time for an evaluation: the resumed run goes on.
+        stopping = getattr(self.trainer, "stop_signal", 0)
+        if _is_period_end(self.trainer, self.eval_period) and not (
+            is_last and self.eval_after_train or stopping
+        ):
             self._evaluate()
 
     def after_train(self) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import torch
 
+from lazytrain.engine.preemption import StopRequest, TrainingInterrupted, signal_name
 from lazytrain.utils import comm
 from lazytrain.utils.events import EventStorage, get_event_storage
 
@@ -84,6 +85,7 @@ class TrainerBase:
         self.test_function = None
         self.last_eval_results: dict = {}
         self._pending_rng_state: dict | None = None
+        self.stop_signal = 0  # set when all ranks agreed to stop early on a signal (see `train`)
 
     def register_hooks(self, hooks: Mapping[str, HookBase | None] | Iterable[HookBase | None]) -> None:
         """Register hooks (a name -> hook mapping or a list); ``None`` entries are skipped."""
@@ -107,24 +109,58 @@ class TrainerBase:
         return list(self._hooks.values())
 
     def train(self, start_iter: int, max_iter: int) -> None:
-        """Train from `start_iter` up to (excluding) `max_iter`; after_train hooks always run."""
+        """Train from `start_iter` up to (excluding) `max_iter`; after_train hooks always run.
+
+        Raises:
+            TrainingInterrupted: after a SIGTERM/SIGINT: the step in progress was finished, a checkpoint of
+                it written and the after_train hooks run (see `lazytrain.engine.preemption`).
+        """
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
         self.max_iter = max_iter
+        self.stop_signal = 0
         with EventStorage(start_iter) as self.storage:
             try:
-                self._call("before_train")
-                self._restore_rng_state()
-                for self.iter in range(start_iter, max_iter):
-                    self._call("before_step")
-                    self.run_step()
-                    self._call("after_step")
-                self.iter = max_iter  # after_train sees iter == max_iter on a completed run
+                with StopRequest() as stop_request:
+                    self._call("before_train")
+                    self._restore_rng_state()
+                    self._loop(start_iter, max_iter, stop_request)
             except Exception:
                 logger.exception("Exception during training at iteration %d:", self.iter)
                 raise
             finally:
                 self._call("after_train")
+        if self.stop_signal:
+            raise TrainingInterrupted(
+                self.stop_signal,
+                f"Training stopped by {signal_name(self.stop_signal)} after iteration {self.iter}"
+                f"{' (checkpoint saved)' if self.checkpointer is not None else ''}; run the same command with "
+                "train.resume=true to continue.",
+            )
+
+    def _loop(self, start_iter: int, max_iter: int, stop_request: StopRequest) -> None:
+        for self.iter in range(start_iter, max_iter):
+            self._call("before_step")
+            self.run_step()
+            # Every rank must stop after the same step (checkpointing is collective), so they agree first.
+            self.stop_signal = comm.max_over_ranks(stop_request.signum)
+            self._call("after_step")
+            if self.stop_signal:
+                self._save_on_stop()
+                return
+        self.iter = max_iter  # after_train sees iter == max_iter on a completed run
+
+    def _save_on_stop(self) -> None:
+        name = signal_name(self.stop_signal)
+        if self.checkpointer is None:
+            logger.warning(
+                "Received %s: stopping after iteration %d (no checkpointer: nothing saved).", name, self.iter
+            )
+            return
+        logger.warning("Received %s: stopping after iteration %d; saving a checkpoint.", name, self.iter)
+        # A checkpoint hook may already have saved this iteration (it saves on a stop request too).
+        if getattr(self.checkpointer, "last_saved_iteration", None) != self.iter:
+            self.checkpointer.save(f"model_{self.iter:07d}", iteration=self.iter)
 
     def _call(self, moment: str) -> None:
         if moment == "before_step":

@@ -194,6 +194,7 @@ def _hydra_task(cfg) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from lazytrain.engine.preemption import TrainingInterrupted
     from lazytrain.errors import ConfigError
     from lazytrain.launch.launch import RankFailedError
     from lazytrain.launch.summary import FAILED_KEY
@@ -201,6 +202,10 @@ def _hydra_task(cfg) -> Any:
     single_run = HydraConfig.get().mode == RunMode.RUN
     try:
         return run_job(cfg)
+    except TrainingInterrupted as e:
+        # Preemption or Ctrl-C: the checkpoint is written; stop (a sweep too) with status 128 + signal.
+        print(f"lazytrain: {e}", file=sys.stderr)
+        raise SystemExit(e.exit_code) from None
     except (ConfigError, RankFailedError) as e:
         if single_run:
             _fail(str(e))
@@ -222,6 +227,23 @@ def _check_datasets(cfg) -> None:
         raise _config_error("\n".join(problems))
 
 
+def _check_init_checkpoint(cfg) -> None:
+    """Fail before spawning when ``train.init_checkpoint`` names a local file that does not exist (and a
+    resumed run would not make it unused)."""
+    train = cfg.get("train") or {}
+    path = train.get("init_checkpoint")
+    if not path or "://" in str(path) or os.path.exists(str(path)):
+        return
+    output_dir = train.get("output_dir")
+    if train.get("resume") and output_dir and os.path.exists(os.path.join(output_dir, "last_checkpoint")):
+        return
+    raise _config_error(
+        f"train.init_checkpoint={path}: no such file. Give the path of a checkpoint (a lazytrain .pth, "
+        "torchvision detection or ImageNet ResNet weights), or train.init_checkpoint=null to start from random "
+        "weights."
+    )
+
+
 def run_job(cfg) -> Any:
     """One Hydra job: resolve, validate, check data, launch the per-rank program."""
     import multiprocessing
@@ -236,6 +258,7 @@ def run_job(cfg) -> Any:
     launch_cfg = cfg.launch
     validate(cfg, INJECTED_ARGUMENTS)
     _check_datasets(cfg)
+    _check_init_checkpoint(cfg)
     num_gpus = launch_cfg.num_gpus
     use_gpu = str(cfg.get("train", {}).get("device", "cpu")).startswith("cuda")
     if use_gpu:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -145,10 +147,24 @@ def _run_in_group(
 
 
 def _spawned_worker(
-    local_rank: int, main_func, args, world_size, num_per_machine, machine_rank, dist_url, backend, timeout
+    local_rank: int,
+    main_func,
+    args,
+    world_size,
+    num_per_machine,
+    machine_rank,
+    dist_url,
+    backend,
+    timeout,
+    stopped_by_signal,
 ) -> None:
     import torch
 
+    from lazytrain.engine.preemption import TrainingInterrupted
+
+    # Ctrl-C reaches every process of the terminal's group; only the parent reacts and forwards a SIGTERM,
+    # so that each rank sees exactly one stop request (and its data-loader workers, forked later, none).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_per_machine))
     os.environ["LOCAL_RANK"] = str(local_rank)
     rank = machine_rank * num_per_machine + local_rank
@@ -164,6 +180,10 @@ def _spawned_worker(
             backend=backend,
             timeout=timeout,
         )
+    except TrainingInterrupted as e:
+        # A clean stop (checkpoint written): exit 0, so the parent does not stop the other ranks while they
+        # finish theirs; the parent raises TrainingInterrupted itself.
+        stopped_by_signal.value = e.signum
     except Exception as e:
         # A rank that fails only because a peer died (its collective broke) waits a moment, so that the parent
         # reports the rank that failed first, with its own traceback.
@@ -236,6 +256,7 @@ def launch(
     multiprocessing.set_start_method("spawn", force=True)
     import torch.multiprocessing as mp
 
+    stopped_by_signal = multiprocessing.get_context("spawn").Value("i", 0)
     context = mp.start_processes(
         _spawned_worker,
         args=(
@@ -247,16 +268,20 @@ def launch(
             dist_url,
             _choose_backend(backend, use_gpu),
             timeout,
+            stopped_by_signal,
         ),
         nprocs=num_gpus_per_machine,
         start_method="spawn",
         join=False,
     )
+    forwarder = _ForwardStopSignals(context.processes)
     try:
-        # join() with a timeout returns regularly, so a failed rank is noticed within a second; on failure
-        # it terminates the other ranks (which would otherwise wait in a collective until `timeout`).
-        while not context.join(timeout=1.0):
-            pass
+        with forwarder:
+            # join() with a timeout returns regularly, so a failed rank is noticed within a second; on
+            # failure it terminates the other ranks (which would otherwise wait in a collective until
+            # `timeout`).
+            while not context.join(timeout=1.0):
+                pass
     except mp.ProcessRaisedException as e:
         rank = machine_rank * num_gpus_per_machine + e.error_index
         raise RankFailedError(
@@ -268,9 +293,57 @@ def launch(
             f"rank {rank} (process {e.error_index} on machine {machine_rank}) exited with code {e.exit_code}"
         ) from None
     except BaseException:
-        _terminate(context.processes)  # e.g. Ctrl-C in the parent: leave no orphan rank behind
+        _terminate(context.processes)  # e.g. a second Ctrl-C in the parent: leave no orphan rank behind
         raise
+    if stopped_by_signal.value:
+        from lazytrain.engine.preemption import TrainingInterrupted, signal_name
+
+        # Ctrl-C in the parent reached the ranks as SIGTERM; report (and exit with) what the user sent.
+        signum = forwarder.received or stopped_by_signal.value
+        raise TrainingInterrupted(
+            signum,
+            f"Training stopped by {signal_name(signum)}: all {world_size} ranks saved a checkpoint and stopped at "
+            "the same iteration; run the same command with train.resume=true to continue.",
+        )
     return None
+
+
+class _ForwardStopSignals:
+    """In the parent of spawned ranks: the first SIGTERM or SIGINT is passed on to every rank as SIGTERM
+    (each finishes its step, they checkpoint together and exit); a second SIGINT raises KeyboardInterrupt,
+    which terminates them."""
+
+    def __init__(self, processes: list) -> None:
+        self.processes = processes
+        self.received = 0  # the first stop signal this process got (0: none)
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _ForwardStopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.getsignal(signum)
+                signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.received:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
+        self.received = signum
+        logger.warning(
+            "Received %s: asking %d rank(s) to finish their step, save a checkpoint and stop%s.",
+            signal.Signals(signum).name,
+            len(self.processes),
+            " (Ctrl-C again stops them at once)" if signum == signal.SIGINT else "",
+        )
+        for process in self.processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
 
 
 def _terminate(processes: list, grace_seconds: float = 5.0) -> None:

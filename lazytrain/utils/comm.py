@@ -23,6 +23,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "is_main_process",
+    "max_over_ranks",
     "reduce_dict",
     "reset_process_groups",
     "shared_random_seed",
@@ -160,6 +161,15 @@ def gather(data: Any, dst: int = 0, group: dist.ProcessGroup | None = None) -> l
     output = [None] * dist.get_world_size(group) if get_rank() == dst else None
     dist.gather_object(data, output, dst=dst, group=group)
     return output if get_rank() == dst else []
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest of an integer given by every rank (over gloo: no device copy, also with NCCL)."""
+    if get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_gloo_group())
+    return int(tensor.item())
 
 
 def shared_random_seed() -> int:

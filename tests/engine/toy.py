@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -182,3 +183,33 @@ def ddp_main(cfg_container: dict) -> None:
 
     torch.set_num_threads(1)
     run(OmegaConf.create(cfg_container))
+
+
+def send_signal_at(trainer, iteration: int, signum: int, times: int = 1, to_parent: bool = False) -> None:
+    """After step `iteration`, send `signum` (`times` times) to this process, or to its parent on rank 1."""
+    if trainer.iter != iteration:
+        return
+    if to_parent and comm.get_rank() != 1:
+        return
+    for _ in range(times):
+        os.kill(os.getppid() if to_parent else os.getpid(), signum)
+
+
+def sleep_each_step(trainer, seconds: float) -> None:
+    """Make the toy run last long enough for signals from outside to land at random points."""
+    time.sleep(seconds)
+
+
+class EvaluatorFailingOnRankOne(ToyEvaluator):
+    """Records each rank's pid in the output dir, then raises on rank 1 while evaluating."""
+
+    def __init__(self, output_dir: str) -> None:
+        super().__init__()
+        self.output_dir = output_dir
+
+    def process(self, inputs, outputs):
+        with open(os.path.join(self.output_dir, f"pid{comm.get_rank()}"), "w") as f:
+            f.write(str(os.getpid()))
+        if comm.get_rank() == 1:
+            raise RuntimeError("deliberate evaluation failure on rank 1")
+        super().process(inputs, outputs)
