@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import random
+import warnings
 from typing import Any
 
 import numpy as np
@@ -126,13 +127,19 @@ def _wrap_ddp(cfg: DictConfig, model: torch.nn.Module) -> torch.nn.Module:
         return model
     ddp = cfg.train.get("ddp", {})
     device_ids = [comm.get_local_rank()] if next(model.parameters()).is_cuda else None
-    return torch.nn.parallel.DistributedDataParallel(
-        model,
-        device_ids=device_ids,
-        find_unused_parameters=ddp.get("find_unused_parameters", False),
-        broadcast_buffers=ddp.get("broadcast_buffers", False),
-        gradient_as_bucket_view=ddp.get("gradient_as_bucket_view", True),
-    )
+    with warnings.catch_warnings():
+        # torch >= 2.14 deprecates broadcast_buffers but says to keep using broadcast_buffers=False (rank-local
+        # BN statistics, detectron2's default) until its replacement exists; the warning would only be noise.
+        warnings.filterwarnings(
+            "ignore", message=".*broadcast_buffers.*is deprecated", category=FutureWarning
+        )
+        return torch.nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            find_unused_parameters=ddp.get("find_unused_parameters", False),
+            broadcast_buffers=ddp.get("broadcast_buffers", False),
+            gradient_as_bucket_view=ddp.get("gradient_as_bucket_view", True),
+        )
 
 
 def _unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
