@@ -147,6 +147,42 @@ def test_failing_rank_exits_nonzero_quickly_naming_rank(tmp_path):
             os.kill(pid, 0)
 
 
+def test_rank_failing_during_evaluation_exits_nonzero_quickly_naming_rank(tmp_path):
+    start = time.time()
+    result = lazytrain(
+        ENGINE_TOY,
+        f"hydra.run.dir={tmp_path}/run",
+        "launch.num_processes=2",
+        "train.max_iter=3",
+        "dataloader.evaluator._target_=tests.engine.toy.EvaluatorFailingOnRankOne",
+        "+dataloader.evaluator.output_dir=${train.output_dir}",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert time.time() - start < 60
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "lazytrain: rank 1 (process 1 on machine 0) failed" in result.stderr
+    assert "Traceback" in result.stderr and "deliberate evaluation failure on rank 1" in result.stderr
+    # training had finished: its final checkpoint is intact
+    assert (tmp_path / "run" / "last_checkpoint").read_text() == "model_final.pth"
+    pids = [int((tmp_path / "run" / f"pid{rank}").read_text()) for rank in (0, 1)]
+    time.sleep(0.5)
+    for pid in pids:  # no orphan rank left behind
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_missing_init_checkpoint_stops_before_spawn(tmp_path):
+    missing = tmp_path / "nowhere" / "model.pth"
+    result = lazytrain(
+        ENGINE_TOY, f"hydra.run.dir={tmp_path}/run", f"train.init_checkpoint={missing}", cwd=tmp_path
+    )
+    assert result.returncode == 1
+    assert f"lazytrain: train.init_checkpoint={missing}: no such file." in result.stderr
+    assert "train.init_checkpoint=null" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "log.txt").exists()  # nothing ran
+
+
 def test_failing_job_in_a_sweep_is_recorded_and_the_sweep_goes_on(tmp_path):
     result = lazytrain(
         TOY,
