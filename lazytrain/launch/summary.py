@@ -1,7 +1,8 @@
 """The multirun summary: a Hydra callback writing ``summary.csv`` and ``summary.md`` at the sweep root.
 
-One row per job: the overrides that differ between jobs, status (ok/failed), wall time and the final metrics (every ``*/AP*`` key of
-the last evaluation in the job's ``metrics.json``). Registered automatically by the entrypoint.
+One row per job: the overrides that differ between jobs, status (ok/failed), wall time and the final metrics (every
+``*/AP*`` key of the last evaluation in the job's ``metrics.json``; mask before box, and AP, APr, APc, APf first).
+Registered automatically by the entrypoint.
 """
 
 from __future__ import annotations
@@ -73,6 +74,17 @@ def collect_sweep(sweep_dir: str) -> list[dict[str, Any]]:
     return rows
 
 
+# The long-tail question first: AP and the frequency buckets, then the COCO breakdowns.
+_METRIC_ORDER = ("AP", "APr", "APc", "APf", "AP50", "AP75", "APs", "APm", "APl")
+
+
+def _metric_order(key: str) -> tuple:
+    """Mask metrics before box metrics; within a task AP, APr, APc, APf, then the rest."""
+    task, _, name = key.partition("/")
+    rank = _METRIC_ORDER.index(name) if name in _METRIC_ORDER else len(_METRIC_ORDER)
+    return (task != "segm", task, rank, name)
+
+
 def _format(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
@@ -87,9 +99,7 @@ def write_summary(sweep_dir: str) -> tuple[str, list[dict[str, Any]]]:
         The markdown table and the rows (one dict per job).
     """
     rows = collect_sweep(sweep_dir)
-    metric_keys = sorted(
-        {k for r in rows for k in r if "/AP" in k}, key=lambda k: (k.split("/")[0] != "segm", k)
-    )
+    metric_keys = sorted({k for r in rows for k in r if "/AP" in k}, key=_metric_order)
     columns = ["job", "overrides", "status", "seconds", *metric_keys]
     with open(os.path.join(sweep_dir, "summary.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
