@@ -321,7 +321,12 @@ class _ForwardStopSignals:
     def __enter__(self) -> _ForwardStopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
-                self._previous[signum] = signal.getsignal(signum)
+                previous = signal.getsignal(signum)
+                if (
+                    previous is signal.SIG_IGN
+                ):  # e.g. SIGINT of a background job or under nohup: keep ignoring
+                    continue
+                self._previous[signum] = previous
                 signal.signal(signum, self._handle)
         return self
 

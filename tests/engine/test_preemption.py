@@ -19,10 +19,18 @@ from tests.engine.conftest import TOY_CONFIG
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def default_sigint():
+    """Children of a background job in a non-interactive shell (as CI may run us) inherit an ignored SIGINT,
+    which lazytrain, like Python, keeps ignoring; the runs under test get the default, as in a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def lazytrain(*args, cwd, timeout=180):
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "lazytrain", TOY_CONFIG, *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=default_sigint
+    )
 
 
 def callback_hook(name, function, **kwargs):
@@ -113,6 +121,7 @@ def test_two_ranks_stop_at_the_same_iteration_and_resume(tmp_path, how):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=default_sigint,
     )
     if how.startswith("ctrl-c"):
         _wait_for(lambda: "iter: 29" in _read(run_dir / "log.txt"), process, seconds=120)
@@ -213,3 +222,21 @@ def test_random_sigkill_soak_always_leaves_a_loadable_checkpoint_and_resumes_exa
     )
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert_same_weights(final_weights(toy_cfg.train.output_dir), final_weights(run_dir))
+
+
+def test_an_ignored_sigint_stays_ignored_as_python_does(tmp_path):
+    """Started with SIGINT ignored (nohup, a background job of a script), a run is not stopped by it."""
+    run_dir = tmp_path / "run"
+    stop = callback_hook("stop", "send_signal_at", iteration=12, signum=int(signal.SIGINT))
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "lazytrain", TOY_CONFIG, f"hydra.run.dir={run_dir}", stop],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run_dir / "last_checkpoint").read_text() == "model_final.pth"
