@@ -18,12 +18,15 @@ import statistics
 import tempfile
 import time
 
-import torch
-from omegaconf import OmegaConf
+# As `python -m lazytrain` runs: idle OpenMP threads sleep instead of spinning (set before torch loads).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from lazytrain.config import LazyConfig, instantiate
-from lazytrain.engine.checkpoint import Checkpointer
-from lazytrain.engine.hooks import CallbackHook
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from lazytrain.config import LazyConfig, instantiate  # noqa: E402
+from lazytrain.engine.checkpoint import Checkpointer  # noqa: E402
+from lazytrain.engine.hooks import CallbackHook  # noqa: E402
 
 RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
 
@@ -51,21 +54,22 @@ def batches():
         yield from data
 
 
-def bare_loop(model, optimizer, iters: int, warmup: int) -> tuple[float, float]:
-    """Seconds per iteration in the window [warmup, iters - 1), and total seconds."""
+def bare_loop(model, optimizer, iters: int, warmup: int) -> tuple[float, float, float]:
+    """Seconds per iteration in the window [warmup, iters - 1), total seconds, CPU seconds per iteration."""
     stream = batches()
     start = time.perf_counter()
     for iteration in range(iters):
         if iteration == warmup:
-            window_start = time.perf_counter()
+            window_start, cpu_start = time.perf_counter(), time.process_time()
         if iteration == iters - 1:
-            window_end = time.perf_counter()
+            window_end, cpu_end = time.perf_counter(), time.process_time()
         losses = model(next(stream))
         total = sum(losses.values())
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         optimizer.step()
-    return (window_end - window_start) / (iters - 1 - warmup), time.perf_counter() - start
+    steps = iters - 1 - warmup
+    return (window_end - window_start) / steps, time.perf_counter() - start, (cpu_end - cpu_start) / steps
 
 
 def default_run_config(output_dir: str, iters: int):
@@ -84,7 +88,7 @@ def default_run_config(output_dir: str, iters: int):
     return cfg
 
 
-def trainer_loop(model, optimizer, iters: int, warmup: int, output_dir: str) -> tuple[float, float]:
+def trainer_loop(model, optimizer, iters: int, warmup: int, output_dir: str) -> tuple[float, float, float]:
     """Same window as `bare_loop`, measured by hooks placed first and last (so all hook work is inside)."""
     cfg = default_run_config(output_dir, iters)
     trainer = instantiate(cfg.train.trainer, model=model, data_loader=batches(), optimizer=optimizer)
@@ -93,18 +97,23 @@ def trainer_loop(model, optimizer, iters: int, warmup: int, output_dir: str) -> 
 
     def mark_start(t):
         if t.iter == warmup:
-            marks["start"] = time.perf_counter()
+            marks["start"], marks["cpu_start"] = time.perf_counter(), time.process_time()
 
     def mark_end(t):
         if t.iter == iters - 2:
-            marks["end"] = time.perf_counter()
+            marks["end"], marks["cpu_end"] = time.perf_counter(), time.process_time()
 
     hooks = {"bench_start": CallbackHook(before_step=mark_start), **instantiate(cfg.train.hooks)}
     hooks["bench_end"] = CallbackHook(after_step=mark_end)
     trainer.register_hooks(hooks)
     start = time.perf_counter()
     trainer.train(0, iters)
-    return (marks["end"] - marks["start"]) / (iters - 1 - warmup), time.perf_counter() - start
+    steps = iters - 1 - warmup
+    return (
+        (marks["end"] - marks["start"]) / steps,
+        time.perf_counter() - start,
+        (marks["cpu_end"] - marks["cpu_start"]) / steps,
+    )
 
 
 def main() -> None:
@@ -120,6 +129,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     window = {"bare": [], "trainer": []}
     total = {"bare": [], "trainer": []}
+    cpu = {"bare": [], "trainer": []}
     for repeat in range(args.repeats):
         for name in ("bare", "trainer") if repeat % 2 == 0 else ("trainer", "bare"):
             torch.manual_seed(repeat)
@@ -132,6 +142,7 @@ def main() -> None:
                     seconds = trainer_loop(model, optimizer, args.iters, args.warmup, output_dir)
             window[name].append(seconds[0])
             total[name].append(seconds[1])
+            cpu[name].append(seconds[2])
     bare, wrapped = statistics.median(window["bare"]), statistics.median(window["trainer"])
     ratios = sorted(t / b for t, b in zip(window["trainer"], window["bare"]))
     end_cost = statistics.median(
@@ -148,6 +159,13 @@ def main() -> None:
     print(
         f"| overhead per repeat (min / max) | {100 * (ratios[0] - 1):+.1f}% / {100 * (ratios[-1] - 1):+.1f}% |"
     )
+    # CPU time of this process (all its threads) does not count time the machine gave to other processes,
+    # so it is steadier than wall time on a shared or virtualised machine.
+    cpu_bare, cpu_wrapped = statistics.median(cpu["bare"]), statistics.median(cpu["trainer"])
+    print(
+        f"| CPU ms / iteration, bare / SimpleTrainer (medians) | {cpu_bare * 1000:.2f} / {cpu_wrapped * 1000:.2f} |"
+    )
+    print(f"| overhead in CPU time (ratio of medians) | {100 * (cpu_wrapped / cpu_bare - 1):+.1f}% |")
     print(
         f"\nOutside the window: warm-up + end of training take {end_bare:.2f} s bare and {end_cost:.2f} s with the "
         "trainer (model_final.pth, last writes, writer setup)."
