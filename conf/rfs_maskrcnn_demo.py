@@ -6,7 +6,7 @@ Hardware:  2 CPU cores, no GPU.
 Runtime:   4 min 19 s measured on 2 CPU cores (fresh data dir: generation 8 s, 160 training iterations at
            1.25 s each, inference on 250 val images 42 s; docs/benchmarks.md).
 Expected:  mask AP ~2.6, box AP ~2.1 and APr 0 after this short schedule (fewer than one epoch). With
-           train.max_iter=800, RFS lifts mask APr from 0 to 3.9 and AP from 12.4 to 15.4 (docs/results.md).
+           train.max_iter=800, RFS lifts mask APr from 0 to 2.7 and AP from 12.2 to 15.3 (2 seeds, docs/results.md).
 
 What differs from conf/rfs_maskrcnn.py: data (synthetic_lt), the CPU-sized model (ResNet-18, 64-channel FPN,
 narrow heads, trainable BN), a short cosine schedule, gradient clipping, and the RFS threshold. The train set
