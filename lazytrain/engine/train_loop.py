@@ -26,9 +26,9 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import torch
 
-from lazytrain.engine.preemption import StopRequest, TrainingInterrupted, signal_name
 from lazytrain.utils import comm
 from lazytrain.utils.events import EventStorage, get_event_storage
+from lazytrain.utils.preemption import StopRequest, TrainingInterrupted, signal_name
 
 __all__ = ["HookBase", "SimpleTrainer", "TrainerBase"]
 
@@ -113,7 +113,7 @@ class TrainerBase:
 
         Raises:
             TrainingInterrupted: after a SIGTERM/SIGINT: the step in progress was finished, a checkpoint of
-                it written and the after_train hooks run (see `lazytrain.engine.preemption`).
+                it written and the after_train hooks run (see `lazytrain.utils.preemption`).
         """
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter

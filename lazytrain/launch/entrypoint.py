@@ -194,10 +194,10 @@ def _hydra_task(cfg) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from lazytrain.engine.preemption import TrainingInterrupted
     from lazytrain.errors import ConfigError
     from lazytrain.launch.launch import RankFailedError
     from lazytrain.launch.summary import FAILED_KEY
+    from lazytrain.utils.preemption import TrainingInterrupted
 
     single_run = HydraConfig.get().mode == RunMode.RUN
     try:

@@ -13,11 +13,12 @@ import os
 import re
 import signal
 import socket
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+from lazytrain.utils.preemption import StopRequest, TrainingInterrupted, signal_name
 
 __all__ = ["RankFailedError", "find_free_port", "first_slurm_host", "get_env_rank_info", "launch"]
 
@@ -160,8 +161,6 @@ def _spawned_worker(
 ) -> None:
     import torch
 
-    from lazytrain.engine.preemption import TrainingInterrupted
-
     # Ctrl-C reaches every process of the terminal's group; only the parent reacts and forwards a SIGTERM,
     # so that each rank sees exactly one stop request (and its data-loader workers, forked later, none).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -296,10 +295,8 @@ def launch(
         _terminate(context.processes)  # e.g. a second Ctrl-C in the parent: leave no orphan rank behind
         raise
     if stopped_by_signal.value:
-        from lazytrain.engine.preemption import TrainingInterrupted, signal_name
-
         # Ctrl-C in the parent reached the ranks as SIGTERM; report (and exit with) what the user sent.
-        signum = forwarder.received or stopped_by_signal.value
+        signum = forwarder.signum or stopped_by_signal.value
         raise TrainingInterrupted(
             signum,
             f"Training stopped by {signal_name(signum)}: all {world_size} ranks saved a checkpoint and stopped at "
@@ -308,41 +305,19 @@ def launch(
     return None
 
 
-class _ForwardStopSignals:
+class _ForwardStopSignals(StopRequest):
     """In the parent of spawned ranks: the first SIGTERM or SIGINT is passed on to every rank as SIGTERM
     (each finishes its step, they checkpoint together and exit); a second SIGINT raises KeyboardInterrupt,
     which terminates them."""
 
     def __init__(self, processes: list) -> None:
+        super().__init__()
         self.processes = processes
-        self.received = 0  # the first stop signal this process got (0: none)
-        self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _ForwardStopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                previous = signal.getsignal(signum)
-                if (
-                    previous is signal.SIG_IGN
-                ):  # e.g. SIGINT of a background job or under nohup: keep ignoring
-                    continue
-                self._previous[signum] = previous
-                signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.received:
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            return
-        self.received = signum
+    def _on_first_request(self, signum: int) -> None:
         logger.warning(
             "Received %s: asking %d rank(s) to finish their step, save a checkpoint and stop%s.",
-            signal.Signals(signum).name,
+            signal_name(signum),
             len(self.processes),
             " (Ctrl-C again stops them at once)" if signum == signal.SIGINT else "",
         )

@@ -1,1 +1,1 @@
-"""Cross-cutting helpers: process-group communication, logging, event storage, environment info."""
+"""Cross-cutting helpers: process-group communication, logging, event storage, environment info, stop signals."""

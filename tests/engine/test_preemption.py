@@ -25,11 +25,12 @@ def default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def lazytrain(*args, cwd, timeout=180):
+def lazytrain(*args, cwd, timeout=180, preexec_fn=default_sigint):
+    """Run ``python -m lazytrain TOY_CONFIG *args`` (SIGINT at its default unless `preexec_fn` says else)."""
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "lazytrain", TOY_CONFIG, *args]
     return subprocess.run(
-        command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=default_sigint
+        command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=preexec_fn
     )
 
 
@@ -136,14 +137,7 @@ def test_two_ranks_stop_at_the_same_iteration_and_resume(tmp_path, how):
     assert stops[0] == stops[1] and 0 < stops[0] < 399, stops
     assert (run_dir / "last_checkpoint").read_text() == f"model_{stops[0]:07d}.pth"
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "lazytrain", TOY_CONFIG, *args[:4], "train.resume=true", "train.max_iter=400"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    resumed = lazytrain(*args[:4], "train.resume=true", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resuming from iteration {stops[0] + 1}" in _read(run_dir / "log.txt")
     assert torch.load(run_dir / "model_final.pth", weights_only=True)["iteration"] == 399
@@ -228,15 +222,7 @@ def test_an_ignored_sigint_stays_ignored_as_python_does(tmp_path):
     """Started with SIGINT ignored (nohup, a background job of a script), a run is not stopped by it."""
     run_dir = tmp_path / "run"
     stop = callback_hook("stop", "send_signal_at", iteration=12, signum=int(signal.SIGINT))
-    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "lazytrain", TOY_CONFIG, f"hydra.run.dir={run_dir}", stop],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
+    ignore_sigint = functools.partial(signal.signal, signal.SIGINT, signal.SIG_IGN)
+    result = lazytrain(f"hydra.run.dir={run_dir}", stop, cwd=tmp_path, preexec_fn=ignore_sigint)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "last_checkpoint").read_text() == "model_final.pth"

@@ -32,6 +32,15 @@ def read_rank(run_dir, rank):
         return json.load(f)
 
 
+def assert_no_rank_left(run_dir):
+    """The ranks wrote their pids to run_dir/pid0, pid1; none of them may still run (no orphans)."""
+    pids = [int((run_dir / f"pid{rank}").read_text()) for rank in (0, 1)]
+    time.sleep(0.5)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def test_two_cpu_processes_share_a_process_group(tmp_path):
     result = lazytrain(TOY, f"hydra.run.dir={tmp_path}/run", "train.lr=0.25", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -140,11 +149,7 @@ def test_failing_rank_exits_nonzero_quickly_naming_rank(tmp_path):
     assert result.returncode == 1
     assert "lazytrain: rank 1 (process 1 on machine 0) failed" in result.stderr
     assert "deliberate failure on rank 1" in result.stderr
-    pids = [int((tmp_path / "run" / f"pid{rank}").read_text()) for rank in (0, 1)]
-    time.sleep(0.5)
-    for pid in pids:  # no orphan rank left behind
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    assert_no_rank_left(tmp_path / "run")
 
 
 def test_rank_failing_during_evaluation_exits_nonzero_quickly_naming_rank(tmp_path):
@@ -165,11 +170,7 @@ def test_rank_failing_during_evaluation_exits_nonzero_quickly_naming_rank(tmp_pa
     assert "Traceback" in result.stderr and "deliberate evaluation failure on rank 1" in result.stderr
     # training had finished: its final checkpoint is intact
     assert (tmp_path / "run" / "last_checkpoint").read_text() == "model_final.pth"
-    pids = [int((tmp_path / "run" / f"pid{rank}").read_text()) for rank in (0, 1)]
-    time.sleep(0.5)
-    for pid in pids:  # no orphan rank left behind
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    assert_no_rank_left(tmp_path / "run")
 
 
 def test_missing_init_checkpoint_stops_before_spawn(tmp_path):

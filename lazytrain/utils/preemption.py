@@ -78,9 +78,12 @@ class StopRequest:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        # Runs between two bytecodes of the main thread: only record (logging here could interleave with a
-        # log call that the signal interrupted); the training loop reports it.
         if self.signum == 0:
             self.signum = signum
+            self._on_first_request(signum)
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
+
+    def _on_first_request(self, signum: int) -> None:
+        """What else to do on the first request (subclasses). Here nothing: this runs between two bytecodes of
+        the main thread, and the training loop reports the request when it sees it."""
