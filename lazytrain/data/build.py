@@ -22,7 +22,7 @@ import math
 import multiprocessing
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _MASK64 = 2**64 - 1
+# Batches each worker works ahead: torch's default, set explicitly because the ring size depends on it.
+_PREFETCH_FACTOR = 2
+_RING_BYTES = 32 * 2**20  # shared memory that all of a train loader's ring slots may take together
 
 
 def trivial_batch_collator(batch: list) -> list:
@@ -201,18 +204,36 @@ def _map_structure(obj: Any, leaf: Callable[[Any], Any], kind: type) -> Any:
     return obj
 
 
-class _PackingCollate:
-    """Worker side of the train loader: collate, then copy every tensor of the batch into one uint8 buffer.
+class _PackedBatch(NamedTuple):
+    """One batch as a worker sends it: the tensors' bytes in `storage` (or in ring slot `slot` of worker
+    `worker`, sent once), where each tensor is (`layout`), and the batch with `_TensorSlot` placeholders."""
 
-    Torch sends each tensor from a worker through its own shared-memory segment and file descriptor; for a
-    batch of small images with boxes, classes and masks that fixed cost exceeds the mapping itself (synthetic_lt:
-    1.7x more images/s packed). The main process rebuilds the batch as views of the one buffer.
+    worker: int
+    slot: int | None
+    storage: torch.Tensor | None
+    nbytes: int
+    layout: list[tuple[int, torch.dtype, tuple]]
+    skeleton: Any
+
+
+class _PackingCollate:
+    """Worker side of the train loader: collate, then copy every tensor of the batch into one shared buffer.
+
+    Torch sends each tensor from a worker through its own shared-memory segment, and the main process fetches
+    each segment's file descriptor over a socket with an authentication handshake. For a batch of small images
+    with boxes, classes and masks that fixed cost exceeds the mapping itself. Packing the batch into one buffer
+    pays it once per batch (synthetic_lt: 1.7x more images/s); reusing a ring of `ring_slots` buffers per worker,
+    each sent to the main process once, stops paying it at all (docs/benchmarks.md). The main process copies
+    each batch out of its slot (`_BatchReceiver`), so a slot can be refilled once the batches sent after it fill
+    the loader's prefetch window. Batches over `slot_bytes` travel in a fresh segment, as before.
     """
 
-    def __init__(self, collate_fn: Callable) -> None:
-        self.collate_fn = collate_fn
+    def __init__(self, collate_fn: Callable, ring_slots: int, slot_bytes: int) -> None:
+        self.collate_fn, self.ring_slots, self.slot_bytes = collate_fn, ring_slots, slot_bytes
+        self.ring: list[torch.Tensor | None] = [None] * ring_slots  # this worker's (each worker has a copy)
+        self.next_slot = 0
 
-    def __call__(self, batch: list) -> tuple[torch.Tensor, list[tuple[int, torch.dtype, tuple]], Any]:
+    def __call__(self, batch: list) -> _PackedBatch:
         tensors: list[torch.Tensor] = []
 
         def take(tensor: torch.Tensor) -> _TensorSlot:
@@ -224,12 +245,52 @@ class _PackingCollate:
         for tensor in tensors:
             offsets.append(total)
             total += -(-tensor.numel() * tensor.element_size() // 16) * 16  # aligned for any dtype view
-        buffer = torch.empty(total, dtype=torch.uint8)
+        slot, storage, buffer = self._buffer(total)
         for tensor, offset in zip(tensors, offsets):
             buffer[offset : offset + tensor.numel() * tensor.element_size()] = tensor.view(-1).view(
                 torch.uint8
             )
-        return buffer, [(o, t.dtype, tuple(t.shape)) for o, t in zip(offsets, tensors)], skeleton
+        layout = [(o, t.dtype, tuple(t.shape)) for o, t in zip(offsets, tensors)]
+        worker = torch.utils.data.get_worker_info()
+        return _PackedBatch(worker.id if worker else 0, slot, storage, total, layout, skeleton)
+
+    def _buffer(self, nbytes: int) -> tuple[int | None, torch.Tensor | None, torch.Tensor]:
+        """(slot, storage to send or None when the main process has it already, buffer to fill)."""
+        if nbytes > self.slot_bytes or self.ring_slots == 0:
+            buffer = torch.empty(nbytes, dtype=torch.uint8)
+            return None, buffer, buffer
+        slot = self.next_slot
+        self.next_slot = (slot + 1) % self.ring_slots
+        if self.ring[slot] is None:
+            self.ring[slot] = torch.empty(self.slot_bytes, dtype=torch.uint8).share_memory_()
+            return slot, self.ring[slot], self.ring[slot]
+        return slot, None, self.ring[slot]
+
+
+class _BatchReceiver:
+    """Main-process side of `_PackingCollate` for one ``iter()``: keeps the workers' ring slots and copies each
+    batch out of its slot, then rebuilds the batch as views of that copy."""
+
+    def __init__(self) -> None:
+        self.slots: dict[tuple[int, int], torch.Tensor] = {}
+
+    def __call__(self, packed: _PackedBatch) -> Any:
+        if packed.slot is None:
+            buffer = packed.storage
+        else:
+            key = (packed.worker, packed.slot)
+            if packed.storage is not None:
+                self.slots[key] = packed.storage
+            # numpy copies in this thread; a torch copy this size would wake OpenMP threads, which spin on the
+            # cores the workers need
+            buffer = torch.from_numpy(self.slots[key][: packed.nbytes].numpy().copy())
+
+        def restore(slot: _TensorSlot) -> torch.Tensor:
+            offset, dtype, shape = packed.layout[slot.index]
+            size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            return buffer[offset : offset + size].view(dtype).view(shape)
+
+        return _map_structure(packed.skeleton, restore, _TensorSlot)
 
 
 def worker_context() -> multiprocessing.context.BaseContext | None:
@@ -241,17 +302,6 @@ def worker_context() -> multiprocessing.context.BaseContext | None:
     sharing of the serialized records. Workers never touch CUDA, so forking them is safe.
     """
     return multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
-
-
-def _unpack_batch(packed: tuple[torch.Tensor, list[tuple[int, torch.dtype, tuple]], Any]) -> Any:
-    buffer, layout, skeleton = packed
-
-    def restore(slot: _TensorSlot) -> torch.Tensor:
-        offset, dtype, shape = layout[slot.index]
-        size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        return buffer[offset : offset + size].view(dtype).view(shape)
-
-    return _map_structure(skeleton, restore, _TensorSlot)
 
 
 class TrainLoader:
@@ -282,10 +332,17 @@ class TrainLoader:
             self.dataset,
             batch_sampler=self.batch_sampler,
             num_workers=self.num_workers,
-            collate_fn=_PackingCollate(self.collate_fn) if self.num_workers > 0 else self.collate_fn,
+            collate_fn=self._packing_collate() if self.num_workers > 0 else self.collate_fn,
             worker_init_fn=_WorkerSeeder(self.batch_sampler.seed, self.batch_sampler.rank),
             multiprocessing_context=worker_context() if self.num_workers > 0 else None,
+            prefetch_factor=_PREFETCH_FACTOR if self.num_workers > 0 else None,
         )
+
+    def _packing_collate(self) -> _PackingCollate:
+        # A worker refills a slot only after `ring_slots` more batches: the DataLoader requests a batch only when
+        # fewer than prefetch x workers are waiting, so by then the main process has copied the slot's batch.
+        ring_slots = _PREFETCH_FACTOR * self.num_workers + 1
+        return _PackingCollate(self.collate_fn, ring_slots, _RING_BYTES // (ring_slots * self.num_workers))
 
     def __iter__(self) -> Iterator[Any]:
         self.batch_sampler.start_state = self._state
@@ -301,10 +358,11 @@ class TrainLoader:
                 gc.unfreeze()
         else:
             batches = iter(self._data_loader())
+        receive = _BatchReceiver()
         for batch in batches:
             state = snapshots.popleft()  # in-order loading: the snapshot taken when this batch was formed
             self._state = state
-            yield _unpack_batch(batch) if self.num_workers > 0 else batch
+            yield receive(batch) if self.num_workers > 0 else batch
 
     def state_dict(self) -> dict[str, Any]:
         """Batches consumed, sampler state and group buffers after the last batch yielded to the consumer."""

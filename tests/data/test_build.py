@@ -367,13 +367,23 @@ def assert_same(a, b):
         assert a == b
 
 
-def test_worker_batches_arrive_intact_through_the_packed_buffer():
+@pytest.mark.parametrize("ring_bytes", [None, 1_000_000])
+def test_worker_batches_arrive_intact_through_the_packed_buffer(ring_bytes, monkeypatch):
+    # 40 batches: each worker refills each of its ring slots several times while the test holds every batch;
+    # with 1 MB for the whole ring (100 kB per slot) some batches do not fit and travel in their own segment
+    if ring_bytes is not None:
+        monkeypatch.setattr(build_module, "_RING_BYTES", ring_bytes)
+
     def loader(num_workers):
         return build_detection_train_loader(
             make_records(), mapper=tensor_mapper, total_batch_size=3, num_workers=num_workers, seed=1
         )
 
-    assert_same(take(loader(2), 5), take(loader(0), 5))
+    received = take(loader(2), 40)
+    assert_same(received, take(loader(0), 40))
+    if ring_bytes is not None:
+        sizes = [sum(5 * item["image"][0].numel() for item in batch) for batch in received]  # image + masks
+        assert min(sizes) < 100_000 < max(sizes)  # both paths were taken
 
 
 PARENT_STATE = {"set_after_import": None}
