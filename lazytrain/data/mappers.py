@@ -20,7 +20,8 @@ evaluators' rasterizer, inside each instance's bounding window.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,19 +54,26 @@ def read_image(file_name: str, image_format: str = "RGB") -> np.ndarray:
 
 
 class _Instances:
-    """Per-image annotation state while augmenting: boxes, and masks as polygons and/or bitmaps."""
+    """Per-image annotation state while augmenting: boxes, and masks as polygons and/or bitmaps.
+
+    The polygon vertices of all instances live in one [V, 2] array, so a transform moves them in one call
+    whatever the instance count: polygon k is ``vertices[ends[k - 1]:ends[k]]`` and belongs to instance
+    ``owners[k]`` (an instance's polygons are consecutive).
+    """
 
     def __init__(
         self, annotations: list[dict], height: int, width: int, with_masks: bool, rasterize: bool
     ) -> None:
         self.size = (height, width)
-        boxes = [[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in annotations)]
-        self.boxes = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+        boxes = np.array([a["bbox"] for a in annotations], dtype=np.float32).reshape(-1, 4)
+        boxes[:, 2:] += boxes[:, :2]  # XYWH -> XYXY
+        self.boxes = torch.from_numpy(boxes)
         self.classes = torch.tensor([a["category_id"] for a in annotations], dtype=torch.int64)
         self.with_masks = with_masks
-        # polygons: instance index -> list of [P, 2] vertex arrays; bitmaps: [M, H, W] for instances bitmap_index
-        self.polygons: dict[int, list[np.ndarray]] = {}
-        self.bitmap_index: list[int] = []
+        coords: list[float] = []
+        self.ends: list[int] = []
+        self.owners: list[int] = []
+        self.bitmap_index: list[int] = []  # instances whose masks are the rows of `bitmaps` [M, H, W]
         bitmaps = []
         if with_masks:
             for i, annotation in enumerate(annotations):
@@ -79,13 +87,17 @@ class _Instances:
                     [p for p in segmentation if len(p) >= 6] if isinstance(segmentation, list) else None
                 )
                 if polygons and not rasterize:
-                    self.polygons[i] = [np.asarray(p, dtype=np.float64).reshape(-1, 2) for p in polygons]
+                    for polygon in polygons:
+                        coords.extend(polygon[: len(polygon) // 2 * 2])
+                        self.ends.append(len(coords) // 2)
+                        self.owners.append(i)
                 elif polygons == []:  # nothing drawable: an empty mask, so the instance is dropped
                     self.bitmap_index.append(i)
                     bitmaps.append(np.zeros((height, width), dtype=np.uint8))
                 else:
                     self.bitmap_index.append(i)
                     bitmaps.append(_decode(segmentation, height, width))
+        self.vertices = np.array(coords, dtype=np.float64).reshape(-1, 2)
         self.bitmaps = (
             torch.from_numpy(np.stack(bitmaps))
             if bitmaps
@@ -96,43 +108,52 @@ class _Instances:
         """Apply a lazytrain `Transform` to boxes, bitmaps and polygon vertices."""
         self.boxes = transform.apply_boxes(self.boxes)
         if self.with_masks:
-            self.bitmaps = transform.apply_masks(self.bitmaps)
-            if self.polygons:  # all vertices of the image in one array: one call whatever the instance count
-                pieces = [p for polygons in self.polygons.values() for p in polygons]
-                moved = np.split(
-                    transform.apply_coords(np.concatenate(pieces)), np.cumsum([len(p) for p in pieces])[:-1]
-                )
-                it = iter(moved)
-                self.polygons = {i: [next(it) for _ in polygons] for i, polygons in self.polygons.items()}
+            if len(self.bitmaps):
+                self.bitmaps = transform.apply_masks(self.bitmaps)
+            if len(self.vertices):
+                self.vertices = transform.apply_coords(self.vertices)
         self.size = transform.output_size()
 
-    def masks(self) -> torch.Tensor:
-        """All instance masks [N, H, W] at the current size (polygons rasterized, nothing modified)."""
+    def drop_polygons(self) -> None:
+        """Forget the polygons (after their masks were rasterized into `bitmaps`)."""
+        self.vertices, self.ends, self.owners = self.vertices[:0], [], []
+
+    def masks(self) -> tuple[torch.Tensor, np.ndarray]:
+        """All instance masks [N, H, W] at the current size (polygons rasterized), and which are not empty."""
         out = np.zeros((len(self.boxes), *self.size), dtype=np.uint8)  # calloc: untouched pages cost nothing
+        filled = np.zeros(len(self.boxes), dtype=bool)
         if self.bitmap_index:
             out[self.bitmap_index] = self.bitmaps.numpy()
-        if self.polygons:
-            _rasterize(list(self.polygons.values()), out, rows=list(self.polygons))
-        return torch.from_numpy(out)
+            filled[self.bitmap_index] = self.bitmaps.flatten(1).amax(dim=1).numpy() > 0
+        if self.ends:
+            _rasterize(self.vertices, self.ends, self.owners, out, filled)
+        return torch.from_numpy(out), filled
 
     def output(self, recompute_boxes: bool = False) -> dict[str, torch.Tensor]:
         """boxes/classes/masks of the instances still visible, boxes clipped to the image (or, with
         `recompute_boxes`, the extent of the masks)."""
         height, width = self.size
-        output = {"boxes": self.boxes.clone(), "classes": self.classes}
+        boxes = self.boxes.numpy().copy()
+        keep = np.ones(len(boxes), dtype=bool)
+        output = {"boxes": torch.from_numpy(boxes), "classes": self.classes}
         if self.with_masks:
-            output["masks"] = masks = self.masks()
+            output["masks"], keep = self.masks()
             if recompute_boxes:
-                output["boxes"] = _mask_extents(masks)
-        boxes = output["boxes"]
-        boxes[:, 0::2] = boxes[:, 0::2].clamp(0, width)
-        boxes[:, 1::2] = boxes[:, 1::2].clamp(0, height)
-        keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-        if self.with_masks and len(boxes):
-            keep &= output["masks"].flatten(1).amax(dim=1) > 0
-        if bool(keep.all()):  # the usual case: no copy of the (possibly large) masks
+                output["boxes"] = _mask_extents(output["masks"])
+                boxes = output["boxes"].numpy()
+        np.clip(boxes[:, 0::2], 0, width, out=boxes[:, 0::2])
+        np.clip(boxes[:, 1::2], 0, height, out=boxes[:, 1::2])
+        keep &= (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        if keep.all():  # the usual case: no copy of the (possibly large) masks
             return output
-        return {key: value[keep] for key, value in output.items()}
+        keep_index = torch.from_numpy(np.flatnonzero(keep))
+        return {key: value[keep_index] for key, value in output.items()}
+
+
+def _contiguous(image: torch.Tensor) -> torch.Tensor:
+    """`image` in contiguous memory. Resizing leaves [C, H, W] images with channels-last strides; numpy moves
+    them back twice as fast as torch's uint8 copy (60 vs 120 us for 240x180)."""
+    return image if image.is_contiguous() else torch.from_numpy(np.ascontiguousarray(image.numpy()))
 
 
 def _mask_extents(masks: torch.Tensor) -> torch.Tensor:
@@ -158,7 +179,10 @@ def _decode(segmentation: Any, height: int, width: int) -> np.ndarray:
     """Polygons or RLE (compressed or not) -> uint8 [H, W]."""
     if isinstance(segmentation, list):
         out = np.zeros((1, height, width), dtype=np.uint8)
-        _rasterize([[np.asarray(p, dtype=np.float64).reshape(-1, 2) for p in segmentation]], out, rows=[0])
+        polygons = [p[: len(p) // 2 * 2] for p in segmentation]
+        vertices = np.array([c for p in polygons for c in p], dtype=np.float64).reshape(-1, 2)
+        ends = np.cumsum([len(p) // 2 for p in polygons]).tolist()
+        _rasterize(vertices, ends, [0] * len(polygons), out, np.zeros(1, dtype=bool))
         return out[0]
     if isinstance(segmentation.get("counts"), list):
         segmentation = mask_util.frPyObjects(segmentation, *segmentation["size"])
@@ -168,23 +192,41 @@ def _decode(segmentation: Any, height: int, width: int) -> np.ndarray:
     return mask
 
 
-def _rasterize(instances: list[list[np.ndarray]], out: np.ndarray, rows: list[int]) -> None:
-    """Draw each instance's polygons ([P, 2] vertex arrays) into ``out[row]`` (uint8 [N, H, W]).
+def _rasterize(
+    vertices: np.ndarray, ends: list[int], owners: list[int], out: np.ndarray, filled: np.ndarray
+) -> None:
+    """Draw polygon k (``vertices[ends[k - 1]:ends[k]]``) into ``out[owners[k]]`` (uint8 [N, H, W]), each
+    instance's polygons merged, and set ``filled[i]`` for the instances with at least one pixel.
 
     Uses pycocotools (the evaluators' rasterizer) on the instance's bounding window only, shifted by whole
     pixels (which does not change the result), so the cost follows the instances' areas, not N x H x W.
     """
     height, width = out.shape[1:]
-    for row, polygons in zip(rows, instances):
-        points = np.concatenate(polygons)
-        x0, y0 = np.floor(points.min(axis=0)).astype(int) - 1
-        x1, y1 = np.ceil(points.max(axis=0)).astype(int) + 1
+    start = 0
+    for first, last in _runs(owners):  # polygons first..last-1 belong to one instance
+        points = vertices[start : ends[last - 1]]
+        x0, y0 = (math.floor(v) - 1 for v in points.min(axis=0).tolist())
+        x1, y1 = (math.ceil(v) + 1 for v in points.max(axis=0).tolist())
         x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, width), min(y1, height)
-        if x1 <= x0 or y1 <= y0:
-            continue
-        shifted = [(p - (x0, y0)).reshape(-1).tolist() for p in polygons]
-        rles = mask_util.frPyObjects(shifted, int(y1 - y0), int(x1 - x0))
-        out[row, y0:y1, x0:x1] = mask_util.decode(mask_util.merge(rles) if len(rles) > 1 else rles[0])
+        if x1 > x0 and y1 > y0:
+            shifted = (vertices[start : ends[last - 1]] - (x0, y0)).reshape(-1)
+            cuts = [2 * (e - start) for e in ends[first:last]]
+            rles = mask_util.frPyObjects(
+                [shifted[a:b].tolist() for a, b in zip([0, *cuts[:-1]], cuts)], y1 - y0, x1 - x0
+            )
+            window = mask_util.decode(mask_util.merge(rles) if len(rles) > 1 else rles[0])
+            out[owners[first], y0:y1, x0:x1] = window
+            filled[owners[first]] = window.any()
+        start = ends[last - 1]
+
+
+def _runs(owners: list[int]) -> Iterator[tuple[int, int]]:
+    """(first, last + 1) of each run of equal values in `owners`."""
+    first = 0
+    for k in range(1, len(owners) + 1):
+        if k == len(owners) or owners[k] != owners[first]:
+            yield first, k
+            first = k
 
 
 class DatasetMapper:
@@ -254,7 +296,7 @@ class DatasetMapper:
         if self.image_format == "BGR":
             image = image.flip(0)
         output = {
-            "image": image.contiguous(),
+            "image": _contiguous(image),
             "height": record.get("height", height),
             "width": record.get("width", width),
             "image_id": record.get("image_id"),
@@ -286,8 +328,8 @@ class DatasetMapper:
         # "labels" lets transforms that drop instances (SanitizeBoundingBoxes) drop their classes too
         inputs = {"image": tv_tensors.Image(image), "boxes": boxes, "labels": instances.classes}
         if instances.with_masks:
-            inputs["masks"] = tv_tensors.Mask(instances.masks())
-            instances.polygons = {}
+            inputs["masks"] = tv_tensors.Mask(instances.masks()[0])
+            instances.drop_polygons()
         outputs = augmentation(inputs)
         image = outputs["image"].as_subclass(torch.Tensor)
         instances.boxes = outputs["boxes"].as_subclass(torch.Tensor).float()

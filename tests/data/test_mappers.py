@@ -5,10 +5,12 @@ import pytest
 import torch
 from PIL import Image
 from pycocotools import mask as mask_util
+from torchvision import tv_tensors
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
 from lazytrain.data.mappers import DatasetMapper, read_image
-from lazytrain.data.transforms import RandomFlip, ResizeShortestEdge
+from lazytrain.data.transforms import FlipTransform, RandomFlip, ResizeShortestEdge
 
 POLYGON = [10.0, 20.0, 25.0, 8.0, 40.0, 10.0, 45.0, 25.0, 35.0, 40.0, 15.0, 36.0]  # bbox [10, 8, 35, 32]
 
@@ -168,6 +170,15 @@ def test_torchvision_flip_equals_lazytrain_flip(record):
     theirs = DatasetMapper(True, [ResizeShortestEdge(90), v2.RandomHorizontalFlip(1.0)])(record)["instances"]
     assert torch.allclose(ours["boxes"], theirs["boxes"])
     assert all(iou(a, b) > 0.95 for a, b in zip(ours["masks"], theirs["masks"]))
+
+
+@pytest.mark.parametrize("horizontal", [True, False])
+def test_flip_transform_moves_boxes_like_torchvision(horizontal):
+    boxes = torch.tensor([[1.0, 2.0, 30.0, 40.0], [0.0, 0.0, 64.0, 48.0], [10.5, 7.25, 11.0, 9.0]])
+    flip = FlipTransform(48, 64, horizontal=horizontal)
+    kernel = F.horizontal_flip_bounding_boxes if horizontal else F.vertical_flip_bounding_boxes
+    expected = kernel(boxes, format=tv_tensors.BoundingBoxFormat.XYXY, canvas_size=(48, 64))
+    assert torch.equal(flip.apply_boxes(boxes), expected)
 
 
 def test_photometric_torchvision_transform_in_eval_mode(record):
