@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
 import time
 
-import torch
+# As `python -m lazytrain` runs: idle OpenMP threads sleep instead of spinning (set before torch loads).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from lazytrain.data.build import build_detection_train_loader, trivial_batch_collator
-from lazytrain.data.catalog import DatasetCatalog
-from lazytrain.data.mappers import DatasetMapper, read_image
-from lazytrain.data.transforms import RandomFlip, ResizeShortestEdge
+import torch  # noqa: E402
+
+from lazytrain.data.build import build_detection_train_loader, trivial_batch_collator  # noqa: E402
+from lazytrain.data.catalog import DatasetCatalog  # noqa: E402
+from lazytrain.data.mappers import DatasetMapper, read_image  # noqa: E402
+from lazytrain.data.transforms import RandomFlip, ResizeShortestEdge  # noqa: E402
 
 
 class DecodeOnly:

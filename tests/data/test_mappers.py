@@ -231,6 +231,16 @@ def test_exif_orientation_is_applied(tmp_path):
         DatasetMapper(True, [])({**record, "height": 20, "width": 40})
 
 
+@pytest.mark.parametrize("mode, suffix", [("L", "jpg"), ("P", "png"), ("RGBA", "png"), ("CMYK", "jpg")])
+def test_images_of_other_modes_are_read_as_rgb(tmp_path, mode, suffix):
+    pixels = np.zeros((6, 8, 3), np.uint8)
+    pixels[:, 4:] = 255
+    Image.fromarray(pixels).convert(mode).save(tmp_path / f"x.{suffix}", quality=100)
+    array = read_image(str(tmp_path / f"x.{suffix}"))
+    assert array.shape == (6, 8, 3) and array.flags.writeable
+    assert array[:, :3].max() < 30 and array[:, 5:].min() > 225
+
+
 def test_missing_and_corrupt_images_name_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"image file not found: .*nope\.jpg"):
         DatasetMapper(False, [])({"file_name": str(tmp_path / "nope.jpg")})
