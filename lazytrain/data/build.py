@@ -287,7 +287,7 @@ class _BatchReceiver:
 
         def restore(slot: _TensorSlot) -> torch.Tensor:
             offset, dtype, shape = packed.layout[slot.index]
-            size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            size = math.prod(shape) * dtype.itemsize
             return buffer[offset : offset + size].view(dtype).view(shape)
 
         return _map_structure(packed.skeleton, restore, _TensorSlot)
