@@ -74,9 +74,9 @@ class _Instances:
         self, annotations: list[dict], height: int, width: int, with_masks: bool, rasterize: bool
     ) -> None:
         self.size = (height, width)
-        boxes = np.array([a["bbox"] for a in annotations], dtype=np.float32).reshape(-1, 4)
-        boxes[:, 2:] += boxes[:, :2]  # XYWH -> XYXY
-        self.boxes = torch.from_numpy(boxes)
+        boxes = np.array([a["bbox"] for a in annotations], dtype=np.float64).reshape(-1, 4)
+        boxes[:, 2:] += boxes[:, :2]  # XYWH -> XYXY, in float64 like the json's numbers
+        self.boxes = torch.from_numpy(boxes.astype(np.float32))
         self.classes = torch.tensor([a["category_id"] for a in annotations], dtype=torch.int64)
         self.with_masks = with_masks
         coords: list[float] = []

@@ -187,6 +187,15 @@ def test_photometric_torchvision_transform_in_eval_mode(record):
     assert (out["height"], out["width"], out["image_id"]) == (60, 100, 5)
 
 
+def test_box_corners_are_summed_in_float64_like_the_json_numbers(record):
+    # x + w in float32 would round differently (and change training runs) for values like these
+    bbox = [10.1, 8.3, 35.7, 32.9]
+    record["annotations"] = [{**record["annotations"][0], "bbox": bbox}]
+    boxes = DatasetMapper(True, [], use_instance_mask=False)(record)["instances"]["boxes"]
+    expected = torch.tensor([[10.1, 8.3, 10.1 + 35.7, 8.3 + 32.9]], dtype=torch.float32)
+    assert torch.equal(boxes, expected)
+
+
 def test_boxes_only_and_bgr(record):
     out = DatasetMapper(True, [RandomFlip(1.0)], image_format="BGR", use_instance_mask=False)(record)
     assert set(out["instances"]) == {"boxes", "classes"}
