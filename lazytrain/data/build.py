@@ -308,8 +308,9 @@ class TrainLoader:
     """Infinite iterable of batches (lists of mapped records) with ``state_dict``/``load_state_dict``.
 
     Each ``iter()`` starts worker processes and continues from the state after the batches consumed so far.
-    Workers run the mapper and `collate_fn`, and send each batch's tensors packed in one buffer; the batch the
-    consumer gets holds views of that buffer.
+    Workers run the mapper and `collate_fn`, and send each batch's tensors packed in one shared buffer (a
+    reused ring slot); the batch the consumer gets holds views of the main process's own copy of it, so it
+    stays valid however long the consumer keeps it.
     To change how batches are formed, wrap this loader or pass another ``sampler``/``collate_fn`` to
     `build_detection_train_loader`.
 
