@@ -244,19 +244,17 @@ class _PackingCollate:
         offsets, total = [], 0
         for tensor in tensors:
             offsets.append(total)
-            total += -(-tensor.numel() * tensor.element_size() // 16) * 16  # aligned for any dtype view
+            total += -(-tensor.nbytes // 16) * 16  # aligned for any dtype view
         slot, storage, buffer = self._buffer(total)
         for tensor, offset in zip(tensors, offsets):
-            buffer[offset : offset + tensor.numel() * tensor.element_size()] = tensor.view(-1).view(
-                torch.uint8
-            )
+            buffer[offset : offset + tensor.nbytes] = tensor.view(-1).view(torch.uint8)
         layout = [(o, t.dtype, tuple(t.shape)) for o, t in zip(offsets, tensors)]
         worker = torch.utils.data.get_worker_info()
         return _PackedBatch(worker.id if worker else 0, slot, storage, total, layout, skeleton)
 
     def _buffer(self, nbytes: int) -> tuple[int | None, torch.Tensor | None, torch.Tensor]:
         """(slot, storage to send or None when the main process has it already, buffer to fill)."""
-        if nbytes > self.slot_bytes or self.ring_slots == 0:
+        if nbytes > self.slot_bytes:
             buffer = torch.empty(nbytes, dtype=torch.uint8)
             return None, buffer, buffer
         slot = self.next_slot

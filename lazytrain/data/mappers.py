@@ -79,9 +79,7 @@ class _Instances:
         self.boxes = torch.from_numpy(boxes.astype(np.float32))
         self.classes = torch.tensor([a["category_id"] for a in annotations], dtype=torch.int64)
         self.with_masks = with_masks
-        coords: list[float] = []
-        self.ends: list[int] = []
-        self.owners: list[int] = []
+        drawable: list[tuple[int, list[list[float]]]] = []  # (instance, polygons) moved as vertices
         self.bitmap_index: list[int] = []  # instances whose masks are the rows of `bitmaps` [M, H, W]
         bitmaps = []
         if with_masks:
@@ -96,17 +94,14 @@ class _Instances:
                     [p for p in segmentation if len(p) >= 6] if isinstance(segmentation, list) else None
                 )
                 if polygons and not rasterize:
-                    for polygon in polygons:
-                        coords.extend(polygon[: len(polygon) // 2 * 2])
-                        self.ends.append(len(coords) // 2)
-                        self.owners.append(i)
+                    drawable.append((i, polygons))
                 elif polygons == []:  # nothing drawable: an empty mask, so the instance is dropped
                     self.bitmap_index.append(i)
                     bitmaps.append(np.zeros((height, width), dtype=np.uint8))
                 else:
                     self.bitmap_index.append(i)
                     bitmaps.append(_decode(segmentation, height, width))
-        self.vertices = np.array(coords, dtype=np.float64).reshape(-1, 2)
+        self.vertices, self.ends, self.owners = _vertex_arrays(drawable)
         self.bitmaps = (
             torch.from_numpy(np.stack(bitmaps))
             if bitmaps
@@ -184,14 +179,26 @@ def _mask_extents(masks: torch.Tensor) -> torch.Tensor:
     return boxes
 
 
+def _vertex_arrays(
+    instances: list[tuple[int, list[list[float]]]],
+) -> tuple[np.ndarray, list[int], list[int]]:
+    """(instance, flat polygons) pairs -> all vertices [V, 2], the end of each polygon in them, its instance."""
+    coords: list[float] = []
+    ends: list[int] = []
+    owners: list[int] = []
+    for instance, polygons in instances:
+        for polygon in polygons:
+            coords.extend(polygon[: len(polygon) // 2 * 2])
+            ends.append(len(coords) // 2)
+            owners.append(instance)
+    return np.array(coords, dtype=np.float64).reshape(-1, 2), ends, owners
+
+
 def _decode(segmentation: Any, height: int, width: int) -> np.ndarray:
     """Polygons or RLE (compressed or not) -> uint8 [H, W]."""
     if isinstance(segmentation, list):
         out = np.zeros((1, height, width), dtype=np.uint8)
-        polygons = [p[: len(p) // 2 * 2] for p in segmentation]
-        vertices = np.array([c for p in polygons for c in p], dtype=np.float64).reshape(-1, 2)
-        ends = np.cumsum([len(p) // 2 for p in polygons]).tolist()
-        _rasterize(vertices, ends, [0] * len(polygons), out, np.zeros(1, dtype=bool))
+        _rasterize(*_vertex_arrays([(0, segmentation)]), out, np.zeros(1, dtype=bool))
         return out[0]
     if isinstance(segmentation.get("counts"), list):
         segmentation = mask_util.frPyObjects(segmentation, *segmentation["size"])
