@@ -305,7 +305,9 @@ def worker_context() -> multiprocessing.context.BaseContext | None:
 class TrainLoader:
     """Infinite iterable of batches (lists of mapped records) with ``state_dict``/``load_state_dict``.
 
-    Each ``iter()`` starts worker processes and continues from the state after the batches consumed so far.
+    Each ``iter()`` starts worker processes and continues from the state after the batches consumed so far;
+    iterating never draws from the global RNGs, so the trainer's random stream is the same whether the loader
+    started at iteration 0 or in a resumed run.
     Workers run the mapper and `collate_fn`, and send each batch's tensors packed in one shared buffer (a
     reused ring slot); the batch the consumer gets holds views of the main process's own copy of it, so it
     stays valid however long the consumer keeps it.
@@ -327,6 +329,10 @@ class TrainLoader:
         self._state = batch_sampler.start_state
 
     def _data_loader(self) -> DataLoader:
+        # Without a generator of its own, torch's DataLoader draws its workers' base seed from the global torch
+        # RNG when iterating starts (the first next() of our generator): at iteration 0 in a fresh run but right
+        # after the restored RNG state in a resumed one, which then draws other proposals (issue 17). Workers
+        # reseed per sample anyway (`_WorkerSeeder`, `MapDataset`), so the base seed only has to be fixed.
         return DataLoader(
             self.dataset,
             batch_sampler=self.batch_sampler,
@@ -335,6 +341,7 @@ class TrainLoader:
             worker_init_fn=_WorkerSeeder(self.batch_sampler.seed, self.batch_sampler.rank),
             multiprocessing_context=worker_context() if self.num_workers > 0 else None,
             prefetch_factor=_PREFETCH_FACTOR if self.num_workers > 0 else None,
+            generator=torch.Generator().manual_seed(self.batch_sampler.seed & _MASK64),
         )
 
     def _packing_collate(self) -> _PackingCollate:

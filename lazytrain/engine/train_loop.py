@@ -399,8 +399,9 @@ class SimpleTrainer(TrainerBase):
         self._data_iter = None
 
     def _restore_rng_state(self) -> None:
-        # Start iterating first: torch's DataLoader draws its workers' base seed from the global RNG here,
-        # which would otherwise shift the restored stream (workers seed augmentation per sample instead).
+        # Create the iterator first, so that a loader whose __iter__ draws from the global RNG (torch's DataLoader
+        # without a generator) draws before the restored state. A loader whose __iter__ is a generator function
+        # only starts at the first next(), after the restore: it must not draw at all (`TrainLoader` does not).
         if self._data_iter is None:
             self._data_iter = iter(self.data_loader)
         super()._restore_rng_state()

@@ -127,6 +127,24 @@ def test_resumed_loader_yields_the_same_batches(num_workers, consumed):
     assert head + take(resumed, 12 - consumed) == reference  # same images, same augmentation draws
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_iterating_never_touches_the_global_rngs(num_workers):
+    """Starting the loader at iteration 0 or in a resumed run must leave the trainer's random stream alone
+    (issue 17: torch's DataLoader drew its base seed from the global RNG at the first batch)."""
+    loader = build(num_workers)
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    before = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    stream = iter(loader)
+    next(stream)
+    next(stream)
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert random.getstate() == before[1]
+    assert np.array_equal(np.random.get_state()[1], before[2])
+    del stream
+
+
 def test_state_is_the_consumed_one_and_iterating_again_continues():
     loader = build(2)
     reference = take(build(0), 6)
