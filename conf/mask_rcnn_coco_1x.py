@@ -19,4 +19,6 @@ model.roi_heads.score_thresh = 0.05
 train.max_iter = 90000  # steps at 60k / 80k follow through the schedule's interpolations
 train.eval_period = 10000
 
+objective = dict(metric="segm/AP", direction="maximize")  # COCO has no frequency groups
+
 launch = dict(num_gpus="auto", num_machines=1, machine_rank=0, dist_url="auto")

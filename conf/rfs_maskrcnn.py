@@ -25,4 +25,7 @@ train.eval_period = 10000
 train.checkpointer.period = 5000
 train.device = "cuda"
 
+# What a search sweep (hydra/sweeper=optuna) optimises: RFS is about the rare categories.
+objective = dict(metric="segm/APr", direction="maximize")
+
 launch = dict(num_gpus="auto", num_machines=1, machine_rank=0, dist_url="auto")

@@ -17,7 +17,7 @@ the rare categories (1-10 images) repeat factors of 3-10, as t=0.001 does for LV
 from ..recipes.data.synthetic_lt import dataloader
 from ..recipes.models.mask_rcnn_r18_fpn_cpu import model
 from ..recipes.schedules import cosine_lr_multiplier as lr_multiplier
-from .rfs_maskrcnn import optimizer, train
+from .rfs_maskrcnn import objective, optimizer, train
 
 model.num_classes = 30
 

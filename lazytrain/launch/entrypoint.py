@@ -44,8 +44,9 @@ def _fail(message: str) -> None:
     raise SystemExit(1)
 
 
-def _precheck_overrides(cfg, overrides: list[str]) -> None:
-    """Report unknown keys with did-you-mean suggestions before Hydra starts (Hydra's message has none)."""
+def _precheck_overrides(cfg, overrides: list[str]):
+    """Report unknown keys with did-you-mean suggestions before Hydra starts (Hydra's message has none).
+    Returns a copy of `cfg` with the plain (non-sweep) overrides applied."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from lazytrain.config import LazyConfig
@@ -67,7 +68,7 @@ def _precheck_overrides(cfg, overrides: list[str]) -> None:
                 raise _config_error(f"override '{line}': key '{key}' is not in the config.{hint}")
             continue
         plain.append(line)
-    LazyConfig.apply_overrides(cfg.copy(), plain)
+    return LazyConfig.apply_overrides(cfg.copy(), plain)
 
 
 _MISSING = object()
@@ -170,10 +171,15 @@ def main(argv: list[str] | None = None) -> None:
 
     from lazytrain.config import LazyConfig
     from lazytrain.errors import ConfigError
+    from lazytrain.launch.objective import check_search
 
     try:
         primary = _primary_config(LazyConfig.load(config_path), config_path)
-        _precheck_overrides(OmegaConf.create({k: v for k, v in primary.items() if k != "hydra"}), rest)
+        overridden = _precheck_overrides(
+            OmegaConf.create({k: v for k, v in primary.items() if k != "hydra"}), rest
+        )
+        # A search sweeper (hydra/sweeper=optuna, ...) needs the objective: check it now, pass its direction.
+        rest = rest + check_search(overridden, rest, DEFAULT_MAIN)
     except ConfigError as e:
         _fail(str(e))
     import hydra
@@ -189,19 +195,24 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _hydra_task(cfg) -> Any:
-    """One Hydra job. A single run reports known errors as one paragraph; in a sweep, a failing job is
-    logged and recorded as failed in the summary, and the sweep goes on."""
+    """One Hydra job; returns the config's objective metric (a float, what search sweepers read).
+
+    A single run reports known errors as one paragraph; in a sweep, a failing job is logged, recorded as
+    failed in the summary, and returns the worst objective value (`FailedJobValue`), so the sweep goes on.
+    """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from lazytrain.errors import ConfigError
     from lazytrain.launch.launch import RankFailedError
-    from lazytrain.launch.summary import FAILED_KEY
+    from lazytrain.launch.objective import FailedJobValue, check_objective, worst_value
     from lazytrain.utils.preemption import TrainingInterrupted
 
     single_run = HydraConfig.get().mode == RunMode.RUN
+    objective = check_objective(cfg.objective) if cfg.get("objective") is not None else None
+    worst = worst_value(objective["direction"]) if objective else float("nan")
     try:
-        return run_job(cfg)
+        return _get_job_value(run_job(cfg), objective)
     except TrainingInterrupted as e:
         # Preemption or Ctrl-C: the checkpoint is written; stop (a sweep too) with status 128 + signal.
         print(f"lazytrain: {e}", file=sys.stderr)
@@ -210,12 +221,31 @@ def _hydra_task(cfg) -> Any:
         if single_run:
             _fail(str(e))
         logger.error("Job %s failed: %s", HydraConfig.get().job.num, e)
-        return {FAILED_KEY: str(e)}
+        return FailedJobValue(worst, str(e))
     except Exception as e:
         if single_run:
             raise
         logger.exception("Job %s failed", HydraConfig.get().job.num)
-        return {FAILED_KEY: f"{type(e).__name__}: {e}"}
+        return FailedJobValue(worst, f"{type(e).__name__}: {e}")
+
+
+def _get_job_value(results: Any, objective: dict | None) -> Any:
+    """The objective metric of a finished job's results (its worst value, with a warning, when the results
+    lack it); the results themselves when the config has no objective."""
+    from lazytrain.launch.objective import get_objective_value, list_metrics, worst_value
+
+    if objective is None:
+        return results
+    value = get_objective_value(results, objective["metric"])
+    if value is None:
+        logger.warning(
+            "objective.metric=%s is not in the job's final results (it has: %s); the job returns %s.",
+            objective["metric"],
+            ", ".join(list_metrics(results)) or "none, was there an evaluation?",
+            worst_value(objective["direction"]),
+        )
+        return worst_value(objective["direction"])
+    return value
 
 
 def _check_datasets(cfg) -> None:
@@ -316,7 +346,10 @@ def _run_rank(container: dict, main_path: str, use_rank0_config: bool = False) -
         # timestamped run dir can differ by a second between ranks, so all ranks take rank 0's. (Machines
         # started by separate commands keep their own config: their differences are deliberate.)
         container = comm.all_gather(container)[0]
-    return locate(main_path)(OmegaConf.create(container))
+    results = locate(main_path)(OmegaConf.create(container))
+    # Only rank 0 has the evaluation results; every rank returns them, so that each process running a Hydra
+    # job (torchrun, SLURM, other machines) returns the same objective.
+    return comm.all_gather(results)[0] if comm.get_world_size() > 1 else results
 
 
 def _quiet_non_main_rank(overrides: list[str]) -> list[str]:

@@ -158,6 +158,7 @@ def _spawned_worker(
     backend,
     timeout,
     stopped_by_signal,
+    result_path: str,
 ) -> None:
     import torch
 
@@ -168,7 +169,7 @@ def _spawned_worker(
     os.environ["LOCAL_RANK"] = str(local_rank)
     rank = machine_rank * num_per_machine + local_rank
     try:
-        _run_in_group(
+        result = _run_in_group(
             main_func,
             args,
             rank=rank,
@@ -179,6 +180,8 @@ def _spawned_worker(
             backend=backend,
             timeout=timeout,
         )
+        if local_rank == 0:
+            _save_result(result, result_path)
     except TrainingInterrupted as e:
         # A clean stop (checkpoint written): exit 0, so the parent does not stop the other ranks while they
         # finish theirs; the parent raises TrainingInterrupted itself.
@@ -189,6 +192,33 @@ def _spawned_worker(
         if _is_peer_failure(e):
             time.sleep(5)
         raise
+
+
+def _save_result(result: Any, path: str) -> None:
+    """Local rank 0's return value, for the parent (a file: a pipe could block on a large value)."""
+    import pickle
+
+    try:
+        data = pickle.dumps(result)
+    except Exception as e:
+        logger.warning("launch: the return value of local rank 0 cannot be pickled (%s); returning None.", e)
+        return
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _load_result(path: str) -> Any:
+    """What `_save_result` wrote (None if nothing), and remove the file."""
+    import pickle
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        os.remove(path)
+        return pickle.loads(data) if data else None
+    except Exception as e:
+        logger.warning("launch: cannot read the return value of local rank 0 from %s: %s", path, e)
+        return None
 
 
 def _is_peer_failure(error: Exception) -> bool:
@@ -226,9 +256,11 @@ def launch(
         use_gpu: one GPU per process (``cuda.set_device(local_rank)``); None: whether CUDA is available.
 
     Returns:
-        `main_func`'s return value when run in-process (world size 1); None after a spawn.
+        `main_func`'s return value in this process (world size 1, torchrun/SLURM), or that of the machine's
+        local rank 0 after a spawn.
     """
     import multiprocessing
+    import tempfile
 
     env_info = get_env_rank_info()
     if env_info is not None:
@@ -256,6 +288,8 @@ def launch(
     import torch.multiprocessing as mp
 
     stopped_by_signal = multiprocessing.get_context("spawn").Value("i", 0)
+    handle, result_path = tempfile.mkstemp(prefix="lazytrain_result_", suffix=".pkl")
+    os.close(handle)
     context = mp.start_processes(
         _spawned_worker,
         args=(
@@ -268,6 +302,7 @@ def launch(
             _choose_backend(backend, use_gpu),
             timeout,
             stopped_by_signal,
+            result_path,
         ),
         nprocs=num_gpus_per_machine,
         start_method="spawn",
@@ -294,6 +329,8 @@ def launch(
     except BaseException:
         _terminate(context.processes)  # e.g. a second Ctrl-C in the parent: leave no orphan rank behind
         raise
+    finally:
+        result = _load_result(result_path)
     if stopped_by_signal.value:
         # Ctrl-C in the parent reached the ranks as SIGTERM; report (and exit with) what the user sent.
         signum = forwarder.signum or stopped_by_signal.value
@@ -302,7 +339,7 @@ def launch(
             f"Training stopped by {signal_name(signum)}: all {world_size} ranks saved a checkpoint and stopped at "
             "the same iteration; run the same command with train.resume=true to continue.",
         )
-    return None
+    return result
 
 
 class _ForwardStopSignals(StopRequest):

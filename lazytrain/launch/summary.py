@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -17,8 +18,8 @@ from hydra.experimental.callback import Callback
 
 __all__ = ["SweepSummaryCallback", "collect_sweep", "read_final_metrics"]
 
+logger = logging.getLogger(__name__)
 _STATUS_FILE = "lazytrain_job.json"
-FAILED_KEY = "lazytrain_job_failed"
 # Set at the end of each multirun (in the process that ran the sweep); the entrypoint exits non-zero on it.
 failed_jobs_of_last_sweep = 0
 
@@ -113,6 +114,21 @@ def write_summary(sweep_dir: str) -> tuple[str, list[dict[str, Any]]]:
     return table, rows
 
 
+def _count_failures(config, rows: list[dict[str, Any]]) -> int:
+    """Failed jobs that make the command fail: any in a grid sweep; in a search (Optuna, ...) only when every
+    trial failed, since a failed trial was told to the sweeper as the worst objective value."""
+    failed = sum(row["status"] != "ok" for row in rows)
+    is_grid = str(config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper")
+    if failed and not is_grid and failed < len(rows):
+        logger.warning(
+            "%d of %d trials failed; the sweeper scored them with the worst objective value and searched on.",
+            failed,
+            len(rows),
+        )
+        return 0
+    return failed
+
+
 class SweepSummaryCallback(Callback):
     """Records each job's status and wall time; at the end of a multirun writes and prints the summary."""
 
@@ -122,9 +138,11 @@ class SweepSummaryCallback(Callback):
     def on_job_end(self, config, job_return, **kwargs: Any) -> None:
         from hydra.core.utils import JobStatus
 
+        from lazytrain.launch.objective import FailedJobValue
+
         output_dir = config.hydra.runtime.output_dir
-        failed = job_return.status != JobStatus.COMPLETED or (
-            isinstance(job_return.return_value, dict) and FAILED_KEY in job_return.return_value
+        failed = job_return.status != JobStatus.COMPLETED or isinstance(
+            job_return.return_value, FailedJobValue
         )
         status = "failed" if failed else "ok"
         seconds = time.perf_counter() - getattr(self, "_start", time.perf_counter())
@@ -136,5 +154,5 @@ class SweepSummaryCallback(Callback):
         sweep_dir = config.hydra.sweep.dir
         if os.path.isdir(sweep_dir):
             table, rows = write_summary(sweep_dir)
-            failed_jobs_of_last_sweep = sum(row["status"] != "ok" for row in rows)
             print(f"\nSweep summary ({sweep_dir}/summary.md):\n{table}")
+            failed_jobs_of_last_sweep = _count_failures(config, rows)

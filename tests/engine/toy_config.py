@@ -23,3 +23,7 @@ train.log_period = 5
 train.eval_period = 0  # evaluate after training only
 train.checkpointer.period = 5
 train.hooks.writer.tensorboard = False
+
+objective = dict(
+    metric="toy/AP", direction="maximize"
+)  # what a search sweep (hydra/sweeper=optuna) optimises
