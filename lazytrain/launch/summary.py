@@ -2,6 +2,8 @@
 
 One row per job: the overrides that differ between jobs, status (ok/failed), wall time and the final metrics (every
 ``*/AP*`` key of the last evaluation in the job's ``metrics.json``; mask before box, and AP, APr, APc, APf first).
+When the sweep varies ``train.seed``, a second table (in summary.md, and ``summary_seeds.csv``) has one row per
+setting of the other overrides: the number of seeds and each metric's mean, min, max and standard deviation.
 Registered automatically by the entrypoint.
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-__all__ = ["SweepSummaryCallback", "collect_sweep", "read_final_metrics"]
+__all__ = ["SweepSummaryCallback", "aggregate_seeds", "collect_sweep", "read_final_metrics", "write_summary"]
 
 logger = logging.getLogger(__name__)
 _STATUS_FILE = "lazytrain_job.json"
@@ -71,8 +73,53 @@ def collect_sweep(sweep_dir: str) -> list[dict[str, Any]]:
     # that compares jobs: show only those that vary.
     shared = set.intersection(*(set(r["overrides"]) for r in rows)) if len(rows) > 1 else set()
     for row in rows:
-        row["overrides"] = " ".join(o for o in row["overrides"] if o not in shared)
+        row["override_list"] = [o for o in row["overrides"] if o not in shared]
+        row["overrides"] = " ".join(row["override_list"])
     return rows
+
+
+SEED_KEY = "train.seed"
+
+
+def _is_seed_override(override: str) -> bool:
+    return override.lstrip("+~").split("=", 1)[0] == SEED_KEY
+
+
+def aggregate_seeds(rows: list[dict[str, Any]], metric_keys: list[str]) -> list[dict[str, Any]]:
+    """One row per setting of the overrides other than ``train.seed``: mean, min, max and standard deviation
+    (sample, n-1) of every metric over that setting's successful jobs.
+
+    Args:
+        rows: from `collect_sweep`.
+        metric_keys: the metrics to aggregate.
+
+    Returns:
+        ``[]`` when no job overrides ``train.seed``; else dicts with ``overrides`` (without the seed),
+        ``seeds`` (successful jobs), ``failed`` and, per metric, ``<metric>`` (the mean) and
+        ``<metric> min`` / ``<metric> max`` / ``<metric> std``, in first-seen order of the settings.
+    """
+    if not any(_is_seed_override(o) for row in rows for o in row["override_list"]):
+        return []
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        setting = " ".join(o for o in row["override_list"] if not _is_seed_override(o))
+        groups.setdefault(setting, []).append(row)
+    aggregated = []
+    for setting, jobs in groups.items():
+        ok = [job for job in jobs if job["status"] == "ok"]
+        summary: dict[str, Any] = {"overrides": setting, "seeds": len(ok), "failed": len(jobs) - len(ok)}
+        for key in metric_keys:
+            values = [float(job[key]) for job in ok if key in job]
+            if values:
+                summary.update(_describe(key, values))
+        aggregated.append(summary)
+    return aggregated
+
+
+def _describe(key: str, values: list[float]) -> dict[str, float]:
+    mean = sum(values) / len(values)
+    spread = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return {key: mean, f"{key} min": min(values), f"{key} max": max(values), f"{key} std": spread**0.5}
 
 
 # The long-tail question first: AP and the frequency buckets, then the COCO breakdowns.
@@ -106,12 +153,42 @@ def write_summary(sweep_dir: str) -> tuple[str, list[dict[str, Any]]]:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_format(r.get(c, "")) for c in columns) + " |" for r in rows]
-    table = "\n".join(lines) + "\n"
+    table = _markdown_table(columns, [[_format(r.get(c, "")) for c in columns] for r in rows])
+    seeds = aggregate_seeds(rows, metric_keys)
+    if seeds:
+        table += "\n" + _write_seeds_table(sweep_dir, seeds, metric_keys)
     with open(os.path.join(sweep_dir, "summary.md"), "w") as f:
         f.write(table)
     return table, rows
+
+
+def _markdown_table(columns: list[str], cells: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
+    return "\n".join(lines) + "\n"
+
+
+def _write_seeds_table(sweep_dir: str, seeds: list[dict[str, Any]], metric_keys: list[str]) -> str:
+    """summary_seeds.csv (mean, min, max, std columns per metric); returns the markdown table: mean (min-max)."""
+    stats = [f"{key}{suffix}" for key in metric_keys for suffix in ("", " min", " max", " std")]
+    with open(os.path.join(sweep_dir, "summary_seeds.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["overrides", "seeds", "failed", *stats], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(seeds)
+    columns = ["overrides", "seeds", "failed", *metric_keys]
+    cells = [
+        [row["overrides"], str(row["seeds"]), str(row["failed"])]
+        + [_format_spread(row, key) for key in metric_keys]
+        for row in seeds
+    ]
+    title = f"Mean (min-max) over {SEED_KEY}, per setting of the other overrides (summary_seeds.csv):\n\n"
+    return title + _markdown_table(columns, cells)
+
+
+def _format_spread(row: dict[str, Any], key: str) -> str:
+    if key not in row:
+        return ""
+    return f"{row[key]:.2f} ({row[key + ' min']:.2f}-{row[key + ' max']:.2f})"
 
 
 def _count_failures(config, rows: list[dict[str, Any]]) -> int:

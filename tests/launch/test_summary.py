@@ -1,5 +1,6 @@
 """The sweep summary table: rows per job, only the overrides that vary, metrics in reading order."""
 
+import csv
 import json
 import os
 
@@ -29,3 +30,36 @@ def test_summary_orders_metrics_and_drops_shared_overrides(tmp_path):
     assert [row["overrides"] for row in rows] == ["t=0", "t=0.1"]
     assert "| 1 | t=0.1 | failed | 12.50 | 2.00 |" in table
     assert (tmp_path / "summary.md").read_text() == table
+
+
+def test_seeds_are_aggregated_per_setting_of_the_other_overrides(tmp_path):
+    # 2 settings x 3 seeds; seed 2 of t=0.1 failed and must not count.
+    values = {("0", 0): (10.0, 1.0), ("0", 1): (12.0, 2.0), ("0", 2): (14.0, 6.0), ("0.1", 0): (20.0, 3.0)}
+    values[("0.1", 1)] = (16.0, 5.0)
+    for job, (t, seed) in enumerate((t, s) for t in ("0", "0.1") for s in range(3)):
+        ap, apr = values.get((t, seed), (99.0, 99.0))
+        status = "failed" if (t, seed) == ("0.1", 2) else "ok"
+        metrics = {"segm/AP": ap, "segm/APr": apr} if status == "ok" else {}
+        make_job(tmp_path, job, [f"t={t}", f"train.seed={seed}", "n=1"], metrics, status=status)
+    table, _ = write_summary(str(tmp_path))
+
+    with open(tmp_path / "summary_seeds.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["overrides"], r["seeds"], r["failed"]) for r in rows] == [
+        ("t=0", "3", "0"),
+        ("t=0.1", "2", "1"),
+    ]
+    assert float(rows[0]["segm/AP"]) == 12.0 and float(rows[0]["segm/APr"]) == 3.0  # (1 + 2 + 6) / 3
+    assert float(rows[0]["segm/AP std"]) == 2.0  # sample std of 10, 12, 14
+    assert (rows[0]["segm/APr min"], rows[0]["segm/APr max"]) == ("1.0", "6.0")
+    assert float(rows[1]["segm/AP"]) == 18.0 and float(rows[1]["segm/APr"]) == 4.0
+    assert "| t=0 | 3 | 0 | 12.00 (10.00-14.00) | 3.00 (1.00-6.00) |" in table
+    assert "| t=0.1 | 2 | 1 | 18.00 (16.00-20.00) | 4.00 (3.00-5.00) |" in table
+    assert (tmp_path / "summary.md").read_text() == table
+
+
+def test_no_seed_table_without_a_seed_override(tmp_path):
+    make_job(tmp_path, 0, ["t=0"], {"segm/AP": 1.0})
+    make_job(tmp_path, 1, ["t=0.1"], {"segm/AP": 2.0})
+    table, _ = write_summary(str(tmp_path))
+    assert "over train.seed" not in table and not (tmp_path / "summary_seeds.csv").exists()
