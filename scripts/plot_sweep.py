@@ -1,10 +1,12 @@
-r"""Final metrics of a sweep's jobs against the swept config value: one line per metric.
+r"""Final metrics of a sweep's jobs against the swept config value (what the sweep summary's summary.png shows).
 
-    python scripts/plot_sweep.py multirun/2024-01-01/12-00-00 --x dataloader.train.sampler.repeat_thresh \
-        --y segm/AP segm/APr segm/APc segm/APf --out sweep.png
+    python scripts/plot_sweep.py multirun/2024-01-01/12-00-00 --out sweep.png
+    python scripts/plot_sweep.py SWEEP_DIR --x dataloader.train.sampler.repeat_thresh --y segm/AP segm/APr
 
-Each job's swept value comes from its ``.hydra/overrides.yaml``; each metric is its last value in the job's
-``metrics.json``. Jobs without the override or the metric are left out (and reported).
+One panel per task (mask, box), one line per metric (default: AP, APr, APc, APf) through the mean over jobs
+with the same value (e.g. several train.seed), min-max error bars; a symlog x axis when the values span
+decades. Each job's swept value comes from its ``.hydra/overrides.yaml``, each metric is its last value in
+the job's ``metrics.json``; jobs without the override or the metric are left out.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ from __future__ import annotations
 import argparse
 
 from lazytrain.utils.visualizer import (
-    get_last_values,
-    get_override_value,
+    SWEEP_METRICS,
     get_run_dirs,
+    get_sweep_points,
+    get_swept_key,
     plot_sweep,
-    read_metrics,
     read_overrides,
 )
 
@@ -27,29 +29,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("sweep_dir", help="a Hydra multirun directory (one subdirectory per job)")
     parser.add_argument(
-        "--x", required=True, help="the swept config key, e.g. dataloader.train.sampler.repeat_thresh"
+        "--x", help="the swept config key (default: the first numeric key that varies, other than train.seed)"
     )
-    parser.add_argument("--y", nargs="+", default=["segm/AP", "segm/APr", "segm/APc", "segm/APf"])
+    parser.add_argument("--y", nargs="+", default=list(SWEEP_METRICS), help="metrics to draw")
     parser.add_argument("--out", default="sweep.png", help="image to write")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
-    points = {key: [] for key in args.y}
-    for run_dir in get_run_dirs([args.sweep_dir]):
-        x = get_override_value(read_overrides(run_dir), args.x)
-        if x is None:
-            print(f"skipping {run_dir}: no override of {args.x}")
-            continue
-        values = get_last_values(read_metrics(run_dir), args.y)
-        for key in args.y:
-            if key in values:
-                points[key].append((x, values[key]))
-            else:
-                print(f"{run_dir} ({args.x}={x}) has no {key}")
-    plot_sweep(points, args.x, args.out)
-    print(f"Wrote {args.out}")
+    run_dirs = get_run_dirs([args.sweep_dir])
+    x_key = args.x or get_swept_key([read_overrides(d) for d in run_dirs])
+    if x_key is None:
+        raise SystemExit(f"{args.sweep_dir}: no config key varies between its jobs; pass --x KEY.")
+    points = get_sweep_points(run_dirs, x_key, args.y)
+    plot_sweep(points, x_key, args.out)
+    used = sum(len(pairs) for pairs in points.values())
+    print(f"Wrote {args.out} ({used} points from {len(run_dirs)} jobs, x = {x_key})")
     return args.out
 
 

@@ -4,7 +4,8 @@ One row per job: the overrides that differ between jobs, status (ok/failed), wal
 ``*/AP*`` key of the last evaluation in the job's ``metrics.json``; mask before box, and AP, APr, APc, APf first).
 When the sweep varies ``train.seed``, a second table (in summary.md, and ``summary_seeds.csv``) has one row per
 setting of the other overrides: the number of seeds and each metric's mean, min, max and standard deviation.
-Registered automatically by the entrypoint.
+With matplotlib installed, ``summary.png`` plots the final AP, APr, APc, APf (mask and box) against the swept
+numeric key, seeds as error bars. Registered automatically by the entrypoint.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-__all__ = ["SweepSummaryCallback", "aggregate_seeds", "collect_sweep", "read_final_metrics", "write_summary"]
+__all__ = [
+    "SweepSummaryCallback",
+    "aggregate_seeds",
+    "collect_sweep",
+    "read_final_metrics",
+    "write_summary",
+    "write_summary_plot",
+]
 
 logger = logging.getLogger(__name__)
 _STATUS_FILE = "lazytrain_job.json"
@@ -191,6 +199,29 @@ def _format_spread(row: dict[str, Any], key: str) -> str:
     return f"{row[key]:.2f} ({row[key + ' min']:.2f}-{row[key + ' max']:.2f})"
 
 
+def write_summary_plot(sweep_dir: str, rows: list[dict[str, Any]]) -> str | None:
+    """summary.png: the final AP, APr, APc, APf (mask and box) of the successful jobs against the swept
+    numeric key, seeds as min-max error bars (`lazytrain.utils.visualizer.build_sweep_figure`).
+
+    Returns:
+        The image path, or None (logged) when there is nothing to draw or matplotlib is not installed.
+    """
+    from lazytrain.utils.visualizer import get_sweep_points, get_swept_key, plot_sweep
+
+    run_dirs = [os.path.join(sweep_dir, row["job"]) for row in rows if row["status"] == "ok"]
+    x_key = get_swept_key([row["override_list"] for row in rows])
+    points = get_sweep_points(run_dirs, x_key) if x_key else {}
+    if not any(points.values()):
+        logger.info("No summary.png: no swept key other than train.seed, or no job with final AP metrics.")
+        return None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        logger.warning("No summary.png: matplotlib is not installed (pip install 'lazytrain[viz]').")
+        return None
+    return plot_sweep(points, x_key, os.path.join(sweep_dir, "summary.png"))
+
+
 def _count_failures(config, rows: list[dict[str, Any]]) -> int:
     """Failed jobs that make the command fail: any in a grid sweep; in a search (Optuna, ...) only when every
     trial failed, since a failed trial was told to the sweeper as the worst objective value."""
@@ -232,4 +263,8 @@ class SweepSummaryCallback(Callback):
         if os.path.isdir(sweep_dir):
             table, rows = write_summary(sweep_dir)
             print(f"\nSweep summary ({sweep_dir}/summary.md):\n{table}")
+            try:
+                write_summary_plot(sweep_dir, rows)
+            except Exception as e:  # a picture must not fail a sweep whose jobs and tables are done
+                logger.warning("No summary.png: plotting failed: %s: %s", type(e).__name__, e)
             failed_jobs_of_last_sweep = _count_failures(config, rows)

@@ -30,6 +30,9 @@ __all__ = [
     "get_override_value",
     "get_last_values",
     "plot_metrics",
+    "get_swept_key",
+    "get_sweep_points",
+    "build_sweep_figure",
     "plot_sweep",
 ]
 
@@ -403,35 +406,151 @@ def get_last_values(records: Sequence[dict], keys: Sequence[str]) -> dict[str, f
     return values
 
 
-def plot_sweep(points: dict[str, list[tuple[str, float]]], x_label: str, out: str) -> str:
-    """Metric against a swept value: one line per metric.
+SWEEP_METRICS = tuple(f"{task}/{name}" for task in ("segm", "bbox") for name in _DEFAULT_EVAL_METRICS)
+_TASK_TITLES = {"segm": "mask (segm)", "bbox": "box (bbox)"}
+_SEED_KEY = "train.seed"
+
+
+def get_swept_key(overrides: Sequence[Sequence[str]]) -> str | None:
+    """The config key a sweep varies (other than ``train.seed``): the first whose values are all numbers,
+    else the first that varies; None when only the seed (or nothing) varies.
 
     Args:
-        points: metric name -> [(swept value as in the override, metric value), ...]. Numeric swept values
-            are placed on a numeric axis; otherwise the values are categories in first-seen order.
+        overrides: each run's override strings (`read_overrides`).
+    """
+    values: dict[str, set[str]] = {}
+    for run in overrides:
+        for override in run:
+            key, sep, value = override.lstrip("+~").partition("=")
+            if sep and key != _SEED_KEY:
+                values.setdefault(key, set()).add(value)
+    varying = [key for key, seen in values.items() if len(seen) > 1]
+    numeric = [key for key in varying if all(_is_number(v) for v in values[key])]
+    return (numeric or varying or [None])[0]
+
+
+def get_sweep_points(
+    run_dirs: Sequence[str], x_key: str, metrics: Sequence[str] = SWEEP_METRICS
+) -> dict[str, list[tuple[str, float]]]:
+    """`plot_sweep`'s input from run directories: metric -> [(value of `x_key`, final metric value), ...].
+
+    Runs with the same `x_key` value (e.g. different ``train.seed``) give several points at that value. When
+    other keys vary too, each of their settings is its own series, named ``metric (key=value ...)``.
+    Runs without the override or a metric contribute nothing to it.
+    """
+    overrides = [read_overrides(d) for d in run_dirs]
+    shared = set.intersection(*(set(o) for o in overrides)) if overrides else set()
+    points: dict[str, list[tuple[str, float]]] = {}
+    for run_dir, own in zip(run_dirs, overrides):
+        x = get_override_value(own, x_key)
+        if x is None:
+            continue
+        others = " ".join(
+            o for o in own if o not in shared and o.lstrip("+~").split("=", 1)[0] not in (x_key, _SEED_KEY)
+        )
+        for key, value in get_last_values(read_metrics(run_dir), metrics).items():
+            points.setdefault(f"{key} ({others})" if others else key, []).append((x, float(value)))
+    return points
+
+
+def build_sweep_figure(points: dict[str, list[tuple[str, float]]], x_label: str):
+    """The sweep figure: one panel per task (mask, box), one line per metric through the mean over the runs
+    at each swept value, min-max error bars where several runs (seeds) share a value.
+
+    Args:
+        points: metric -> [(swept value as in the override, metric value), ...] (see `get_sweep_points`).
+            Numeric swept values are placed on a numeric axis (symlog when they span decades, e.g. 0,
+            0.001, 0.01, 0.1); otherwise the values are categories in first-seen order.
         x_label: the swept config key.
-        out: image path to write.
 
     Returns:
-        `out`.
+        A matplotlib Figure (close it with ``matplotlib.pyplot.close``).
     """
     if not any(points.values()):
         raise ValueError(f"plot_sweep: no job has any of the metrics {list(points)}; did the jobs evaluate?")
     categories = list(dict.fromkeys(x for pairs in points.values() for x, _ in pairs))
     numeric = all(_is_number(x) for x in categories)
-    plt = _get_pyplot()
-    figure, axis = plt.subplots(figsize=(6.4, 4.4))
+    panels: dict[str, list[str]] = {}
     for key, pairs in points.items():
-        positions = sorted((float(x) if numeric else categories.index(x), y) for x, y in pairs)
-        axis.plot([p[0] for p in positions], [p[1] for p in positions], "o-", label=key)
-    if not numeric:
+        if pairs:
+            panels.setdefault(key.split("/", 1)[0] if "/" in key else "", []).append(key)
+    plt = _get_pyplot()
+    figure, axes = plt.subplots(
+        1, len(panels), figsize=(5.2 * len(panels) + 1.2, 4.4), squeeze=False, sharey=True
+    )
+    repeated = any(
+        len(g) > 1 for pairs in points.values() for g in _group_by_x(pairs, numeric, categories)[1]
+    )
+    for axis, (task, keys) in zip(axes[0], panels.items()):
+        for index, key in enumerate(keys):
+            _plot_series(axis, points[key], numeric, categories, key, index)
+        _format_sweep_axis(axis, numeric, categories, x_label)
+        axis.set_title(_TASK_TITLES.get(task, task or "metrics"))
+    axes[0][0].set_ylabel("final AP (x100)")
+    spread = "; bars: min-max over runs with the same value" if repeated else ""
+    figure.suptitle(f"Final metrics against {x_label} (mean{spread})", fontsize="medium")
+    # One legend under the panels (the metrics are the same in each), so that it never hides a point.
+    handles, labels = max((axis.get_legend_handles_labels() for axis in axes[0]), key=lambda h: len(h[1]))
+    columns = min(4, len(labels))
+    figure.legend(handles, labels, loc="lower center", ncol=columns, fontsize="small", frameon=False)
+    legend_rows = math.ceil(len(labels) / columns)
+    figure.tight_layout(rect=(0, (0.15 + 0.22 * legend_rows) / figure.get_figheight(), 1, 1))
+    return figure
+
+
+def _group_by_x(pairs, numeric: bool, categories: list[str]) -> tuple[list[float], list[list[float]]]:
+    groups: dict[float, list[float]] = {}
+    for x, y in pairs:
+        groups.setdefault(float(x) if numeric else float(categories.index(x)), []).append(y)
+    positions = sorted(groups)
+    return positions, [groups[p] for p in positions]
+
+
+def _plot_series(axis, pairs, numeric: bool, categories: list[str], label: str, index: int) -> None:
+    from matplotlib.transforms import offset_copy
+
+    positions, groups = _group_by_x(pairs, numeric, categories)
+    means = [sum(g) / len(g) for g in groups]
+    name = label.split("/", 1)[1] if "/" in label else label
+    style = dict(color=f"C{index % 10}", label=name, markersize=5)
+    # Error bars of several metrics at one x value would hide each other: shift each series a few points
+    # sideways on screen (the data, and a log axis, are unchanged).
+    style["transform"] = offset_copy(
+        axis.transData, fig=axis.figure, x=3.0 * (index % 4 - 1.5), units="points"
+    )
+    # Artists drawn with a transform other than transData do not extend the axis limits: extend them here.
+    axis.update_datalim([(p, y) for p, g in zip(positions, groups) for y in (min(g), max(g))])
+    marker = _MARKERS[index % len(_MARKERS)]
+    if any(len(g) > 1 for g in groups):
+        errors = [[m - min(g) for m, g in zip(means, groups)], [max(g) - m for m, g in zip(means, groups)]]
+        axis.errorbar(positions, means, yerr=errors, fmt=marker + "-", capsize=3, **style)
+    else:
+        axis.plot(positions, means, marker + "-", **style)
+
+
+def _format_sweep_axis(axis, numeric: bool, categories: list[str], x_label: str) -> None:
+    if numeric:
+        values = sorted({float(x) for x in categories})
+        positive = [v for v in values if v > 0]
+        if len(positive) >= 2 and positive[-1] / positive[0] >= 100 and min(values) >= 0:
+            # Thresholds like 0, 0.001, 0.01, 0.1: log spacing, with 0 on the linear part near the axis.
+            axis.set_xscale("symlog", linthresh=positive[0])
+        axis.set_xticks(values, [f"{v:g}" for v in values])
+    else:
         axis.set_xticks(range(len(categories)), categories, rotation=20)
     axis.set_xlabel(x_label)
-    axis.set_ylabel("metric")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize="small")
-    figure.tight_layout()
-    return _save_figure(plt, figure, out)
+    axis.autoscale_view()
+
+
+def plot_sweep(points: dict[str, list[tuple[str, float]]], x_label: str, out: str) -> str:
+    """Draw `build_sweep_figure` to `out` (PNG).
+
+    Returns:
+        `out`.
+    """
+    figure = build_sweep_figure(points, x_label)
+    return _save_figure(_get_pyplot(), figure, out)
 
 
 def _is_number(text: str) -> bool:

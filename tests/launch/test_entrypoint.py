@@ -81,6 +81,7 @@ def test_multirun_sweep_of_two_process_jobs_writes_summary(tmp_path):
     assert "| 0 | train.lr=0.1 | ok |" in summary and "| 2 | train.lr=0.3 | ok |" in summary
     csv_lines = (tmp_path / "sweep" / "summary.csv").read_text().splitlines()
     assert csv_lines[0] == "job,overrides,status,seconds,bbox/AP" and csv_lines[2].endswith(",20.0")
+    assert (tmp_path / "sweep" / "summary.png").stat().st_size > 10_000  # bbox/AP against train.lr
     for job in range(3):
         assert read_rank(tmp_path / "sweep" / str(job), 1)["world_size"] == 2
     assert "Sweep summary" in result.stdout

@@ -4,7 +4,10 @@ import csv
 import json
 import os
 
-from lazytrain.launch.summary import write_summary
+import pytest
+from PIL import Image
+
+from lazytrain.launch.summary import write_summary, write_summary_plot
 
 
 def make_job(sweep_dir, job, overrides, metrics, status="ok", seconds=12.5):
@@ -63,3 +66,24 @@ def test_no_seed_table_without_a_seed_override(tmp_path):
     make_job(tmp_path, 1, ["t=0.1"], {"segm/AP": 2.0})
     table, _ = write_summary(str(tmp_path))
     assert "over train.seed" not in table and not (tmp_path / "summary_seeds.csv").exists()
+
+
+def test_summary_plot_is_written_for_a_seeded_threshold_sweep(tmp_path):
+    pytest.importorskip("matplotlib")
+    for job, (t, seed) in enumerate((t, s) for t in ("0", "0.01", "0.1") for s in (0, 1)):
+        metrics = {
+            f"{task}/{n}": 10.0 + job for task in ("segm", "bbox") for n in ("AP", "APr", "APc", "APf")
+        }
+        make_job(tmp_path, job, [f"t={t}", f"train.seed={seed}"], metrics)
+    _, rows = write_summary(str(tmp_path))
+    path = write_summary_plot(str(tmp_path), rows)
+    assert path == str(tmp_path / "summary.png") and os.path.getsize(path) > 10_000
+    with Image.open(path) as image:
+        assert image.width > image.height > 300
+
+
+def test_no_summary_plot_when_only_the_seed_varies(tmp_path):
+    for seed in (0, 1):
+        make_job(tmp_path, seed, [f"train.seed={seed}"], {"segm/AP": 1.0})
+    _, rows = write_summary(str(tmp_path))
+    assert write_summary_plot(str(tmp_path), rows) is None and not (tmp_path / "summary.png").exists()

@@ -125,7 +125,7 @@ def test_plot_sweep(tmp_path, sweep_dir):
     out = load_script("plot_sweep").main(
         [sweep_dir, "--x", "dataloader.train.sampler.repeat_thresh", "--out", str(tmp_path / "sweep.png")]
     )
-    assert_picture(out, size=(640, 440))
+    assert_picture(out)
 
 
 def test_visualize_predictions(tmp_path, synthetic_root):
