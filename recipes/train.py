@@ -17,6 +17,7 @@ before ``writer`` so the final evaluation reaches ``metrics.json``. ``resume=Tru
 
 from lazytrain.config import LazyCall as L
 from lazytrain.engine import hooks
+from lazytrain.engine.run_report import PlotWriter
 from lazytrain.engine.train_loop import SimpleTrainer
 
 train = dict(
@@ -29,6 +30,7 @@ train = dict(
     eval_only=False,
     allow_unsafe_checkpoint=False,  # load checkpoints needing arbitrary unpickling (trusted files only)
     log_period=20,
+    verbose=False,  # True: also print the full config, environment and model on the console (always in log.txt)
     eval_period=5000,  # 0: evaluate only after training
     amp=dict(enabled=False, dtype="bfloat16"),  # or "float16" (with a checkpointed grad scaler)
     clip_grad=dict(enabled=False, max_norm=None),  # e.g. enabled=True, max_norm=10.0 (global gradient norm)
@@ -48,5 +50,6 @@ train = dict(
         ),
         eval=L(hooks.EvalHook)(eval_period="${train.eval_period}"),
         writer=L(hooks.PeriodicWriter)(output_dir="${train.output_dir}", period="${train.log_period}"),
+        plots=L(PlotWriter)(output_dir="${train.output_dir}"),  # curves.png, ap_by_frequency.png
     ),
 )

@@ -46,7 +46,7 @@ class DatasetFromList(Dataset):
         self._offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
         np.cumsum(np.fromiter(map(len, blobs), np.int64, count=len(blobs)), out=self._offsets[1:])
         self._buffer = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-        logger.info("Serialized %d records into %.2f MiB.", len(blobs), self._buffer.nbytes / 2**20)
+        logger.debug("Serialized %d records into %.2f MiB.", len(blobs), self._buffer.nbytes / 2**20)
 
     def __len__(self) -> int:
         return len(self._offsets) - 1 if self._serialize else len(self._records)
@@ -122,6 +122,11 @@ class MapDataset(Dataset):
         self._max_failures = int(max_failure_fraction * len(dataset))
         self._max_failure_fraction = max_failure_fraction
         self._failed: set[int] = set()
+
+    @property
+    def dataset(self) -> Dataset:
+        """The dataset of records being mapped (e.g. a `DatasetFromList`)."""
+        return self._dataset
 
     def __len__(self) -> int:
         return len(self._dataset)

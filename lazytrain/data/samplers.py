@@ -365,7 +365,7 @@ class RepeatFactorTrainingSampler(_InfiniteSampler):
         factors = cls.repeat_factors_from_category_frequency(
             dataset_dicts, repeat_thresh, sqrt=sqrt, instance_aware=instance_aware
         )
-        logger.info(
+        logger.debug(  # the run header shows it on the console
             "Repeat factor sampling (t=%g, sqrt=%s, instance_aware=%s): %d of %d images repeated, max factor "
             "%.2f, expected epoch length %.0f.",
             repeat_thresh,

@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import random
+import time
 import warnings
 from typing import Any
 
@@ -32,6 +33,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from lazytrain.config import LazyConfig, instantiate
 from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.engine.hooks import flatten_results
+from lazytrain.engine.run_report import log_run_header, log_run_summary, write_run_plots
 from lazytrain.utils import comm
 from lazytrain.utils.env import collect_env_info
 from lazytrain.utils.events import EventStorage, JSONWriter
@@ -78,10 +80,14 @@ def default_setup(cfg: DictConfig) -> None:
     rank = comm.get_rank()
     if comm.is_main_process() and output_dir:
         os.makedirs(output_dir, exist_ok=True)
-    setup_logger(output_dir or None, distributed_rank=rank)
-    logger.info("Rank %d of world size %d", rank, comm.get_world_size())
-    logger.info("Environment:\n%s", collect_env_info())
-    logger.info("Full config:\n%s", OmegaConf.to_yaml(cfg, resolve=False))
+    # The console gets a short header (run_report); these long dumps go to log.txt unless train.verbose.
+    verbose = bool(cfg.train.get("verbose", False))
+    setup_logger(
+        output_dir or None, distributed_rank=rank, console_level=logging.DEBUG if verbose else logging.INFO
+    )
+    logger.debug("Rank %d of world size %d", rank, comm.get_world_size())
+    logger.debug("Environment:\n%s", collect_env_info())
+    logger.debug("Full config:\n%s", OmegaConf.to_yaml(cfg, resolve=False))
 
     if comm.is_main_process() and output_dir:
         path = os.path.join(output_dir, "config.yaml")
@@ -91,13 +97,13 @@ def default_setup(cfg: DictConfig) -> None:
         _point_at_output_dir(saved, str(output_dir))
         saved.train.output_dir = "./output"
         LazyConfig.save(saved, path)
-        logger.info("Config saved to %s", path)
+        logger.debug("Config saved to %s", path)
 
     seed = int(cfg.train.get("seed", 0))
     if seed < 0:
         seed = comm.shared_random_seed()
     seed_all_rng(seed + rank)
-    logger.info("Seeded the random number generators with %d (train.seed + rank)", seed + rank)
+    logger.debug("Seeded the random number generators with %d (train.seed + rank)", seed + rank)
 
 
 def _point_at_output_dir(node: DictConfig | ListConfig, output_dir: str) -> None:
@@ -199,7 +205,7 @@ def do_train(cfg: DictConfig) -> dict:
     """
     # Model: on its device and wrapped in DDP before the optimizer and trainer see it.
     model = build_model(cfg)
-    logger.info("Model:\n%s", model)
+    logger.debug("Model:\n%s", model)
     model = _wrap_ddp(cfg, model)
     optimizer = _build_optimizer(cfg, _unwrap_ddp(model))
     train_loader = instantiate(cfg.dataloader.train)
@@ -237,7 +243,10 @@ def do_train(cfg: DictConfig) -> dict:
         if cfg.train.get("init_checkpoint"):
             load_init_checkpoint(cfg, model)
 
+    log_run_header(cfg, trainer)
+    start = time.perf_counter()
     trainer.train(start_iter, cfg.train.max_iter)
+    log_run_summary(cfg, trainer, time.perf_counter() - start)
     return trainer.last_eval_results
 
 
@@ -258,6 +267,7 @@ def _evaluate_only(cfg: DictConfig) -> dict:
             writer = JSONWriter(os.path.join(cfg.train.output_dir, "metrics.json"))
             writer.write()
             writer.close()
+        write_run_plots(cfg.train.output_dir)
     return results
 
 

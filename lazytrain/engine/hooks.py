@@ -272,7 +272,8 @@ class EvalHook(HookBase):
         if flat:
             self.trainer.storage.put_scalars(**flat, smoothing_hint=False, cur_iter=self.trainer.iter)
             if comm.is_main_process():
-                logger.info("Evaluation at iteration %d:\n%s", self.trainer.iter, create_small_table(flat))
+                # DEBUG: the evaluator has shown these on the console; the run summary repeats the final ones.
+                logger.debug("Evaluation at iteration %d:\n%s", self.trainer.iter, create_small_table(flat))
         self.trainer.last_eval_results = results
         self._last_eval_iter = self.trainer.iter
         comm.synchronize()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -138,6 +139,7 @@ def _help_template(data: dict, config_path: str) -> str:
         "",
         "Useful flags: --cfg job (print the config, add --resolve to resolve it, -p KEY for one node),",
         "--info, -m/--multirun, hydra.run.dir=DIR / hydra.sweep.dir=DIR, hydra/launcher=joblib.",
+        "train.verbose=true prints the full config, environment and model on the console (always in log.txt).",
         "",
     ]
     # OmegaConf would read "${" in the docstring as an interpolation.
@@ -161,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     # 8.5 s vs 0.7 s per Mask R-CNN step); must be set before torch is imported. Spawned ranks inherit it.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Shown in the run header by every rank (spawned ranks inherit the environment).
+    os.environ["LAZYTRAIN_COMMAND"] = shlex.join(["python", "-m", "lazytrain", *argv])
     config_path, rest = _split_config(argv)
     if config_path is None:
         if any(a in ("-h", "--help") for a in argv):

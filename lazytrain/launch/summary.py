@@ -268,3 +268,6 @@ class SweepSummaryCallback(Callback):
             except Exception as e:  # a picture must not fail a sweep whose jobs and tables are done
                 logger.warning("No summary.png: plotting failed: %s: %s", type(e).__name__, e)
             failed_jobs_of_last_sweep = _count_failures(config, rows)
+            from lazytrain.engine.run_report import write_sweep_plots
+
+            write_sweep_plots(sweep_dir)  # per-category AP of every job in one ap_by_frequency.png

@@ -46,6 +46,7 @@ def setup_logger(
     name: str = "lazytrain",
     color: bool = True,
     abbrev_name: str | None = None,
+    console_level: int | None = None,
 ) -> logging.Logger:
     """Configure the `name` logger: console on rank 0, ``log.txt`` (rank 0) / ``log.txt.rank{N}`` in `output`.
 
@@ -60,6 +61,8 @@ def setup_logger(
         color: highlight WARNING/ERROR lines on the console when it is a terminal.
         abbrev_name: shorter name shown on the console for `name` and its children (e.g. ``"lt"`` turns
             ``lazytrain.engine.hooks`` into ``lt.engine.hooks``); None keeps the full name.
+        console_level: lowest level shown on the console (``log.txt`` gets everything); None: INFO, or the
+            level given by an earlier call.
 
     Returns:
         The configured logger.
@@ -81,6 +84,9 @@ def setup_logger(
         )
         handler._lazytrain_marker = "console"
         logger.addHandler(handler)
+    for handler in logger.handlers:
+        if console_level is not None and getattr(handler, "_lazytrain_marker", None) == "console":
+            handler.setLevel(console_level)
     if output is not None:
         path = output if output.endswith((".txt", ".log")) else os.path.join(output, "log.txt")
         if distributed_rank > 0:

@@ -1,8 +1,11 @@
-"""Pictures and plots users look at: instances drawn on images, image grids, training curves and sweeps.
+"""Pictures and plots users look at: instances drawn on images, image grids, training curves, sweeps and
+per-category AP against how often the category occurs in training (the long-tail picture).
 
 Drawing works on uint8 HWC RGB numpy arrays with PIL and numpy only. The plotting functions import
-matplotlib (an optional dependency) when called and render with the Agg backend, so they work on machines
-without a display. The scripts in ``scripts/visualize_*.py`` and ``scripts/plot_*.py`` are thin wrappers.
+matplotlib (a default dependency; without it runs only lose their plots) when called and render with the
+Agg backend, so they work on machines without a display. Runs write their plots through
+`lazytrain.engine.run_report`; the scripts in ``scripts/visualize_*.py`` and ``scripts/plot_*.py`` are thin
+wrappers.
 """
 
 from __future__ import annotations
@@ -30,10 +33,14 @@ __all__ = [
     "get_override_value",
     "get_last_values",
     "plot_metrics",
+    "build_metrics_figure",
     "get_swept_key",
     "get_sweep_points",
     "build_sweep_figure",
     "plot_sweep",
+    "read_per_category_ap",
+    "build_ap_by_frequency_figure",
+    "plot_ap_by_frequency",
 ]
 
 logger = logging.getLogger(__name__)
@@ -315,6 +322,7 @@ def _get_pyplot():
 
 
 _DEFAULT_EVAL_METRICS = ("AP", "APr", "APc", "APf")
+_TASK_LABELS = {"segm": "mask AP", "bbox": "box AP"}
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
 
 
@@ -324,24 +332,31 @@ def _series(records: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
 
 
 def plot_metrics(runs: dict[str, list[dict]], out: str, eval_metrics: Sequence[str] | None = None) -> str:
+    """Write `build_metrics_figure` to `out` (PNG); returns `out`."""
+    return _save_figure(_get_pyplot(), build_metrics_figure(runs, eval_metrics), out)
+
+
+def build_metrics_figure(runs: dict[str, list[dict]], eval_metrics: Sequence[str] | None = None):
     """One panel per loss, one for the learning rate and one per eval task; one colour per run.
 
     Eval metrics of a task (``segm/AP``, ``segm/APr``, ...) share the task's panel, one marker per metric,
     on the same iteration axis as the losses.
 
     Args:
-        runs: legend label -> records from `read_metrics`.
-        out: image path to write.
+        runs: legend label -> records from `read_metrics` (losses there are windowed medians: smoothed).
         eval_metrics: eval keys to plot (e.g. ``["segm/AP", "segm/APr"]``); default: the AP, APr, APc and
             APf of every task, without the size/IoU breakdowns.
 
     Returns:
-        `out`.
+        The matplotlib Figure.
     """
     keys = {k for records in runs.values() for r in records for k in r}
     losses = sorted((k for k in keys if "loss" in k and "/" not in k), key=lambda k: (k != "total_loss", k))
     if eval_metrics is None:
-        eval_metrics = sorted(k for k in keys if "/" in k and k.rsplit("/", 1)[1] in _DEFAULT_EVAL_METRICS)
+        eval_metrics = sorted(
+            (k for k in keys if "/" in k and k.rsplit("/", 1)[1] in _DEFAULT_EVAL_METRICS),
+            key=lambda k: (k.rsplit("/", 1)[0], _DEFAULT_EVAL_METRICS.index(k.rsplit("/", 1)[1])),
+        )
     tasks: dict[str, list[str]] = {}
     for key in (k for k in eval_metrics if k in keys):
         tasks.setdefault(key.rsplit("/", 1)[0], []).append(key)
@@ -366,20 +381,24 @@ def plot_metrics(runs: dict[str, list[dict]], out: str, eval_metrics: Sequence[s
             for number, key in enumerate(tasks[panel]):
                 axis.plot([], [], _MARKERS[number % len(_MARKERS)], color="0.3", label=key.rsplit("/", 1)[1])
             axis.legend(fontsize="x-small", ncol=2)
-        axis.set_title(panel)
+        axis.set_title(_TASK_LABELS.get(panel, panel))
         axis.grid(alpha=0.3)
     for axis in list(axes.flat)[len(panels) :]:
         axis.axis("off")
     for axis in axes[-1]:
         axis.set_xlabel("iteration")
         axis.xaxis.set_tick_params(labelbottom=True)
+    if len(runs) == 1:  # a single run needs no legend: its name is the title
+        figure.suptitle(next(iter(runs)))
+        figure.tight_layout()
+        return figure
     handles, labels = axes.flat[0].get_legend_handles_labels()
     legend_rows = math.ceil(len(labels) / 3)
     figure.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize="small")
     figure.tight_layout(
         rect=(0, (0.1 + 0.3 * legend_rows) / figure.get_figheight(), 1, 1)
     )  # room for the legend
-    return _save_figure(plt, figure, out)
+    return figure
 
 
 def _save_figure(plt, figure, out: str) -> str:
@@ -559,3 +578,172 @@ def _is_number(text: str) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+# ------------------------------------------------------------------------------- per-category AP (long tail)
+
+# Files the COCO/LVIS evaluators write after each evaluation (lazytrain.evaluation.coco_evaluation).
+_PER_CATEGORY_FILES = ("lvis_per_category_ap.csv", "coco_per_category_ap.csv")
+_BUCKETS = {"r": ("rare", "#d62728"), "c": ("common", "#ff7f0e"), "f": ("frequent", "#1f77b4")}
+# LVIS frequency buckets by train image count: rare 1-10, common 11-100, frequent > 100.
+_BUCKET_EDGES = {"r": (1, 10), "c": (11, 100), "f": (101, math.inf)}
+
+
+def read_per_category_ap(run_dir: str) -> list[dict] | None:
+    """Rows of the run's ``lvis_per_category_ap.csv`` (else ``coco_per_category_ap.csv``), or None if absent.
+
+    Returns:
+        One dict per category: ``id`` (json id), ``name``, ``frequency`` (``"r"/"c"/"f"`` or ``""``),
+        ``train_images`` (int, or None when the file has no count) and ``<task>_AP`` floats (NaN when the
+        category has no ground truth in the evaluated images), e.g. ``segm_AP``, ``bbox_AP``.
+    """
+    import csv
+
+    for name in _PER_CATEGORY_FILES:
+        path = os.path.join(run_dir, name)
+        if os.path.isfile(path):
+            with open(path, newline="") as f:
+                return [_parse_per_category_row(row) for row in csv.DictReader(f)]
+    return None
+
+
+def _parse_per_category_row(row: dict[str, str]) -> dict:
+    parsed: dict = {"id": int(row["id"]), "name": row.get("name", ""), "frequency": row.get("frequency", "")}
+    count = row.get("train_images", "")
+    parsed["train_images"] = int(float(count)) if count not in ("", None) else None
+    parsed.update({key: float(value) for key, value in row.items() if key.endswith("_AP")})
+    return parsed
+
+
+def _bucket_of(row: dict) -> str | None:
+    if row.get("frequency") in _BUCKETS:
+        return row["frequency"]
+    count = row.get("train_images")
+    if count is None or count < 1:
+        return None
+    return "r" if count <= 10 else "c" if count <= 100 else "f"
+
+
+def _plottable(rows: Sequence[dict], key: str) -> list[tuple[int, float, str]]:
+    """(train images, AP, bucket) of the rows that can be placed: a count >= 1 (log axis) and a finite AP."""
+    points = []
+    for row in rows:
+        count, value, bucket = row.get("train_images"), row.get(key, math.nan), _bucket_of(row)
+        if count is not None and count >= 1 and not math.isnan(value) and bucket is not None:
+            points.append((count, value, bucket))
+    return points
+
+
+def _get_tasks(rows_per_run: Sequence[Sequence[dict]]) -> list[str]:
+    keys = {key for rows in rows_per_run for row in rows for key in row if key.endswith("_AP")}
+    return sorted((k[: -len("_AP")] for k in keys), key=lambda task: (task != "segm", task))
+
+
+def _bucket_span(bucket: str, member_counts: Sequence[int]) -> tuple[float, float]:
+    """The x extent of a bucket's mean line: its members' counts, kept between the bucket edges (10.5, 100.5)
+    unless the members lie outside them (a json whose frequency field disagrees with the counts)."""
+    low, high = min(member_counts) * 0.85, max(member_counts) * 1.15
+    edge_low, edge_high = _BUCKET_EDGES[bucket]
+    clipped = max(low, edge_low - 0.5), min(high, edge_high + 0.5)
+    return clipped if clipped[0] < clipped[1] else (low, high)
+
+
+def _draw_bucket_edges(axis, counts: Sequence[int]) -> None:
+    for edge in (10.5, 100.5):
+        if min(counts) < edge < max(counts):
+            axis.axvline(edge, color="0.6", linestyle=":", linewidth=1)
+
+
+def _draw_ap_by_frequency(axis, points: list[tuple[int, float, str]]) -> None:
+    """One run: points coloured by bucket, each bucket's mean as a dashed line over its count range."""
+    counts = [p[0] for p in points]
+    for bucket, (name, color) in _BUCKETS.items():
+        members = [p for p in points if p[2] == bucket]
+        if not members:
+            continue
+        mean = float(np.mean([p[1] for p in members]))
+        axis.scatter(
+            [p[0] for p in members], [p[1] for p in members], s=30, color=color, alpha=0.85,
+            edgecolors="white", linewidths=0.5, zorder=3,
+            label=f"{name}: {len(members)} categories, mean {mean:.1f}",
+        )  # fmt: skip
+        span = _bucket_span(bucket, [p[0] for p in members])
+        axis.hlines(mean, *span, colors=color, linestyles="--", linewidth=2, zorder=2)
+    _draw_bucket_edges(axis, counts)
+
+
+def _shorten_overrides(label: str) -> str:
+    """``dataloader.train.sampler.repeat_thresh=0.1`` -> ``repeat_thresh=0.1``, for each override in `label`."""
+    parts = []
+    for part in label.split():
+        key, sep, value = part.partition("=")
+        parts.append(key.rsplit(".", 1)[-1] + sep + value if sep else part)
+    return " ".join(parts)
+
+
+def _draw_ap_by_frequency_runs(axis, points_per_run: dict[str, list[tuple[int, float, str]]]) -> None:
+    """Several runs: one colour and marker per run, its bucket means as a dashed step over the buckets."""
+    counts = [p[0] for points in points_per_run.values() for p in points]
+    for index, (label, points) in enumerate(points_per_run.items()):
+        color, marker = f"C{index % 10}", _MARKERS[index % len(_MARKERS)]
+        means = []
+        for bucket in _BUCKETS:
+            members = [p for p in points if p[2] == bucket]
+            values = [p[1] for p in members]
+            if values:
+                low, high = _bucket_span(bucket, [p[0] for p in members])
+                mean = float(np.mean(values))
+                axis.hlines(mean, low, high, colors=color, linestyles="--", linewidth=2, zorder=2)
+                means.append(f"{bucket} {mean:.1f}")
+        legend = f"{_shorten_overrides(label)} (mean {', '.join(means)})"
+        axis.scatter(
+            [p[0] for p in points], [p[1] for p in points], s=22, color=color, marker=marker, alpha=0.7,
+            edgecolors="white", linewidths=0.4, zorder=3, label=legend,
+        )  # fmt: skip
+    _draw_bucket_edges(axis, counts)
+
+
+def build_ap_by_frequency_figure(runs: dict[str, Sequence[dict]]):
+    """Per-category AP (one panel per task: mask, box) against the category's train image count (log x).
+
+    With one run, points are coloured by LVIS frequency bucket (rare/common/frequent) and each bucket's mean
+    is a dashed line over the bucket's count range; with several runs (a sweep), each run has its own colour
+    and marker and its bucket means. Categories without a train image count or with a NaN AP (no ground
+    truth in the evaluated images) are left out.
+
+    Args:
+        runs: legend label -> rows from `read_per_category_ap`.
+
+    Returns:
+        The matplotlib Figure (close it with ``matplotlib.pyplot.close``).
+    """
+    tasks = _get_tasks(list(runs.values()))
+    points = {task: {label: _plottable(rows, f"{task}_AP") for label, rows in runs.items()} for task in tasks}
+    if not tasks or not any(p for per_run in points.values() for p in per_run.values()):
+        raise ValueError(
+            "build_ap_by_frequency_figure: no category has both a train image count and a finite AP; the "
+            "per-category file needs 'train_images' and '<task>_AP' columns (LVIS json 'image_count')."
+        )
+    plt = _get_pyplot()
+    figure, axes = plt.subplots(1, len(tasks), figsize=(6.2 * len(tasks), 4.6), squeeze=False, sharey=True)
+    for axis, task in zip(axes[0], tasks):
+        per_run = {label: p for label, p in points[task].items() if p}
+        if len(runs) == 1:
+            _draw_ap_by_frequency(axis, next(iter(per_run.values())))
+        else:
+            _draw_ap_by_frequency_runs(axis, per_run)
+        axis.set_xscale("log")
+        axis.set_xlabel("train images with the category (log scale)")
+        axis.set_ylabel(f"{_TASK_LABELS.get(task, task)} per category")
+        axis.set_title(f"{_TASK_LABELS.get(task, task)} by category frequency")
+        axis.grid(alpha=0.3, which="both")
+        axis.legend(fontsize="small", loc="upper left")
+    top = max((p[1] for per_run in points.values() for ps in per_run.values() for p in ps), default=1.0)
+    axes[0, 0].set_ylim(-0.03 * max(top, 1.0), max(top, 1.0) * 1.35)  # headroom for the legend
+    figure.tight_layout()
+    return figure
+
+
+def plot_ap_by_frequency(runs: dict[str, Sequence[dict]], out: str) -> str:
+    """Write `build_ap_by_frequency_figure` to `out` (PNG); returns `out`."""
+    return _save_figure(_get_pyplot(), build_ap_by_frequency_figure(runs), out)

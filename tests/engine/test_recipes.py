@@ -56,7 +56,7 @@ def test_cosine_schedule_follows_max_iter():
 
 def test_train_recipe_hooks_are_plain_data_in_run_order():
     cfg = LazyConfig.load(os.path.join(RECIPES, "train.py"))
-    assert list(cfg.train.hooks) == ["timer", "lr_scheduler", "checkpointer", "eval", "writer"]
+    assert list(cfg.train.hooks) == ["timer", "lr_scheduler", "checkpointer", "eval", "writer", "plots"]
     raw = OmegaConf.to_container(cfg.train, resolve=False)
     assert raw["hooks"]["checkpointer"]["period"] == "${train.checkpointer.period}"
     assert raw["trainer"]["_target_"] == "lazytrain.engine.train_loop.SimpleTrainer"

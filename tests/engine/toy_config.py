@@ -23,6 +23,7 @@ train.log_period = 5
 train.eval_period = 0  # evaluate after training only
 train.checkpointer.period = 5
 train.hooks.writer.tensorboard = False
+del train.hooks.plots  # toy runs need no pictures (and the engine tests run many of them)
 
 objective = dict(
     metric="toy/AP", direction="maximize"

@@ -1,0 +1,212 @@
+"""What a run shows and leaves behind: a short console header, a closing block naming files that exist,
+curves.png and ap_by_frequency.png in the run directory, and one warning when matplotlib is missing.
+
+One 2-iteration run of the demo config (tiny generated data, evaluated) is shared by the tests here.
+"""
+
+import json
+import logging
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from matplotlib.collections import PathCollection
+from PIL import Image
+
+from lazytrain.data.datasets.synthetic import generate_synthetic_lt
+from lazytrain.engine import run_report
+from lazytrain.utils.visualizer import (
+    build_ap_by_frequency_figure,
+    build_metrics_figure,
+    read_metrics,
+    read_per_category_ap,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = [
+    "train.max_iter=2",
+    "train.log_period=1",
+    "dataloader.train.total_batch_size=2",
+    "dataloader.train.num_workers=0",
+    "dataloader.test.num_workers=0",
+    "dataloader.train.mapper.augmentations.0.short_edge_length=[96]",
+    "dataloader.train.mapper.augmentations.0.max_size=128",
+    "dataloader.test.mapper.augmentations.0.short_edge_length=96",
+    "dataloader.test.mapper.augmentations.0.max_size=128",
+    "model.roi_heads.score_thresh=0.0",  # an untrained model scores below the demo's 0.05: keep its detections
+]
+MAX_HEADER_LINES = 15
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """(run directory, console output) of ``python -m lazytrain conf/rfs_maskrcnn_demo.py`` on tiny data."""
+    datasets = tmp_path_factory.mktemp("datasets")
+    generate_synthetic_lt(
+        str(datasets / "synthetic_lt"),
+        num_train=12,
+        num_val=6,
+        size_range=(64, 96),
+        val_images_per_category=1,
+    )
+    run_dir = tmp_path_factory.mktemp("run") / "demo"
+    env = {**os.environ, "LAZYTRAIN_DATASETS": str(datasets), "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "lazytrain",
+        "conf/rfs_maskrcnn_demo.py",
+        *TINY,
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return str(run_dir), result.stdout
+
+
+def _lines_before_first_step(stdout):
+    lines = stdout.splitlines()
+    first_step = next(i for i, line in enumerate(lines) if re.search(r"\biter: 0\b", line))
+    return lines[:first_step]
+
+
+@pytest.mark.slow
+def test_console_before_the_first_step_is_a_short_header(demo_run):
+    run_dir, stdout = demo_run
+    header = _lines_before_first_step(stdout)
+    assert len(header) <= MAX_HEADER_LINES, "\n".join(header)
+    text = "\n".join(header)
+    for field in ("command", "output", "world", "data", "sampler", "model", "schedule"):
+        assert re.search(rf"^  {field} +\S", text, re.MULTILINE), f"no '{field}' line in:\n{text}"
+    assert "conf/rfs_maskrcnn_demo.py" in text
+    assert re.search(r"12 images, \d+ instances, 30 categories \(rare \d+, common \d+, frequent \d+", text)
+    assert "t=0.1" in text and "expected epoch" in text
+    assert re.search(r"model +RCNN: \d+\.\dM parameters", text)
+    # The long dumps went to log.txt only.
+    assert "Full config" not in stdout and "RCNN(" not in stdout
+    log = open(os.path.join(run_dir, "log.txt")).read()
+    assert "Full config" in log and "RCNN(" in log
+
+
+@pytest.mark.slow
+def test_end_block_names_files_that_exist_and_the_next_commands(demo_run):
+    run_dir, stdout = demo_run
+    block = stdout[stdout.rindex("Done: 2 iterations") :].splitlines()
+    assert re.search(r"\d+\.\d+ s/it", block[0])
+    assert block[1].split() == ["AP", "APr", "APc", "APf"]
+    assert [row.split()[0] for row in block[2:4]] == ["mask", "box"]
+    assert all(re.fullmatch(r"\d+\.\d", value) for row in block[2:4] for value in row.split()[1:])
+    files_at = block.index(f"Files in {run_dir}:")
+    resume_at = next(i for i, line in enumerate(block) if line.startswith("Resume:"))
+    named = [line.split()[0] for line in block[files_at + 1 : resume_at]]
+    assert {"metrics.json", "lvis_per_category_ap.csv", "model_final.pth", "config.yaml"} <= set(named)
+    assert {"curves.png", "ap_by_frequency.png", "log.txt"} <= set(named)
+    for name in named:
+        assert os.path.isfile(os.path.join(run_dir, name)), name
+    resume, evaluate = block[resume_at], block[resume_at + 1]
+    assert resume.split()[1:] == [
+        "python", "-m", "lazytrain", f"{run_dir}/config.yaml", f"hydra.run.dir={run_dir}", "train.resume=true"
+    ]  # fmt: skip
+    assert evaluate.split()[-1] == f"train.init_checkpoint={run_dir}/model_final.pth"
+    assert block[resume_at + 1 :] == [evaluate]  # the block ends the output
+
+
+@pytest.mark.slow
+def test_demo_run_writes_readable_plots(demo_run):
+    run_dir, _ = demo_run
+    for name in ("curves.png", "ap_by_frequency.png"):
+        with Image.open(os.path.join(run_dir, name)) as image:
+            assert image.format == "PNG" and image.width >= 800 and image.height >= 400
+
+    rows = read_per_category_ap(run_dir)
+    assert len(rows) == 30  # every category of the data set, each seen in train and val
+    assert all(r["train_images"] >= 1 and not math.isnan(r["segm_AP"]) for r in rows)
+    figure = build_ap_by_frequency_figure({"demo": rows})
+    axes = figure.get_axes()
+    assert [axis.get_title() for axis in axes] == [
+        "mask AP by category frequency",
+        "box AP by category frequency",
+    ]
+    assert axes[0].get_xscale() == "log" and "train images" in axes[0].get_xlabel()
+    assert axes[0].get_ylabel() == "mask AP per category" and axes[1].get_ylabel() == "box AP per category"
+    points = sum(len(c.get_offsets()) for c in axes[0].collections if isinstance(c, PathCollection))
+    assert points == len(rows) == 30
+    legend = [text.get_text() for text in axes[0].get_legend().get_texts()]
+    assert all(re.match(r"(rare|common|frequent): \d+ categories, mean \d+\.\d$", t) for t in legend), legend
+
+    records = read_metrics(run_dir)
+    curves = build_metrics_figure({"demo": records})
+    titles = [axis.get_title() for axis in curves.get_axes()]
+    assert titles[0] == "total_loss" and {"lr", "mask AP", "box AP", "loss_mask"} <= set(titles)
+    total_loss = curves.get_axes()[0].get_lines()[0]
+    assert len(total_loss.get_xdata()) == sum("total_loss" in r for r in records) == 2
+
+
+def test_missing_matplotlib_gives_one_warning_and_no_file(tmp_path, monkeypatch):
+    with open(tmp_path / "metrics.json", "w") as f:
+        f.write(json.dumps({"iteration": 0, "total_loss": 1.0, "lr": 0.1}) + "\n")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    monkeypatch.setattr(run_report, "_missing_matplotlib_warned", False)
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("lazytrain.engine.run_report")
+    logger.addHandler(handler)
+    try:
+        assert run_report.write_run_plots(str(tmp_path)) == []
+        assert run_report.write_run_plots(str(tmp_path)) == []
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == [
+        "matplotlib is not installed: no curves.png or ap_by_frequency.png in the run directory "
+        "(pip install matplotlib)."
+    ]
+    assert not os.path.exists(tmp_path / "curves.png")
+
+
+def _write_job(job_dir, repeat_thresh, ap_of_rare):
+    os.makedirs(job_dir / ".hydra")
+    (job_dir / ".hydra" / "overrides.yaml").write_text(
+        f"- dataloader.train.sampler.repeat_thresh={repeat_thresh}\n"
+    )
+    (job_dir / "metrics.json").write_text(json.dumps({"iteration": 9, "total_loss": 1.0}) + "\n")
+    lines = ["id,name,frequency,train_images,bbox_AP,segm_AP"]
+    for index, (frequency, count) in enumerate([("r", 2), ("r", 8), ("c", 40), ("f", 300), ("f", 500)]):
+        ap = ap_of_rare if frequency == "r" else 20.0 + index
+        lines.append(f"{index + 1},cat{index},{frequency},{count},{ap:.2f},{ap:.2f}")
+    lines.append("6,unseen,r,0,nan,nan")  # no train image: cannot be placed on a log axis
+    (job_dir / "lvis_per_category_ap.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_sweep_overlay_has_one_point_set_per_swept_value(tmp_path):
+    for job, (threshold, rare) in enumerate([(0, 1.0), (0.1, 6.0)]):
+        _write_job(tmp_path / str(job), threshold, rare)
+    path = run_report.write_sweep_plots(str(tmp_path))
+    assert path == str(tmp_path / "ap_by_frequency.png") and os.path.isfile(path)
+
+    runs = {f"dataloader.train.sampler.repeat_thresh={t}": read_per_category_ap(str(tmp_path / str(job)))
+            for job, t in enumerate([0, 0.1])}  # fmt: skip
+    axis = build_ap_by_frequency_figure(runs).get_axes()[0]
+    assert [len(c.get_offsets()) for c in axis.collections if isinstance(c, PathCollection)] == [5, 5]
+    legend = [text.get_text() for text in axis.get_legend().get_texts()]
+    assert legend == [
+        "repeat_thresh=0 (mean r 1.0, c 22.0, f 23.5)",
+        "repeat_thresh=0.1 (mean r 6.0, c 22.0, f 23.5)",
+    ]
+
+
+def test_old_run_directory_plots_with_the_script(tmp_path):
+    import importlib.util
+
+    _write_job(tmp_path / "old", 0.1, 3.0)
+    spec = importlib.util.spec_from_file_location(
+        "plot_ap", os.path.join(REPO, "scripts", "plot_ap_by_frequency.py")
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = script.main([str(tmp_path / "old"), "--out", str(tmp_path / "ap.png")])
+    with Image.open(out) as image:
+        assert image.format == "PNG" and image.width >= 800
