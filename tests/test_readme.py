@@ -31,6 +31,8 @@ SMOKE = [
     "dataloader.test.mapper.augmentations.0.short_edge_length=96",
     "dataloader.test.mapper.augmentations.0.max_size=128",
 ]
+# Appended to search sweeps (hydra/sweeper=...): 2 trials, whatever the README asks for.
+SEARCH_SMOKE = ["hydra.sweeper.n_trials=2"]
 SCRIPT_SMOKE = {
     "scripts/benchmark_trainer.py": ["--iters", "4", "--warmup", "1", "--repeats", "1", "--width", "32"]
 }
@@ -62,8 +64,9 @@ def test_ci_runs_the_readme_test_command_verbatim():
 
 
 def with_smoke(arguments: list[str]) -> list[str]:
-    keys = {override.split("=")[0] for override in SMOKE}
-    return [a for a in arguments if a.split("=")[0] not in keys] + SMOKE
+    smoke = SMOKE + (SEARCH_SMOKE if any(a.startswith("hydra/sweeper=") for a in arguments) else [])
+    keys = {override.split("=")[0] for override in smoke}
+    return [a for a in arguments if a.split("=")[0] not in keys] + smoke
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +114,10 @@ def snapshot(directory) -> dict[str, tuple[int, int]]:
 def check_outputs(command: str, result: subprocess.CompletedProcess, cwd) -> None:
     """What each kind of command must leave behind, beyond exiting 0."""
     output = result.stdout + result.stderr  # logs go to stdout, progress bars to stderr
-    if "--cfg job" in command:
+    if "hydra/sweeper=optuna" in command:
+        (best,) = glob.glob(str(cwd / "multirun" / "*" / "*" / "optimization_results.yaml"))
+        assert "best_params" in open(best).read() and "Best value:" in output
+    elif "--cfg job" in command:
         assert "dataloader:" in result.stdout and "Starting training" not in output
     elif " -m dataloader.train.sampler.repeat_thresh=" in command:
         (summary,) = glob.glob(str(cwd / "multirun" / "*" / "*" / "summary.csv"))

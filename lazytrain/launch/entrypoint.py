@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=CONFIG_NAME, node=primary)
+    logging.getLogger("alembic").setLevel(
+        logging.WARNING
+    )  # optuna's import logs alembic's plugin setup at INFO
     sys.argv = [sys.argv[0], *_quiet_non_main_rank(rest)]
     hydra.main(version_base="1.3", config_path=None, config_name=CONFIG_NAME)(_hydra_task)()
     from lazytrain.launch import summary

@@ -91,16 +91,17 @@ def worst_value(direction: str) -> float:
 
 
 def get_objective_value(results: Mapping | None, metric: str) -> float | None:
-    """The value of `metric` (``task/name``) in nested evaluation results, or None when it is absent."""
+    """The value of `metric` (``task/name``) in nested evaluation results, or None when it is absent or NaN."""
     node: Any = results
     for part in metric.split("/"):
         if not isinstance(node, Mapping) or part not in node:
             return None
         node = node[part]
     try:
-        return float(node)
+        value = float(node)
     except (TypeError, ValueError):
         return None
+    return None if math.isnan(value) else value  # e.g. APl without large objects: no value to compare
 
 
 def list_metrics(results: Mapping | None, prefix: str = "") -> list[str]:

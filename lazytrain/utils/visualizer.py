@@ -506,8 +506,8 @@ def build_sweep_figure(points: dict[str, list[tuple[str, float]]], x_label: str)
         _format_sweep_axis(axis, numeric, categories, x_label)
         axis.set_title(_TASK_TITLES.get(task, task or "metrics"))
     axes[0][0].set_ylabel("final AP (x100)")
-    spread = "; bars: min-max over runs with the same value" if repeated else ""
-    figure.suptitle(f"Final metrics against {x_label} (mean{spread})", fontsize="medium")
+    spread = " (mean; bars: min-max over runs with the same value)" if repeated else ""
+    figure.suptitle(f"Final metrics against {x_label}{spread}", fontsize="medium")
     # One legend under the panels (the metrics are the same in each), so that it never hides a point.
     handles, labels = max((axis.get_legend_handles_labels() for axis in axes[0]), key=lambda h: len(h[1]))
     columns = min(4, len(labels))
@@ -547,19 +547,25 @@ def _plot_series(axis, pairs, numeric: bool, categories: list[str], label: str, 
         axis.plot(positions, means, marker + "-", **style)
 
 
+_MAX_LABELLED_VALUES = 8  # a grid sweep's few values get a tick each; a search's many values do not
+
+
 def _format_sweep_axis(axis, numeric: bool, categories: list[str], x_label: str) -> None:
+    axis.margins(x=0.06)
     if numeric:
         values = sorted({float(x) for x in categories})
         positive = [v for v in values if v > 0]
         if len(positive) >= 2 and positive[-1] / positive[0] >= 100 and min(values) >= 0:
             # Thresholds like 0, 0.001, 0.01, 0.1: log spacing, with 0 on the linear part near the axis.
             axis.set_xscale("symlog", linthresh=positive[0])
-        axis.set_xticks(values, [f"{v:g}" for v in values])
+        axis.autoscale_view()
+        if len(values) <= _MAX_LABELLED_VALUES:
+            axis.set_xticks(values, [f"{v:.3g}" for v in values])
     else:
+        axis.autoscale_view()
         axis.set_xticks(range(len(categories)), categories, rotation=20)
     axis.set_xlabel(x_label)
     axis.grid(alpha=0.3)
-    axis.autoscale_view()
 
 
 def plot_sweep(points: dict[str, list[tuple[str, float]]], x_label: str, out: str) -> str:

@@ -29,6 +29,7 @@ def test_objective_value_is_read_from_nested_results():
     assert get_objective_value(results, "segm/APr") == 3.0
     assert get_objective_value(results, "segm/APx") is None
     assert get_objective_value({}, "segm/AP") is None
+    assert get_objective_value({"segm": {"APl": float("nan")}}, "segm/APl") is None  # NaN would stop Optuna
 
 
 def test_failed_job_value_is_the_worst_float_and_survives_pickling():
