@@ -60,8 +60,8 @@ def _not_a_node(key: str, inside: str, node: Any, part: str) -> ConfigError:
 
 def _child(node: Any, part: str) -> Any:
     """The child node named `part`, or None when `node` is a container without it."""
-    if isinstance(node, DictConfig):
-        return node._get_node(part) if part in node else None
+    if isinstance(node, DictConfig):  # keys(), not `in`: a mandatory value (???) is a key but not `in` it
+        return node._get_node(part) if part in node.keys() else None
     if part.isdigit() and int(part) < len(node):
         return node._get_node(int(part))
     return None

@@ -1,7 +1,8 @@
-"""Evaluation: the evaluator protocol, the inference loop, COCO and LVIS instance evaluators."""
+"""Evaluation: the evaluator protocol, the inference loop, COCO, LVIS and long-tail instance evaluators."""
 
 from lazytrain.evaluation.coco_evaluation import COCOEvaluator, instances_to_coco_json
 from lazytrain.evaluation.evaluator import DatasetEvaluator, DatasetEvaluators, inference_on_dataset
+from lazytrain.evaluation.long_tail_evaluation import LongTailEvaluator
 from lazytrain.evaluation.lvis_evaluation import LVISEvaluator
 
 __all__ = [
@@ -9,6 +10,7 @@ __all__ = [
     "DatasetEvaluator",
     "DatasetEvaluators",
     "LVISEvaluator",
+    "LongTailEvaluator",
     "inference_on_dataset",
     "instances_to_coco_json",
 ]

@@ -171,6 +171,7 @@ class COCOEvaluator(DatasetEvaluator):
                 else:
                     from faster_coco_eval import COCO
                 self._ground_truth = COCO(self.json_file)
+            _complete_annotations(self._ground_truth)
             self._prepare_ground_truth(self._ground_truth)
         return self._ground_truth
 
@@ -243,6 +244,8 @@ class COCOEvaluator(DatasetEvaluator):
             metrics[task], per_category[task] = self._evaluate_task(
                 ground_truth, results, task, sorted(per_image)
             )
+            if not self._lvis_style:  # LVIS's own evaluation reports the buckets
+                metrics[task].update(self._frequency_bucket_metrics(ground_truth, per_category[task]))
             logger.info(
                 "Evaluation results for %s (%s):\n%s", task, self._prefix, create_small_table(metrics[task])
             )
@@ -289,6 +292,26 @@ class COCOEvaluator(DatasetEvaluator):
             per_category.append(float(values.mean()) * 100.0 if values.size else float("nan"))
         return metrics, per_category
 
+    def _frequency_bucket_metrics(self, ground_truth: Any, per_category: list[float]) -> dict[str, float]:
+        """APr/APc/APf as LVIS defines them (the mean AP of the bucket's categories that have ground truth),
+        when every category's bucket is known (metadata ``class_image_count`` or the json's ``frequency``)."""
+        category_ids = sorted(ground_truth.getCatIds())  # the order of the per-category values
+        entries = getattr(self.metadata, "class_image_count", None) or []
+        frequency = {int(entry["id"]): entry.get("frequency") for entry in entries}
+        for category_id in category_ids:
+            frequency.setdefault(category_id, ground_truth.cats[category_id].get("frequency"))
+        if not category_ids or any(frequency[c] not in ("r", "c", "f") for c in category_ids):
+            return {}
+        metrics = {}
+        for bucket in "rcf":
+            values = [
+                ap
+                for c, ap in zip(category_ids, per_category)
+                if frequency[c] == bucket and not math.isnan(ap)
+            ]
+            metrics[f"AP{bucket}"] = sum(values) / len(values) if values else float("nan")
+        return metrics
+
     def _write_per_category_table(self, ground_truth: Any, per_category: dict[str, list[float]]) -> None:
         categories = [ground_truth.cats[c] for c in sorted(ground_truth.getCatIds())]
         counts = self._train_image_counts()
@@ -314,6 +337,23 @@ class COCOEvaluator(DatasetEvaluator):
         """Train image count per json category id, from the metadata's ``class_image_count``."""
         entries = getattr(self.metadata, "class_image_count", None) or []
         return {int(entry["id"]): int(entry["image_count"]) for entry in entries}
+
+
+def _complete_annotations(ground_truth: Any) -> None:
+    """Fill what the COCO protocol reads and exports may omit: ``iscrowd`` (0) and ``area`` (of the mask, else
+    of the box)."""
+    changed = False
+    for annotation in ground_truth.dataset.get("annotations") or []:
+        if "iscrowd" not in annotation:
+            annotation["iscrowd"], changed = 0, True
+        if "area" not in annotation:
+            if annotation.get("segmentation"):
+                area = float(mask_util.area(ground_truth.annToRLE(annotation)))
+            else:
+                area = float(annotation["bbox"][2] * annotation["bbox"][3])
+            annotation["area"], changed = area, True
+    if changed:
+        ground_truth.createIndex()
 
 
 def _format_ap(value: float) -> str:

@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         # A search sweeper (hydra/sweeper=optuna, ...) needs the objective: check it now, pass its direction.
         rest = rest + check_search(overridden, rest, DEFAULT_MAIN)
+        if not _INFO_FLAGS.intersection(rest):  # before Hydra creates the output directory
+            _check_json_datasets(overridden, skip_unset=bool({"-m", "--multirun"}.intersection(rest)))
     except ConfigError as e:
         _fail(str(e))
     import hydra
@@ -264,6 +266,19 @@ def _check_datasets(cfg) -> None:
         raise _config_error("\n".join(problems))
 
 
+_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion"}
+
+
+def _check_json_datasets(cfg, skip_unset: bool = False) -> None:
+    """Fail before spawning (and before Hydra writes anything) when a json data set the config registers
+    has a problem (lazytrain.data.datasets.preflight)."""
+    from lazytrain.data.datasets.preflight import find_json_dataset_problems
+
+    problems = find_json_dataset_problems(cfg, skip_unset=skip_unset)
+    if problems:
+        raise _config_error("the data set files have problems:\n  " + "\n  ".join(problems))
+
+
 def _check_init_checkpoint(cfg) -> None:
     """Fail before spawning when ``train.init_checkpoint`` names a local file that does not exist (and a
     resumed run would not make it unused)."""
@@ -291,6 +306,7 @@ def run_job(cfg) -> Any:
     from lazytrain.engine.defaults import INJECTED_ARGUMENTS
 
     multiprocessing.set_start_method("spawn", force=True)
+    _check_json_datasets(cfg)  # before resolving: values derived from the json need it readable
     OmegaConf.resolve(cfg)
     launch_cfg = cfg.launch
     validate(cfg, INJECTED_ARGUMENTS)

@@ -10,6 +10,7 @@ import torch
 
 from lazytrain.config import LazyConfig, validate
 from lazytrain.data.datasets.builtin import find_missing_data
+from lazytrain.data.datasets.preflight import find_json_dataset_problems
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.engine.defaults import INJECTED_ARGUMENTS, run
 
@@ -29,6 +30,16 @@ SMOKE = [
     "dataloader.test.mapper.augmentations.0.short_edge_length=96",
     "dataloader.test.mapper.augmentations.0.max_size=128",
 ]
+
+
+def _custom_data(datasets_root: str) -> list[str]:
+    """The user-data recipes read the stand-in data set's LVIS-format jsons through their data.* keys."""
+    root = os.path.join(datasets_root, "synthetic_lt")
+    return [
+        f"data.{split}.{key}={value}"
+        for split in ("train", "val")
+        for key, value in (("json", os.path.join(root, f"lvis_v1_{split}.json")), ("images", root))
+    ]
 
 
 def _relayout(source_json, split, root, coco_style):
@@ -73,9 +84,11 @@ def test_config_loads_validates_and_trains_two_iterations(name, datasets_root, t
     monkeypatch.setenv("LAZYTRAIN_DATASETS", datasets_root)
     torch.set_num_threads(1)
     cfg = LazyConfig.load(os.path.join(REPO, "conf", name))
-    LazyConfig.apply_overrides(cfg, [*SMOKE, f"train.output_dir={tmp_path}"])
+    data = _custom_data(datasets_root) if "data" in cfg else []
+    LazyConfig.apply_overrides(cfg, [*SMOKE, *data, f"train.output_dir={tmp_path}"])
     validate(cfg, INJECTED_ARGUMENTS)
     assert find_missing_data(cfg) == []
+    assert find_json_dataset_problems(cfg) == []
     run(cfg)
     lines = [json.loads(line) for line in open(tmp_path / "metrics.json")]
     losses = [line["total_loss"] for line in lines if "total_loss" in line]

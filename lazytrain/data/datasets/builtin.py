@@ -99,7 +99,8 @@ def _dataset_names(node) -> list[str]:
         target = node.get("_target_", "") if "_target_" in node else ""
         if isinstance(target, str) and target.endswith("get_detection_dataset_dicts"):
             value = node.get("names")
-            names += [value] if isinstance(value, str) else list(value or [])
+            if isinstance(value, (str, ListConfig)):  # not a registering call (json data sets)
+                names += [value] if isinstance(value, str) else list(value)
         if (
             isinstance(target, str)
             and target.endswith("Evaluator")

@@ -1,0 +1,82 @@
+"""The "train on your own data" command, as a user types it, on a small messy COCO export: 2 iterations and a
+real evaluation in one process; 2 processes training without the eval hook, then evaluating only."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.data.custom_fixtures import write_export
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(REPO, "conf", "rfs_maskrcnn_custom.py")
+SMOKE = [
+    "train.device=cpu",
+    "train.max_iter=2",
+    "train.log_period=1",
+    "train.checkpointer.period=1",
+    "dataloader.train.total_batch_size=2",
+    "dataloader.train.num_workers=0",
+    "dataloader.test.num_workers=0",
+    "dataloader.train.mapper.augmentations.0.short_edge_length=[64]",
+    "dataloader.train.mapper.augmentations.0.max_size=96",
+    "dataloader.test.mapper.augmentations.0.short_edge_length=64",
+    "dataloader.test.mapper.augmentations.0.max_size=96",
+    "model.roi_heads.detections_per_img=20",  # keeps inference of an untrained R50 Mask R-CNN short
+]
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    # messy on purpose: ids 0..41 with gaps, an unused category, missing iscrowd/area, an unannotated val image
+    return write_export(str(tmp_path_factory.mktemp("export")), "no_iscrowd_no_area")
+
+
+def lazytrain(*arguments: str, cwd) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "lazytrain", *arguments]
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def final_metrics(run_dir) -> dict:
+    lines = [json.loads(line) for line in open(run_dir / "metrics.json")]
+    return [line for line in lines if "bbox/AP" in line][-1]
+
+
+def check_long_tail_metrics(metrics: dict) -> None:
+    assert metrics["eval_protocol/exhaustive"] == 1.0
+    for task in ("bbox", "segm"):
+        assert {f"{task}/{name}" for name in ("AP", "APr", "APc", "APf")} <= set(metrics)
+        assert 0.0 <= metrics[f"{task}/APr"] <= 100.0  # all fixture categories are rare (<= 10 train images)
+
+
+@pytest.mark.slow
+def test_one_process_trains_two_iterations_and_evaluates(export, tmp_path):
+    data = [f"{key}={value}" for key, value in export.items()]
+    result = lazytrain(CONFIG, *data, *SMOKE, "hydra.run.dir=run", cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert "Evaluation protocol for custom_val: exhaustive (COCO-style)" in output
+    assert "r <= 10, c <= 100, f > 100 images (data.frequency_thresholds=[10, 100])" in output
+    check_long_tail_metrics(final_metrics(tmp_path / "run"))
+    saved = open(tmp_path / "run" / "config.yaml").read()
+    assert "num_classes: 5" in saved  # from the json: 5 categories (one of them never annotated)
+
+
+@pytest.mark.slow
+def test_two_processes_train_then_evaluate_only(export, tmp_path):
+    data = [f"{key}={value}" for key, value in export.items()]
+    two = ["launch.num_processes=2"]
+    lazytrain(CONFIG, *data, *SMOKE, *two, "~train.hooks.eval", "hydra.run.dir=train", cwd=tmp_path)
+    assert (tmp_path / "train" / "model_final.pth").exists()
+    assert not any("bbox/AP" in line for line in open(tmp_path / "train" / "metrics.json"))
+    result = lazytrain(
+        CONFIG, *data, *SMOKE, *two, "train.eval_only=true",
+        f"train.init_checkpoint={tmp_path / 'train' / 'model_final.pth'}", "hydra.run.dir=eval",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert "Inference on 5 images" in result.stdout + result.stderr  # the unannotated image included
+    check_long_tail_metrics(final_metrics(tmp_path / "eval"))
