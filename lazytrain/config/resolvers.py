@@ -33,8 +33,9 @@ def _json_num_classes(json_file: str) -> int:
 
 
 def _json_repeat_thresh(json_file: str) -> float:
-    images = max(_json_summary(json_file).images_with_annotations, 1)
-    return min(1.0, float(f"{100 / images:.2g}"))
+    from lazytrain.data.datasets.custom import get_default_repeat_thresh
+
+    return get_default_repeat_thresh(_json_summary(json_file).images_with_annotations)
 
 
 def register_resolvers() -> None:

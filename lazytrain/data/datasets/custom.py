@@ -26,7 +26,13 @@ from collections.abc import Sequence
 from lazytrain.data.datasets.json_summary import JsonSummary, summarize_json
 from lazytrain.data.datasets.lvis import load_lvis_json
 
-__all__ = ["DEFAULT_FREQUENCY_THRESHOLDS", "bin_categories", "get_image_count_limits", "register_json_dataset"]
+__all__ = [
+    "DEFAULT_FREQUENCY_THRESHOLDS",
+    "bin_categories",
+    "get_default_repeat_thresh",
+    "get_image_count_limits",
+    "register_json_dataset",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +40,13 @@ DEFAULT_FREQUENCY_THRESHOLDS = (10, 100)
 """LVIS's buckets: rare in 1-10 train images, common in 11-100, frequent in more."""
 
 _registered: dict[str, tuple] = {}
+
+
+def get_default_repeat_thresh(num_train_images: int) -> float:
+    """A Repeat Factor Sampling threshold for `num_train_images` annotated train images: ``100 / N`` (2
+    significant digits, at most 1), so categories in fewer than 100 train images are repeated, as LVIS's
+    t=0.001 does for its ~100k images (factor sqrt(100 / n) for a category in n images)."""
+    return min(1.0, float(f"{100 / max(num_train_images, 1):.2g}"))
 
 
 def get_image_count_limits(thresholds: Sequence[float], num_train_images: int) -> tuple[float, float]:
