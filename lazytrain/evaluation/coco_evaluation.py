@@ -315,14 +315,15 @@ class COCOEvaluator(DatasetEvaluator):
     def _write_per_category_table(self, ground_truth: Any, per_category: dict[str, list[float]]) -> None:
         categories = [ground_truth.cats[c] for c in sorted(ground_truth.getCatIds())]
         counts = self._train_image_counts()
+        entries = getattr(self.metadata, "class_image_count", None) or []
+        frequencies = {int(entry["id"]): entry.get("frequency", "") for entry in entries}
         header = ["id", "name", "frequency", "train_images", *[f"{task}_AP" for task in per_category]]
         rows = []
         for index, category in enumerate(categories):
             count = category.get("image_count", counts.get(category["id"], ""))
+            frequency = category.get("frequency") or frequencies.get(category["id"], "")
             ap_cells = [_format_ap(values[index]) for values in per_category.values()]
-            rows.append(
-                [category["id"], category.get("name", ""), category.get("frequency", ""), count, *ap_cells]
-            )
+            rows.append([category["id"], category.get("name", ""), frequency, count, *ap_cells])
         base = os.path.join(self.output_dir, f"{self._prefix}_per_category_ap")
         with open(base + ".csv", "w", newline="") as f:
             writer = csv.writer(f)

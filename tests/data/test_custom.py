@@ -91,6 +91,8 @@ def test_messy_export_passes_preflight_loads_maps_and_evaluates_to_ap_100(varian
         assert results[task]["APr"] == pytest.approx(100.0)  # every category is in <= 10 train images
         assert math.isnan(results[task]["APc"]) and math.isnan(results[task]["APf"])
     assert results["eval_protocol"] == {"exhaustive": 1.0}
+    table = open(os.path.join(cfg.train.output_dir, "coco_per_category_ap.csv")).read().splitlines()
+    assert table[1] == "0,zero,r,4,100.00,100.00" and table[5] == "41,unused,r,0,nan,nan"
 
 
 def test_box_only_export_is_named_for_the_mask_recipe_and_trains_with_the_box_recipe(tmp_path, fresh_catalog):
