@@ -1,4 +1,4 @@
-"""Mask R-CNN R50-FPN with Repeat Factor Sampling on your own COCO- or LVIS-format data set.
+r"""Mask R-CNN R50-FPN with Repeat Factor Sampling on your own COCO- or LVIS-format data set.
 
 Command:   python -m lazytrain conf/rfs_maskrcnn_custom.py \
                data.train.json=/data/mine/train.json data.train.images=/data/mine/images \

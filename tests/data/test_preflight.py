@@ -53,6 +53,11 @@ def _orphan_annotations(data):
     data["annotations"][1]["category_id"] = 555
 
 
+def _null_segmentation(data):
+    data["annotations"][0]["segmentation"] = None
+    data["annotations"][1]["segmentation"] = []
+
+
 def _strip(key, where="annotations", count=1):
     def change(data):
         for entry in data[where][:count]:
@@ -115,6 +120,11 @@ CASES = [
             r"trains masks; give them polygons or RLE, or drop them. For a box-only data set train Faster R-CNN"
         ],
         id="some-annotations-without-masks",
+    ),
+    pytest.param(
+        dict(change_train=_null_segmentation),
+        [r"train.json: 2 of 12 annotations have no 'segmentation' \(first ids: \[1000, 1001\]\)"],
+        id="null-or-empty-masks",
     ),
     pytest.param(
         dict(change_val=_strip("height", where="images")),

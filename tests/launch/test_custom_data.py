@@ -1,5 +1,5 @@
-"""The "train on your own data" command, as a user types it, on a small messy COCO export: 2 iterations and a
-real evaluation in one process; 2 processes training without the eval hook, then evaluating only."""
+"""The "train on your own data" command, as a user types it, on a small messy COCO export: 2 iterations in 2
+processes (as a -m sweep) without the eval hook, then a real evaluation in 2 processes (train.eval_only)."""
 
 import json
 import os
@@ -55,30 +55,26 @@ def check_long_tail_metrics(metrics: dict) -> None:
 
 
 @pytest.mark.slow
-def test_one_process_trains_two_iterations_and_evaluates(export, tmp_path):
-    data = [f"{key}={value}" for key, value in export.items()]
-    result = lazytrain(CONFIG, *data, *SMOKE, "hydra.run.dir=run", cwd=tmp_path)
-    output = result.stdout + result.stderr
-    assert "Evaluation protocol for custom_val: exhaustive (COCO-style)" in output
-    assert "r <= 10, c <= 100, f > 100 images (data.frequency_thresholds=[10, 100])" in output
-    check_long_tail_metrics(final_metrics(tmp_path / "run"))
-    saved = open(tmp_path / "run" / "config.yaml").read()
-    assert "num_classes: 5" in saved  # from the json: 5 categories (one of them never annotated)
-
-
-@pytest.mark.slow
-def test_two_processes_train_then_evaluate_only(export, tmp_path):
+def test_two_process_sweep_trains_then_two_processes_evaluate_only(export, tmp_path):
+    """Training runs as a one-job -m sweep (the data set reaches each job and each spawned rank as config
+    data); the single-process command with its real evaluation is the README's (tests/test_readme.py)."""
     data = [f"{key}={value}" for key, value in export.items()]
     two = ["launch.num_processes=2"]
-    lazytrain(CONFIG, *data, *SMOKE, *two, "~train.hooks.eval", "hydra.run.dir=train", cwd=tmp_path)
-    assert (tmp_path / "train" / "model_final.pth").exists()
-    assert not any("bbox/AP" in line for line in open(tmp_path / "train" / "metrics.json"))
+    lazytrain(CONFIG, "-m", *data, *SMOKE, *two, "~train.hooks.eval", "hydra.sweep.dir=train", cwd=tmp_path)
+    run = tmp_path / "train" / "0"
+    assert (run / "model_final.pth").exists()
+    assert not any("bbox/AP" in line for line in open(run / "metrics.json"))
+    assert (
+        "num_classes: 5" in open(run / "config.yaml").read()
+    )  # from the json (one category never annotated)
     result = lazytrain(
-        CONFIG, *data, *SMOKE, *two, "train.eval_only=true",
-        f"train.init_checkpoint={tmp_path / 'train' / 'model_final.pth'}", "hydra.run.dir=eval",
-        cwd=tmp_path,
+        CONFIG, *data, *SMOKE, *two, "train.eval_only=true", f"train.init_checkpoint={run / 'model_final.pth'}",
+        "hydra.run.dir=eval", cwd=tmp_path,
     )  # fmt: skip
-    assert "on 2 process(es)" in result.stdout
+    output = result.stdout + result.stderr
+    assert "on 2 process(es)" in output
+    assert "Evaluation protocol for custom_val: exhaustive (COCO-style)" in output
+    assert "r <= 10, c <= 100, f > 100 images (data.frequency_thresholds=[10, 100])" in output
     check_long_tail_metrics(final_metrics(tmp_path / "eval"))
     predictions = json.load(open(tmp_path / "eval" / "coco_instances_results.json"))
     assert {p["image_id"] for p in predictions} == {100, 101, 102, 103, 104}  # 104 has no annotation

@@ -144,6 +144,11 @@ def _file_name(image: _Image) -> str | None:
     return None
 
 
+def _is_empty(raw: msgspec.Raw) -> bool:
+    """Absent, null, [] or {} (raw JSON bytes)."""
+    return len(raw) < 3 or len(raw) == 4 and bytes(raw) == b"null"
+
+
 def _first(items: list) -> list:
     return items[:_FIRST]
 
@@ -208,7 +213,7 @@ def _check_entries(
     no_bbox = [ann.id for ann in annotations if len(ann.bbox) < 5]  # absent, null or shorter than [0,0,0,0]
     if no_bbox:
         problems.append(("annotations without 'bbox'", _first(no_bbox), len(no_bbox)))
-    no_segmentation = [ann.id for ann in annotations if len(ann.segmentation) < 3]  # absent, null, [] or {}
+    no_segmentation = [ann.id for ann in annotations if _is_empty(ann.segmentation)]
     summary.without_segmentation = (_first(no_segmentation), len(no_segmentation))
     summary.class_image_count, summary.images_with_annotations = _image_counts(
         ann_images, ann_categories, [c.id for c in categories], image_ids
