@@ -87,7 +87,7 @@ def run_command(command: str, cwd, env) -> subprocess.CompletedProcess:
         arguments = [os.path.join(REPO, w) if w.startswith("conf/") else w for w in words[3:]]
         argv = [sys.executable, "-m", "lazytrain", *with_smoke(arguments)]
     else:
-        argv = [sys.executable, os.path.join(REPO, words[1]), *SCRIPT_SMOKE[words[1]], *words[2:]]
+        argv = [sys.executable, os.path.join(REPO, words[1]), *SCRIPT_SMOKE.get(words[1], []), *words[2:]]
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
