@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     # 8.5 s vs 0.7 s per Mask R-CNN step); must be set before torch is imported. Spawned ranks inherit it.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Shown in the run header by every rank (spawned ranks inherit the environment).
+    # Shown in the run header (lazytrain.engine.run_report.COMMAND_ENV); spawned ranks inherit it.
     os.environ["LAZYTRAIN_COMMAND"] = shlex.join(["python", "-m", "lazytrain", *argv])
     config_path, rest = _split_config(argv)
     if config_path is None:

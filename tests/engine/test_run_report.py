@@ -210,3 +210,23 @@ def test_old_run_directory_plots_with_the_script(tmp_path):
     out = script.main([str(tmp_path / "old"), "--out", str(tmp_path / "ap.png")])
     with Image.open(out) as image:
         assert image.format == "PNG" and image.width >= 800
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
+def test_full_config_goes_to_log_file_and_to_the_console_only_when_verbose(tmp_path, verbose):
+    from omegaconf import OmegaConf
+
+    from lazytrain.engine.defaults import default_setup
+
+    cfg = OmegaConf.create({"train": {"output_dir": str(tmp_path), "seed": 0, "verbose": verbose}})
+    default_setup(cfg)
+    console = [
+        h for h in logging.getLogger("lazytrain").handlers if getattr(h, "_lazytrain_marker", "") == "console"
+    ]
+    levels = [h.level for h in console]
+    for handler in console:
+        handler.setLevel(logging.INFO)  # as every other test expects
+    assert levels == [logging.DEBUG if verbose else logging.INFO]
+    for handler in logging.getLogger("lazytrain").handlers:
+        handler.flush()
+    assert "Full config:\ntrain:" in open(tmp_path / "log.txt").read()
