@@ -230,3 +230,14 @@ def test_full_config_goes_to_log_file_and_to_the_console_only_when_verbose(tmp_p
     for handler in logging.getLogger("lazytrain").handlers:
         handler.flush()
     assert "Full config:\ntrain:" in open(tmp_path / "log.txt").read()
+
+
+def test_per_category_file_without_train_counts_takes_them_from_the_train_records(tmp_path):
+    lines = ["id,name,frequency,train_images,bbox_AP,segm_AP", "7,b,,,10.00,12.00", "3,a,,,5.00,6.00"]
+    (tmp_path / "coco_per_category_ap.csv").write_text("\n".join(lines) + "\n")
+    # Contiguous ids follow the sorted json ids: 0 -> json id 3, 1 -> json id 7.
+    written = run_report.write_run_plots(str(tmp_path), image_counts={0: 4, 1: 250})
+    assert written == [str(tmp_path / "ap_by_frequency.png")]
+    rows = read_per_category_ap(str(tmp_path))
+    run_report._fill_train_counts(rows, {0: 4, 1: 250})
+    assert {row["name"]: row["train_images"] for row in rows} == {"a": 4, "b": 250}
