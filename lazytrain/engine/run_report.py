@@ -81,18 +81,37 @@ def _get_train_records(data_loader: Any) -> Sequence[dict] | None:
 # ------------------------------------------------------------------------------------------------- header
 
 
+def _get_train_dataset_names(cfg: DictConfig) -> list[str]:
+    """``dataloader.train.dataset.names`` as a list; a registering call (e.g. ``register_json_dataset``)
+    gives its ``name`` argument."""
+    names = OmegaConf.select(cfg, "dataloader.train.dataset.names", default=None)
+    if OmegaConf.is_dict(names):
+        names = names.get("name")
+    if names is None:
+        return []
+    return [str(name) for name in names] if OmegaConf.is_list(names) else [str(names)]
+
+
 def _describe_data(cfg: DictConfig, summary: RecordsSummary | None) -> str:
+    from lazytrain.data.catalog import MetadataCatalog
     from lazytrain.data.datasets.lvis import frequency_of_image_count
 
-    names = OmegaConf.select(cfg, "dataloader.train.dataset.names", default=None)
-    names = ", ".join(names) if OmegaConf.is_list(names) else str(names or "train set")
+    names = _get_train_dataset_names(cfg)
+    label = ", ".join(names) or "train set"
     if summary is None:
-        return names
-    buckets = Counter(frequency_of_image_count(n) for n in summary.image_counts.values())
+        return label
+    # The data set's own buckets when registered (they follow its thresholds), else LVIS's from the counts.
+    metadata = MetadataCatalog.get(names[0]) if len(names) == 1 else None
+    frequency = metadata.get("class_frequency") if metadata is not None else None
+    if frequency:
+        buckets = Counter(frequency)
+    else:
+        buckets = Counter(frequency_of_image_count(n) for n in summary.image_counts.values())
+    categories = sum(buckets.values())
     per_bucket = ", ".join(f"{_BUCKET_NAMES[b]} {buckets[b]}" for b in "rcf")
     return (
-        f"{names}: {summary.images} images, {summary.instances} instances, {len(summary.image_counts)} "
-        f"categories ({per_bucket} by train images)"
+        f"{label}: {summary.images} images, {summary.instances} instances, {categories} categories "
+        f"({per_bucket})"
     )
 
 

@@ -43,7 +43,8 @@ MAX_HEADER_LINES = 15
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """(run directory, console output) of ``python -m lazytrain conf/rfs_maskrcnn_demo.py`` on tiny data."""
+    """(run directory, console output, data sets root) of ``python -m lazytrain conf/rfs_maskrcnn_demo.py`` on
+    tiny data."""
     datasets = tmp_path_factory.mktemp("datasets")
     generate_synthetic_lt(
         str(datasets / "synthetic_lt"),
@@ -64,7 +65,7 @@ def demo_run(tmp_path_factory):
     ]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return str(run_dir), result.stdout
+    return str(run_dir), result.stdout, str(datasets)
 
 
 def _lines_before_first_step(stdout):
@@ -75,14 +76,19 @@ def _lines_before_first_step(stdout):
 
 @pytest.mark.slow
 def test_console_before_the_first_step_is_a_short_header(demo_run):
-    run_dir, stdout = demo_run
+    run_dir, stdout, datasets = demo_run
     header = _lines_before_first_step(stdout)
     assert len(header) <= MAX_HEADER_LINES, "\n".join(header)
     text = "\n".join(header)
     for field in ("command", "output", "world", "data", "sampler", "model", "schedule"):
         assert re.search(rf"^  {field} +\S", text, re.MULTILINE), f"no '{field}' line in:\n{text}"
     assert "conf/rfs_maskrcnn_demo.py" in text
-    assert re.search(r"12 images, \d+ instances, 30 categories \(rare \d+, common \d+, frequent \d+", text)
+    buckets = re.search(
+        r"12 images, (\d+) instances, 30 categories \(rare (\d+), common (\d+), frequent (\d+)\)", text
+    )
+    train = json.load(open(os.path.join(datasets, "synthetic_lt", "lvis_v1_train.json")))
+    frequency = [category["frequency"] for category in train["categories"]]
+    assert [int(n) for n in buckets.groups()] == [len(train["annotations"]), *map(frequency.count, "rcf")]
     assert "t=0.1" in text and "expected epoch" in text
     assert re.search(r"model +RCNN: \d+\.\dM parameters", text)
     # The long dumps went to log.txt only.
@@ -93,7 +99,7 @@ def test_console_before_the_first_step_is_a_short_header(demo_run):
 
 @pytest.mark.slow
 def test_end_block_names_files_that_exist_and_the_next_commands(demo_run):
-    run_dir, stdout = demo_run
+    run_dir, stdout, _ = demo_run
     block = stdout[stdout.rindex("Done: 2 iterations") :].splitlines()
     assert re.search(r"\d+\.\d+ s/it", block[0])
     assert block[1].split() == ["AP", "APr", "APc", "APf"]
@@ -116,7 +122,7 @@ def test_end_block_names_files_that_exist_and_the_next_commands(demo_run):
 
 @pytest.mark.slow
 def test_demo_run_writes_readable_plots(demo_run):
-    run_dir, _ = demo_run
+    run_dir, _, _ = demo_run
     for name in ("curves.png", "ap_by_frequency.png"):
         with Image.open(os.path.join(run_dir, name)) as image:
             assert image.format == "PNG" and image.width >= 800 and image.height >= 400
