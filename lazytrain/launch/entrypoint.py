@@ -76,9 +76,14 @@ _MISSING = object()
 
 
 def _select(cfg, key: str) -> Any:
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     value = OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False)
+    if value is _MISSING:  # a mandatory value (???) is a key too: -m data.train.json=a.json,b.json
+        parent, _, last = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent, throw_on_resolution_failure=False) if parent else cfg
+        if isinstance(node, DictConfig) and last in node.keys():
+            return None
     return value
 
 

@@ -78,3 +78,25 @@ def test_two_process_sweep_trains_then_two_processes_evaluate_only(export, tmp_p
     check_long_tail_metrics(final_metrics(tmp_path / "eval"))
     predictions = json.load(open(tmp_path / "eval" / "coco_instances_results.json"))
     assert {p["image_id"] for p in predictions} == {100, 101, 102, 103, 104}  # 104 has no annotation
+
+
+def test_a_sweep_over_data_files_passes_the_override_check_and_leaves_them_to_each_job():
+    from omegaconf import OmegaConf
+
+    from lazytrain.config import LazyConfig
+    from lazytrain.data.datasets.preflight import find_json_dataset_problems
+    from lazytrain.launch.entrypoint import _precheck_overrides
+
+    cfg = OmegaConf.create(OmegaConf.to_container(LazyConfig.load(CONFIG)))
+    sweep = [
+        "-m",
+        "data.train.json=a.json,b.json",
+        "data.train.images=x",
+        "data.val.json=v.json",
+        "data.val.images=x",
+    ]
+    checked = _precheck_overrides(cfg, sweep)  # a mandatory (???) key may be swept
+    assert checked.data.train.images == "x" and OmegaConf.is_missing(checked.data.train, "json")
+    assert find_json_dataset_problems(checked, skip_unset=True) == [
+        "data.val.json=v.json: no such file; pass the path of the COCO/LVIS json (data.val.json=PATH)."
+    ]
