@@ -1,17 +1,21 @@
 """`synthetic_lt`: the embedded long-tailed instance-segmentation data set, written as real files.
 
-30 categories (6 shapes x 5 colours) on textured, noisy backgrounds with unannotated grey clutter; JPEG
-images of varied size (default 128-320 px per side, both orientations) with 1-8 instances each. The train
-split is long-tailed like LVIS: the categories are split 8 rare / 12 common / 10 frequent (27 / 40 / 33 %;
-LVIS v1 has 28 / 38 / 34 %), with train image counts following a power law inside each bucket (for 1000
-train images: rare 1-10, common 11-100, frequent 101-550, LVIS's thresholds). In val every category appears in
-`val_images_per_category` images (1-2 instances each), so per-category AP is measurable.
+30 categories (6 shapes x 5 colours) on grey, lightly tinted and textured backgrounds, in 192 px JPEG images
+with 1-6 non-overlapping instances each (the defaults). The train split is long-tailed like LVIS: the
+categories are split 8 rare / 12 common / 10 frequent (27 / 40 / 33 %; LVIS v1 has 28 / 38 / 34 %), with train
+image counts following a power law inside each bucket (for 1000 train images: rare 1-10, common 11-100,
+frequent 101-550, LVIS's thresholds). In val every category appears in `val_images_per_category` images (1-2
+instances each), so per-category AP is measurable.
 
-Occlusion: instances are drawn in order, later ones on top, and a placement is rejected when it would leave
+`CLUTTERED_STYLE` is the harder look (format version 2, kept as an option): image sides of 128-320 px,
+multi-hue textured backgrounds, unannotated grey clutter, up to 8 instances, stronger colour drift, and
+occlusion: instances are drawn in order, later ones on top, and a placement is rejected when it would leave
 an earlier instance less than half visible. Each shape is a union of convex parts, so the visible region of
 an occluded instance is computed exactly by clipping its convex parts against the convex parts of the shapes
 drawn over it; its segmentation is the resulting list of convex polygons (their union is the visible region,
-matching the pixels up to rasterization). Unoccluded instances have their outline as one polygon.
+matching the pixels up to rasterization). Unoccluded instances have their outline as one polygon. Why two
+looks: a detector trained from random init for a few hundred iterations on 2 CPU cores learns the default
+set well enough to show the long-tail effect (docs/results.md); the cluttered set needs several times longer.
 
 The json files are LVIS v1 format (categories with ``frequency`` and ``image_count`` counted on the generated
 train split; images with ``neg_category_ids`` listing every absent category, because the set is exhaustively
@@ -35,7 +39,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-__all__ = ["CATEGORY_NAMES", "generate_synthetic_lt", "is_complete", "synthetic_category_plan"]
+__all__ = ["CATEGORY_NAMES", "CLUTTERED_STYLE", "generate_synthetic_lt", "is_complete", "synthetic_category_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +58,13 @@ BUCKETS = (
     ("f", 10, 101, 550),
 )  # bucket, categories, train images at 1000
 MARKER = "synthetic_lt.json"
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
+_STYLE_KEYS = ("size_range", "textured_background", "clutter", "occlusion", "color_jitter")
+CLUTTERED_STYLE = dict(
+    size_range=(128, 320), max_instances=8, textured_background=True, clutter=3, occlusion=True, color_jitter=25
+)
+"""The harder look of format version 2: varied image sizes, multi-hue textured backgrounds, unannotated grey
+clutter, occlusion and stronger colour drift. ``generate_synthetic_lt(root, **CLUTTERED_STYLE)``."""
 _MIN_VISIBLE_FRACTION = 0.5
 
 Polygon = list[tuple[float, float]]
@@ -201,14 +211,26 @@ def _random_instance(
     return _Instance(category, place(outline), [place(p) for p in parts])
 
 
+def _overlaps(a: _Instance, b: _Instance) -> bool:
+    ax0, ay0, ax1, ay1 = _extent(a.outline)
+    bx0, by0, bx1, by1 = _extent(b.outline)
+    return ax0 < bx1 and bx0 < ax1 and ay0 < by1 and by0 < ay1
+
+
 def _place_instances(
-    rng: np.random.Generator, categories: Sequence[int], width: int, height: int
+    rng: np.random.Generator, categories: Sequence[int], width: int, height: int, occlusion: bool
 ) -> list[_Instance]:
-    """Place instances in drawing order; reject positions that would hide more than half of an earlier one."""
+    """Place instances in drawing order. With `occlusion`, reject positions that would hide more than half of
+    an earlier instance; without, reject positions whose bounding box meets an earlier one's."""
     placed: list[_Instance] = []
     for category in categories:
-        for attempt in range(40):
+        for attempt in range(40 if occlusion else 100):  # shrinking: 0.95**100 = 0.6% of the size
             candidate = _random_instance(rng, category, width, height, shrink=0.95**attempt)
+            if not occlusion:
+                if not any(_overlaps(candidate, earlier) for earlier in placed):
+                    placed.append(candidate)
+                    break
+                continue
             updated = []
             for earlier in placed:
                 pieces = _subtract_all(earlier.visible, candidate.parts)
@@ -227,14 +249,18 @@ def _place_instances(
 
 
 # --------------------------------------------------------------------------------------------- rendering
-def _background(rng: np.random.Generator, width: int, height: int) -> Image.Image:
-    base = rng.integers(70, 190, size=3)
-    coarse = rng.normal(0, 28, size=(max(2, height // 24), max(2, width // 24), 3))
+def _background(rng: np.random.Generator, width: int, height: int, style: dict) -> Image.Image:
+    if style["textured_background"]:  # a random colour and multi-hue texture
+        base, channels, amplitude = rng.integers(70, 190, size=3), 3, 28
+    else:  # a grey field with a mild tint and a grey texture
+        base, channels, amplitude = rng.integers(80, 180) + rng.integers(-10, 11, size=3), 1, 12
+    coarse = rng.normal(0, amplitude, size=(max(2, height // 24), max(2, width // 24), channels))
+    coarse = np.repeat(coarse, 3 // channels, axis=2)
     coarse_image = Image.fromarray(np.clip(coarse + 128, 0, 255).astype(np.uint8))
     texture = np.asarray(coarse_image.resize((width, height), Image.BICUBIC), dtype=np.float32) - 128
     image = Image.fromarray(np.clip(base + texture, 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(image)
-    for _ in range(int(rng.integers(0, 4))):  # unannotated grey clutter
+    for _ in range(int(rng.integers(0, style["clutter"] + 1))):  # unannotated grey clutter
         x, y = rng.uniform(0, width), rng.uniform(0, height)
         rx, ry = rng.uniform(0.05, 0.2, size=2) * min(width, height)
         grey = int(rng.integers(60, 200))
@@ -267,17 +293,20 @@ def _annotation(instance: _Instance) -> dict:
 
 def _render_image(task: tuple) -> tuple[dict, list[dict]]:
     """Draw one image and write it; returns its json entry and its annotations (without ids)."""
-    root, split, index, seed, categories, size_range = task
+    root, split, index, seed, categories, style = task
+    size_range = style["size_range"]
     rng = np.random.default_rng([seed, 0 if split == "train" else 1, index])
     long_side = int(rng.integers(size_range[0], size_range[1] + 1))
     short_side = int(rng.integers(size_range[0], long_side + 1))
     width, height = (long_side, short_side) if rng.random() < 0.5 else (short_side, long_side)
-    image = _background(rng, width, height)
+    image = _background(rng, width, height, style)
     draw = ImageDraw.Draw(image)
-    instances = _place_instances(rng, categories, width, height)
+    instances = _place_instances(rng, categories, width, height, style["occlusion"])
+    jitter = style["color_jitter"]
     for instance in instances:
         color = np.clip(
-            np.array(COLORS[list(COLORS)[(instance.category - 1) % len(COLORS)]]) + rng.integers(-25, 26, 3),
+            np.array(COLORS[list(COLORS)[(instance.category - 1) % len(COLORS)]])
+            + rng.integers(-jitter, jitter + 1, 3),
             0,
             255,
         )
@@ -367,9 +396,8 @@ def _write_dataset(root: str, num_train: int, num_val: int, seed: int, options: 
         os.makedirs(os.path.join(root, split))
         rng = np.random.default_rng([seed, split_code, 2**31])
         assignment = _assign_categories(rng, sizes[split], counts[split], options["max_instances"])
-        tasks += [
-            (root, split, i, seed, cats, tuple(options["size_range"])) for i, cats in enumerate(assignment)
-        ]
+        style = {key: options[key] for key in _STYLE_KEYS}
+        tasks += [(root, split, i, seed, cats, style) for i, cats in enumerate(assignment)]
     results = []
     with tqdm(total=len(tasks), desc="generating synthetic_lt", unit="img", mininterval=1.0) as progress:
         for result in _map_tasks(tasks, workers):
@@ -455,9 +483,13 @@ def generate_synthetic_lt(
     num_val: int = 250,
     seed: int = 0,
     *,
-    size_range: tuple[int, int] = (128, 320),
+    size_range: tuple[int, int] = (192, 192),
     val_images_per_category: int = 20,
-    max_instances: int = 8,
+    max_instances: int = 6,
+    textured_background: bool = False,
+    clutter: int = 0,
+    occlusion: bool = False,
+    color_jitter: int = 10,
     workers: int = 1,
 ) -> str:
     """Write the data set into `root` unless it is already there: ``train/*.jpg``, ``val/*.jpg``,
@@ -475,6 +507,11 @@ def generate_synthetic_lt(
         size_range: smallest and largest image side in pixels.
         val_images_per_category: val images each category appears in (at most `num_val`).
         max_instances: most instances in one image.
+        textured_background: multi-hue textured backgrounds instead of grey fields with a mild tint.
+        clutter: up to this many unannotated grey ellipses per image.
+        occlusion: let later instances cover up to half of earlier ones (the visible parts are annotated);
+            without it instances never overlap.
+        color_jitter: each instance's colour drifts by up to this much per channel (0-255 scale).
         workers: processes drawing images (the output does not depend on it). One is the default: on the
             shared 2-core machine two spawned workers were slower (12 s vs 8 s for the default size).
 
@@ -499,6 +536,10 @@ def generate_synthetic_lt(
         "size_range": list(size_range),
         "val_images_per_category": val_images_per_category,
         "max_instances": max_instances,
+        "textured_background": bool(textured_background),
+        "clutter": int(clutter),
+        "occlusion": bool(occlusion),
+        "color_jitter": int(color_jitter),
     }
     if is_complete(root):
         _check_settings(root, settings)
