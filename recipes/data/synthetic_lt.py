@@ -1,6 +1,7 @@
 """The embedded long-tailed data set (generated on first use): loaders, mapper, RFS sampler, LVIS evaluator.
 
-Images are 128-320 px; training resizes the short edge to 160-192 (long edge <= 256) and flips; testing uses 176.
+Images are 192 px squares; training keeps that size and flips, testing keeps it too (the generator's
+``CLUTTERED_STYLE`` makes 128-320 px images: resize with e.g. ``short_edge_length=[160,176,192]``).
 The sampler is Repeat Factor Sampling; ``dataloader.train.sampler.repeat_thresh=0`` gives uniform sampling.
 """
 
@@ -21,7 +22,7 @@ dataloader = dict(
         mapper=L(DatasetMapper)(
             is_train=True,
             augmentations=[
-                L(ResizeShortestEdge)(short_edge_length=[160, 176, 192], max_size=256, sample_style="choice"),
+                L(ResizeShortestEdge)(short_edge_length=[192], max_size=256, sample_style="choice"),
                 L(RandomFlip)(prob=0.5, horizontal=True),
             ],
             image_format="RGB",
@@ -39,7 +40,7 @@ dataloader = dict(
     test=L(build_detection_test_loader)(
         dataset=L(get_detection_dataset_dicts)(names="synthetic_lt_val", filter_empty=False),
         mapper=L(DatasetMapper)(
-            is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=176, max_size=256)]
+            is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=192, max_size=256)]
         ),
         num_workers=1,
     ),

@@ -1,15 +1,15 @@
 """`synthetic_lt`: the embedded long-tailed instance-segmentation data set, written as real files.
 
 30 categories (6 shapes x 5 colours) on grey, lightly tinted and textured backgrounds, in 192 px JPEG images
-with 1-6 non-overlapping instances each (the defaults). The train split is long-tailed like LVIS: the
+with 1-6 non-overlapping, nearly upright (+-15 degrees) instances each (the defaults). The train split is long-tailed like LVIS: the
 categories are split 8 rare / 12 common / 10 frequent (27 / 40 / 33 %; LVIS v1 has 28 / 38 / 34 %), with train
 image counts following a power law inside each bucket (for 1000 train images: rare 1-10, common 11-100,
 frequent 101-550, LVIS's thresholds). In val every category appears in `val_images_per_category` images (1-2
 instances each), so per-category AP is measurable.
 
 `CLUTTERED_STYLE` is the harder look (format version 2, kept as an option): image sides of 128-320 px,
-multi-hue textured backgrounds, unannotated grey clutter, up to 8 instances, stronger colour drift, and
-occlusion: instances are drawn in order, later ones on top, and a placement is rejected when it would leave
+multi-hue textured backgrounds, unannotated grey clutter, up to 8 instances in any orientation, stronger
+colour drift, and occlusion: instances are drawn in order, later ones on top, and a placement is rejected when it would leave
 an earlier instance less than half visible. Each shape is a union of convex parts, so the visible region of
 an occluded instance is computed exactly by clipping its convex parts against the convex parts of the shapes
 drawn over it; its segmentation is the resulting list of convex polygons (their union is the visible region,
@@ -59,9 +59,10 @@ BUCKETS = (
 )  # bucket, categories, train images at 1000
 MARKER = "synthetic_lt.json"
 _FORMAT_VERSION = 3
-_STYLE_KEYS = ("size_range", "textured_background", "clutter", "occlusion", "color_jitter")
+_STYLE_KEYS = ("size_range", "textured_background", "clutter", "occlusion", "color_jitter", "max_rotation")
 CLUTTERED_STYLE = dict(
-    size_range=(128, 320), max_instances=8, textured_background=True, clutter=3, occlusion=True, color_jitter=25
+    size_range=(128, 320), max_instances=8, textured_background=True, clutter=3, occlusion=True, color_jitter=25,
+    max_rotation=180,
 )
 """The harder look of format version 2: varied image sizes, multi-hue textured backgrounds, unannotated grey
 clutter, occlusion and stronger colour drift. ``generate_synthetic_lt(root, **CLUTTERED_STYLE)``."""
@@ -196,13 +197,15 @@ class _Instance:
 
 
 def _random_instance(
-    rng: np.random.Generator, category: int, width: int, height: int, shrink: float
+    rng: np.random.Generator, category: int, width: int, height: int, shrink: float, max_rotation: float
 ) -> _Instance:
     shape = SHAPES[(category - 1) // len(COLORS)]
     outline, parts = _unit_shape(shape)
     radius = rng.uniform(0.08, 0.22) * min(width, height) * shrink
     cx, cy = rng.uniform(radius, width - radius), rng.uniform(radius, height - radius)
     angle = rng.uniform(0, 2 * math.pi)
+    if max_rotation < 180:  # the same draw, mapped into [-max_rotation, max_rotation] degrees
+        angle = (angle / math.pi - 1) * math.radians(max_rotation)
     cos, sin = math.cos(angle) * radius, math.sin(angle) * radius
 
     def place(polygon: Polygon) -> Polygon:
@@ -218,15 +221,17 @@ def _overlaps(a: _Instance, b: _Instance) -> bool:
 
 
 def _place_instances(
-    rng: np.random.Generator, categories: Sequence[int], width: int, height: int, occlusion: bool
+    rng: np.random.Generator, categories: Sequence[int], width: int, height: int, style: dict
 ) -> list[_Instance]:
     """Place instances in drawing order. With `occlusion`, reject positions that would hide more than half of
     an earlier instance; without, reject positions whose bounding box meets an earlier one's."""
     placed: list[_Instance] = []
     for category in categories:
-        for attempt in range(40 if occlusion else 100):  # shrinking: 0.95**100 = 0.6% of the size
-            candidate = _random_instance(rng, category, width, height, shrink=0.95**attempt)
-            if not occlusion:
+        for attempt in range(40 if style["occlusion"] else 100):  # shrinking: 0.95**100 = 0.6% of the size
+            candidate = _random_instance(
+                rng, category, width, height, shrink=0.95**attempt, max_rotation=style["max_rotation"]
+            )
+            if not style["occlusion"]:
                 if not any(_overlaps(candidate, earlier) for earlier in placed):
                     placed.append(candidate)
                     break
@@ -301,7 +306,7 @@ def _render_image(task: tuple) -> tuple[dict, list[dict]]:
     width, height = (long_side, short_side) if rng.random() < 0.5 else (short_side, long_side)
     image = _background(rng, width, height, style)
     draw = ImageDraw.Draw(image)
-    instances = _place_instances(rng, categories, width, height, style["occlusion"])
+    instances = _place_instances(rng, categories, width, height, style)
     jitter = style["color_jitter"]
     for instance in instances:
         color = np.clip(
@@ -490,6 +495,7 @@ def generate_synthetic_lt(
     clutter: int = 0,
     occlusion: bool = False,
     color_jitter: int = 10,
+    max_rotation: float = 15,
     workers: int = 1,
 ) -> str:
     """Write the data set into `root` unless it is already there: ``train/*.jpg``, ``val/*.jpg``,
@@ -512,6 +518,7 @@ def generate_synthetic_lt(
         occlusion: let later instances cover up to half of earlier ones (the visible parts are annotated);
             without it instances never overlap.
         color_jitter: each instance's colour drifts by up to this much per channel (0-255 scale).
+        max_rotation: instances are turned by up to this many degrees either way (180: any orientation).
         workers: processes drawing images (the output does not depend on it). One is the default: on the
             shared 2-core machine two spawned workers were slower (12 s vs 8 s for the default size).
 
@@ -540,6 +547,7 @@ def generate_synthetic_lt(
         "clutter": int(clutter),
         "occlusion": bool(occlusion),
         "color_jitter": int(color_jitter),
+        "max_rotation": float(max_rotation),
     }
     if is_complete(root):
         _check_settings(root, settings)
