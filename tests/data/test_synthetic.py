@@ -241,3 +241,14 @@ def test_default_style_has_no_occlusion_and_grey_backgrounds(tiny, tiny_cluttere
             assert np.median(spreads) > 30, spreads
         else:
             assert max(spreads) <= 2 * 10 + 8, spreads  # tint of +-10 per channel, plus JPEG and noise
+
+
+@pytest.mark.parametrize("max_rotation, upright", [(0, True), (180, False)])
+def test_max_rotation_turns_the_shapes(tmp_path, max_rotation, upright):
+    """Squares (category ids 6-10) have axis-aligned outlines only when rotation is off."""
+    root = generate_synthetic_lt(str(tmp_path / "r"), **{**TINY, "max_rotation": max_rotation})
+    data = json.load(open(os.path.join(root, "lvis_v1_train.json")))
+    squares = [a["segmentation"][0] for a in data["annotations"] if 6 <= a["category_id"] <= 10]
+    assert squares
+    aligned = [len({round(x, 1) for x in polygon[0::2]}) == 2 for polygon in squares]
+    assert all(aligned) if upright else not any(aligned)
