@@ -27,7 +27,7 @@ dataloader.train.sampler.repeat_thresh = 0.1
 model.roi_heads.score_thresh = 0.001
 
 lr_multiplier.warmup_iters = 50
-train.max_iter = 300
+train.max_iter = 400
 train.eval_period = 0
 train.log_period = 20
 train.checkpointer.period = 100
