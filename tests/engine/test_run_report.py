@@ -52,6 +52,7 @@ def demo_run(tmp_path_factory):
         num_val=6,
         size_range=(64, 96),
         val_images_per_category=1,
+        max_instances=8,  # room for every category in 12 images
     )
     run_dir = tmp_path_factory.mktemp("run") / "demo"
     env = {**os.environ, "LAZYTRAIN_DATASETS": str(datasets), "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
