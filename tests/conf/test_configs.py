@@ -29,6 +29,7 @@ SMOKE = [
     "dataloader.train.mapper.augmentations.0.max_size=128",
     "dataloader.test.mapper.augmentations.0.short_edge_length=96",
     "dataloader.test.mapper.augmentations.0.max_size=128",
+    "model.roi_heads.detections_per_img=20",  # an untrained R50 mask head on 300 detections per image is slow
 ]
 
 
