@@ -1,7 +1,9 @@
 """The small family of lazytrain exceptions.
 
 `LazytrainError` is the base; `ConfigError` is raised for problems found in a config (it carries the
-config key path in its message). Callers that only care about "a lazytrain problem" catch the base.
+config key path in its message); `CheckpointError` for a file that cannot be loaded as a checkpoint. Callers
+that only care about "a lazytrain problem" catch the base; the command line reports these as one paragraph,
+without a traceback (``HYDRA_FULL_ERROR=1`` shows it).
 """
 
 
@@ -11,3 +13,7 @@ class LazytrainError(Exception):
 
 class ConfigError(LazytrainError, ValueError):
     """A config problem: bad key, bad value, bad target. The message names the config key path."""
+
+
+class CheckpointError(LazytrainError, ValueError):
+    """A file that is not a loadable checkpoint (not a torch file, truncated, or refused as unsafe)."""

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lazytrain.data.common import DatasetFromList, MapDataset, seed_sample_rngs
 from lazytrain.data.samplers import InferenceSampler, IterationBasedSampler, TrainingSampler, _resolve_seed
+from lazytrain.errors import LazytrainError
 
 __all__ = [
     "GroupedBatchSampler",
@@ -299,7 +300,18 @@ def worker_context() -> multiprocessing.context.BaseContext | None:
     dataset: ~5 s before the first batch of every loader (each evaluation included), and no copy-on-write
     sharing of the serialized records. Workers never touch CUDA, so forking them is safe.
     """
-    return multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
+    return _FlushingForkContext() if sys.platform.startswith("linux") else None
+
+
+class _FlushingForkContext(multiprocessing.context.ForkContext):
+    """Fork, after flushing the parent's stdout/stderr: a forked worker inherits their buffers and flushes them
+    when it exits, which repeats earlier output in a log redirected to a file (as under SLURM)."""
+
+    def Process(self, *args: Any, **kwargs: Any) -> multiprocessing.context.ForkProcess:  # noqa: N802 (torch's name)
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        return multiprocessing.context.ForkProcess(*args, **kwargs)
 
 
 class TrainLoader:
@@ -365,10 +377,14 @@ class TrainLoader:
         else:
             batches = iter(self._data_loader())
         receive = _BatchReceiver()
-        for batch in batches:
-            state = snapshots.popleft()  # in-order loading: the snapshot taken when this batch was formed
-            self._state = state
-            yield receive(batch) if self.num_workers > 0 else batch
+        try:
+            for batch in batches:
+                state = snapshots.popleft()  # in-order loading: the snapshot taken when this batch was formed
+                self._state = state
+                yield receive(batch) if self.num_workers > 0 else batch
+        except LazytrainError as e:
+            # From a worker it comes wrapped with the worker's traceback as its text: keep the message only.
+            raise LazytrainError(str(e).rsplit("LazytrainError: ", 1)[-1]) from None
 
     def state_dict(self) -> dict[str, Any]:
         """Batches consumed, sampler state and group buffers after the last batch yielded to the consumer."""

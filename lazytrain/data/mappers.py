@@ -57,6 +57,8 @@ def read_image(file_name: str, image_format: str = "RGB") -> np.ndarray:
         image = np.array(image)  # writable, for torch
     except FileNotFoundError:
         raise FileNotFoundError(f"image file not found: {file_name}") from None
+    except Image.UnidentifiedImageError:
+        raise OSError(f"cannot read image {file_name}: not an image file PIL can decode") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise OSError(f"cannot read image {file_name}: {e}") from e
     return np.ascontiguousarray(image[:, :, ::-1]) if image_format == "BGR" else image

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lazytrain.utils import comm
 
-__all__ = ["Checkpointer", "LoadReport", "PathManager", "load_model_state"]
+__all__ = [
+    "Checkpointer",
+    "LoadReport",
+    "PathManager",
+    "get_non_checkpoint_reason",
+    "load_model_state",
+    "load_torch_file",
+]
 
 logger = logging.getLogger(__name__)
 PathManager = _PathManagerClass()
@@ -111,6 +119,62 @@ def atomic_write(path: str, write) -> None:
     _fsync_dir(directory)
 
 
+def _remove_stale_temporary_files(directory: str) -> None:
+    """Delete what writes killed before their rename left behind (``.<name>.tmp<pid>``, a checkpoint's size
+    each); only rank 0 of one run writes into a directory, and its own write has just completed."""
+    for name in os.listdir(directory):
+        if name.startswith(".") and ".pth.tmp" in name:
+            try:
+                os.remove(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
+def get_non_checkpoint_reason(local_path: str) -> str | None:
+    """Why the file at `local_path` cannot be a torch checkpoint, judged from its first and last bytes (None
+    when it looks like one: a complete zip archive, as ``torch.save`` writes, or a pickle)."""
+    try:
+        with open(local_path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if head.startswith(b"PK\x03\x04"):
+        return None if zipfile.is_zipfile(local_path) else "a truncated or damaged torch file"
+    if head[:1] == b"\x80":  # pickle protocol 2+ (torch's legacy format, or any pickle)
+        return None
+    return "empty" if not head else "not a torch file (neither a zip archive nor a pickle)"
+
+
+def load_torch_file(path: str, local_path: str, *, allow_unsafe: bool, reader: str) -> Any:
+    """``torch.load`` on CPU, weights only unless `allow_unsafe`, with errors that say what the file is.
+
+    Raises:
+        CheckpointError: the file is not a checkpoint (not a torch file, truncated), or it needs arbitrary
+            unpickling and `allow_unsafe` is False. The message names `path` and `reader`.
+    """
+    from lazytrain.errors import CheckpointError
+
+    reason = get_non_checkpoint_reason(local_path)
+    if reason is not None:
+        raise CheckpointError(
+            f"{reader}: {path} is not a checkpoint: {reason}. Give a file written by lazytrain or torch.save (for "
+            "a resumed run, delete the damaged file and point last_checkpoint at an earlier one)."
+        )
+    try:
+        return torch.load(local_path, map_location="cpu", weights_only=not allow_unsafe)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{reader}: refused to load {path}: it needs arbitrary unpickling, which can run code "
+            f"({str(e).splitlines()[0]}). Only if you trust this file, load it with allow_unsafe=True "
+            "(train.allow_unsafe_checkpoint=true)."
+        ) from None
+    except (RuntimeError, EOFError) as e:
+        raise CheckpointError(
+            f"{reader}: {path} is not a readable checkpoint (truncated or corrupt): {str(e).splitlines()[0]}. "
+            "Use an earlier checkpoint; files named in last_checkpoint are always complete."
+        ) from None
+
+
 class Checkpointer:
     """Save/load a model and other objects with ``state_dict``/``load_state_dict``.
 
@@ -160,6 +224,7 @@ class Checkpointer:
                 "disk space or point train.output_dir to a writable directory."
             ) from e
         logger.info("Saved checkpoint to %s", path)
+        _remove_stale_temporary_files(self.save_dir)
         return path
 
     def has_checkpoint(self) -> bool:
@@ -185,20 +250,7 @@ class Checkpointer:
             raise FileNotFoundError(
                 f"Checkpointer: checkpoint not found: {path}. Check train.init_checkpoint / train.output_dir."
             )
-        try:
-            return torch.load(local, map_location="cpu", weights_only=not self.allow_unsafe)
-        except pickle.UnpicklingError as e:
-            raise ValueError(
-                f"Checkpointer: refused to load {path}: it needs arbitrary unpickling, which can run code "
-                f"({str(e).splitlines()[0]}). Only if you trust this file, load it with allow_unsafe=True "
-                "(train.allow_unsafe_checkpoint=true)."
-            ) from None
-        except (RuntimeError, EOFError) as e:
-            raise ValueError(
-                f"Checkpointer: {path} is not a readable checkpoint (truncated or corrupt?): "
-                f"{str(e).splitlines()[0]}. Use an earlier checkpoint; files named in last_checkpoint are always "
-                "complete."
-            ) from e
+        return load_torch_file(path, local, allow_unsafe=self.allow_unsafe, reader="Checkpointer")
 
     def load(self, path: str, checkpointables: list[str] | None = None) -> dict:
         """Load model weights (non-strictly, see `load_model_state`) and the named checkpointables.

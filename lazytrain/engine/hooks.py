@@ -27,6 +27,7 @@ from lazytrain.engine.train_loop import HookBase, get_rng_state, set_rng_state
 from lazytrain.utils import comm
 from lazytrain.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardWriter
 from lazytrain.utils.logger import create_small_table
+from lazytrain.utils.preemption import EvaluationStopped, signal_name
 
 __all__ = [
     "BestCheckpointer",
@@ -236,6 +237,10 @@ class EvalHook(HookBase):
     not change the training random stream (which exact resume relies on). The results are also kept in
     ``trainer.last_eval_results`` (what the default program returns).
 
+    A stop signal (SIGTERM, Ctrl-C) during an evaluation abandons it within seconds on every rank (see
+    `lazytrain.utils.preemption.abandon_on_stop`): training stops at this iteration with its checkpoint saved,
+    and the resumed run evaluates this iteration first (the final evaluation: when it resumes after the end).
+
     Args:
         eval_period: 0 evaluates only after training.
         eval_function: ``() -> dict`` of results; default ``trainer.test_function`` set by the program.
@@ -252,8 +257,10 @@ class EvalHook(HookBase):
         self.eval_function = eval_function
         self.eval_after_train = eval_after_train
         self._last_eval_iter = -1
+        self._pending_iter: int | None = None  # an evaluation abandoned on a stop signal
 
-    def _evaluate(self) -> None:
+    def _evaluate(self, iteration: int | None = None) -> None:
+        iteration = self.trainer.iter if iteration is None else iteration
         function = self.eval_function or self.trainer.test_function
         if function is None:
             raise ValueError(
@@ -261,22 +268,54 @@ class EvalHook(HookBase):
                 "eval_function=... or remove the hook with ~train.hooks.eval."
             )
         rng_state = get_rng_state()
+        stopped = 0
         try:
             results = function() or {}
+        except EvaluationStopped as e:
+            results, stopped = {}, e.signum
         finally:
             set_rng_state(rng_state)
         # Evaluators return results on the main process only; every rank records the same metrics so that
-        # hooks deciding on them (BestCheckpointer, whose save is collective) agree.
-        results = comm.all_gather(results)[0]
+        # hooks deciding on them (BestCheckpointer, whose save is collective) agree. A main process stopped
+        # while computing metrics tells the other ranks (waiting here) that the evaluation was abandoned.
+        gathered = comm.all_gather((results, stopped))
+        results, stopped = gathered[0][0], max(signum for _, signum in gathered)
+        if stopped:
+            self._abandon(stopped, iteration)
+            return
         flat = flatten_results(results)
         if flat:
-            self.trainer.storage.put_scalars(**flat, smoothing_hint=False, cur_iter=self.trainer.iter)
+            self.trainer.storage.put_scalars(**flat, smoothing_hint=False, cur_iter=iteration)
             if comm.is_main_process():
                 # DEBUG: the evaluator has shown these on the console; the run summary repeats the final ones.
-                logger.debug("Evaluation at iteration %d:\n%s", self.trainer.iter, create_small_table(flat))
+                logger.debug("Evaluation at iteration %d:\n%s", iteration, create_small_table(flat))
         self.trainer.last_eval_results = results
-        self._last_eval_iter = self.trainer.iter
+        self._last_eval_iter = iteration
+        self._pending_iter = None
         comm.synchronize()
+
+    def _abandon(self, signum: int, iteration: int) -> None:
+        """Stop training now, keeping this evaluation for the resumed run (a final one runs again anyway)."""
+        trainer = self.trainer
+        logger.warning(
+            "Received %s during the evaluation at iteration %d: evaluation abandoned; train.resume=true runs it "
+            "again.",
+            signal_name(signum),
+            iteration,
+        )
+        trainer.stop_signal = signum
+        if iteration < trainer.max_iter:
+            self._pending_iter = iteration
+            checkpointer = trainer.checkpointer
+            # The checkpoint hook saved this iteration before the evaluation: saved again on stop, so that the
+            # checkpoint records the pending evaluation.
+            if checkpointer is not None and checkpointer.last_saved_iteration == trainer.iter:
+                checkpointer.last_saved_iteration = None
+
+    def before_train(self) -> None:
+        # A run stopped during the evaluation of iteration N resumes at N + 1: evaluate N first.
+        if self._pending_iter is not None and self._pending_iter == self.trainer.start_iter - 1:
+            self._evaluate(self._pending_iter)
 
     def after_step(self) -> None:
         is_last = self.trainer.iter + 1 >= self.trainer.max_iter
@@ -288,9 +327,15 @@ class EvalHook(HookBase):
             self._evaluate()
 
     def after_train(self) -> None:
-        # Evaluate at the end of a completed run only (not after an exception).
+        # Evaluate at the end of a completed run only (not after an exception or a stop).
         if self.eval_after_train and self.trainer.iter >= self.trainer.max_iter:
             self._evaluate()  # recorded at iteration max_iter, after the last training metrics
+
+    def state_dict(self) -> dict:
+        return {"pending_iter": self._pending_iter} if self._pending_iter is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._pending_iter = state.get("pending_iter")
 
 
 class BestCheckpointer(HookBase):
@@ -334,7 +379,8 @@ class BestCheckpointer(HookBase):
         logger.info("New best %s = %.4f at iteration %d", self.val_metric, value, iteration)
 
     def after_step(self) -> None:
-        if _is_period_end(self.trainer, self.eval_period):
+        # No evaluation ran at a stop (skipped or abandoned by the EvalHook).
+        if _is_period_end(self.trainer, self.eval_period) and not getattr(self.trainer, "stop_signal", 0):
             self._check()
 
     def after_train(self) -> None:
@@ -376,7 +422,8 @@ class PeriodicWriter(HookBase):
             if comm.is_main_process():
                 self.writers.append(CommonMetricPrinter(self.trainer.max_iter))
                 if self.output_dir:
-                    self.writers.append(JSONWriter(os.path.join(self.output_dir, "metrics.json")))
+                    json_file = os.path.join(self.output_dir, "metrics.json")
+                    self.writers.append(JSONWriter(json_file, start_iter=self.trainer.start_iter))
                     if self.tensorboard:
                         self.writers.append(TensorboardWriter(self.output_dir))
 

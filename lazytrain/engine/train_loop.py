@@ -10,9 +10,10 @@ uses ``self.trainer.model``, ``.optimizer``, ``.data_loader``, ``.checkpointer``
 ``.storage``, ``.iter`` and ``.max_iter``; its own settings are plain values, so hook configs stay data.
 
 What the trainer saves for exact resume (see `TrainerBase.state_dict`): iteration, hook states, grad scaler,
-and per rank the data-loader position and the torch/numpy/python (and CUDA) RNG states. RNG states are put
-back just before the first step of the resumed run, after the ``before_train`` hooks and after the data
-iterator is created, so random numbers drawn by setup code do not shift the resumed stream.
+the recent metric history, and per rank the data-loader position and the torch/numpy/python (and CUDA) RNG
+states. RNG states are put back just before the first step of the resumed run, after the ``before_train``
+hooks and after the data iterator is created, so random numbers drawn by setup code do not shift the resumed
+stream.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import torch
 
+from lazytrain.errors import LazytrainError
 from lazytrain.utils import comm
 from lazytrain.utils.events import EventStorage, get_event_storage
 from lazytrain.utils.preemption import StopRequest, TrainingInterrupted, signal_name
@@ -85,6 +87,7 @@ class TrainerBase:
         self.test_function = None
         self.last_eval_results: dict = {}
         self._pending_rng_state: dict | None = None
+        self._pending_storage_state: dict | None = None
         self.stop_signal = 0  # set when all ranks agreed to stop early on a signal (see `train`)
 
     def register_hooks(self, hooks: Mapping[str, HookBase | None] | Iterable[HookBase | None]) -> None:
@@ -120,23 +123,38 @@ class TrainerBase:
         self.max_iter = max_iter
         self.stop_signal = 0
         with EventStorage(start_iter) as self.storage:
-            try:
-                with StopRequest() as stop_request:
+            if self._pending_storage_state is not None:
+                self.storage.load_state_dict(self._pending_storage_state)
+                self._pending_storage_state = None
+            # The after_train hooks run under the stop request too: a signal during the final evaluation
+            # abandons it (`EvalHook`) instead of ending the process mid-write.
+            with StopRequest() as stop_request:
+                try:
                     self._call("before_train")
                     self._restore_rng_state()
-                    self._loop(start_iter, max_iter, stop_request)
-            except Exception:
-                logger.exception("Exception during training at iteration %d:", self.iter)
-                raise
-            finally:
-                self._call("after_train")
+                    if not self.stop_signal:  # an evaluation left pending by a stopped run was stopped again
+                        self._loop(start_iter, max_iter, stop_request)
+                except LazytrainError as e:  # a known problem (bad data, say): its message says it all
+                    logger.error("Training stopped at iteration %d: %s", self.iter, e)
+                    raise
+                except Exception:
+                    logger.exception("Exception during training at iteration %d:", self.iter)
+                    raise
+                finally:
+                    self._call("after_train")
         if self.stop_signal:
-            raise TrainingInterrupted(
-                self.stop_signal,
-                f"Training stopped by {signal_name(self.stop_signal)} after iteration {self.iter}"
-                f"{' (checkpoint saved)' if self.checkpointer is not None else ''}; run the same command with "
-                "train.resume=true to continue.",
+            raise TrainingInterrupted(self.stop_signal, self._stop_message())
+
+    def _stop_message(self) -> str:
+        name = signal_name(self.stop_signal)
+        resume = "run the same command with train.resume=true to continue."
+        if self.iter >= self.max_iter:
+            return (
+                f"Training stopped by {name} during the final evaluation, which was abandoned (the final "
+                f"checkpoint is saved); {resume[:-1]} and evaluate."
             )
+        saved = " (checkpoint saved)" if self.checkpointer is not None else ""
+        return f"Training stopped by {name} after iteration {self.iter}{saved}; {resume}"
 
     def _loop(self, start_iter: int, max_iter: int, stop_request: StopRequest) -> None:
         for self.iter in range(start_iter, max_iter):
@@ -178,12 +196,16 @@ class TrainerBase:
         return {
             "iteration": self.iter,
             "hooks": {name: state for name, state in hooks.items() if state},
+            # Metrics are put on the main process; their recent history makes the resumed run's windowed
+            # medians (console, metrics.json) the same as the uninterrupted run's.
+            "storage": self.storage.state_dict() if self.storage is not None else {},
             "per_rank": comm.all_gather(self._per_rank_state()),
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict` (register hooks first: their states are matched by name)."""
         self.iter = state["iteration"]
+        self._pending_storage_state = state.get("storage")
         for name, hook_state in state.get("hooks", {}).items():
             if name in self._hooks:
                 self._hooks[name].load_state_dict(hook_state)
@@ -389,6 +411,12 @@ class SimpleTrainer(TrainerBase):
             super().train(start_iter, max_iter)
         finally:
             self._close_data_iter()
+
+    def _loop(self, start_iter: int, max_iter: int, stop_request) -> None:
+        super()._loop(start_iter, max_iter, stop_request)
+        # The loader's workers are not needed by the after_train hooks: free their memory before the final
+        # evaluation (and keep a stop signal sent to every process of the job from killing them mid-evaluation).
+        self._close_data_iter()
 
     def _close_data_iter(self) -> None:
         # Stop the loader's worker processes now: the trainer may live on (reference cycles with its hooks),

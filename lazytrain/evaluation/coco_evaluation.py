@@ -25,6 +25,7 @@ import torch
 from lazytrain.evaluation.evaluator import DatasetEvaluator
 from lazytrain.utils import comm
 from lazytrain.utils.logger import create_small_table
+from lazytrain.utils.preemption import abandon_on_stop
 
 __all__ = ["COCOEvaluator", "instances_to_coco_json"]
 
@@ -210,6 +211,11 @@ class COCOEvaluator(DatasetEvaluator):
         gathered = comm.gather(self._predictions, dst=0)
         if not comm.is_main_process():
             return {}
+        # Minutes on LVIS, longer than a scheduler's grace period: a stop signal abandons it (no collectives).
+        with abandon_on_stop():
+            return self._evaluate_gathered(gathered)
+
+    def _evaluate_gathered(self, gathered: list[list[dict[str, Any]]]) -> dict[str, Any]:
         per_image: dict[int, dict[str, Any]] = {}
         for part in gathered:
             for prediction in part:
@@ -221,12 +227,19 @@ class COCOEvaluator(DatasetEvaluator):
             with open(path, "w") as f:
                 json.dump(results, f)
             logger.info("Wrote %d predictions to %s", len(results), path)
+        if not per_image:
+            logger.warning("%s received no images; returning no metrics.", type(self).__name__)
+            return {}
         if not results:
+            # A model that detects nothing has AP 0 (and a sweep's summary row must not be blank).
             logger.warning(
-                "%s received no predictions (%d images processed); returning no metrics.",
+                "%s received no predictions (%d images processed): every metric is 0.",
                 type(self).__name__, len(per_image),
             )  # fmt: skip
-            return {}
+            has_masks = all(prediction["has_masks"] for prediction in per_image.values())
+            return {
+                task: dict.fromkeys(self._metrics, 0.0) for task in self.tasks if task != "segm" or has_masks
+            }
         ground_truth = self._load_ground_truth()
         unknown = sorted(set(per_image) - set(ground_truth.getImgIds()))
         if unknown:

@@ -18,6 +18,7 @@ from torch import nn
 from tqdm import tqdm
 
 from lazytrain.utils import comm
+from lazytrain.utils.preemption import EvaluationStopped, abandon_on_stop, get_stop_request
 
 __all__ = ["DatasetEvaluator", "DatasetEvaluators", "inference_on_dataset"]
 
@@ -81,6 +82,17 @@ def _length(loader: Iterable) -> int | None:
         return None
 
 
+def _agree_on_stop() -> None:
+    """Every rank gets here once per evaluation, finished or stopped; if any rank got a stop signal during
+    training, all abandon the evaluation together (before the evaluator's collective gather)."""
+    request = get_stop_request()
+    if request is None:  # not training: signals keep their usual effect
+        return
+    signum = comm.max_over_ranks(request.signum)
+    if signum:
+        raise EvaluationStopped(signum)
+
+
 def inference_on_dataset(
     model: nn.Module,
     data_loader: Iterable[list[dict[str, Any]]],
@@ -118,7 +130,7 @@ def inference_on_dataset(
     )
     try:
         model.eval()
-        with torch.inference_mode():
+        with torch.inference_mode(), abandon_on_stop():
             for index, inputs in enumerate(data_loader):
                 if index == warmup:
                     model_time, timed_images = 0.0, 0
@@ -132,9 +144,12 @@ def inference_on_dataset(
                 num_images += len(inputs)
                 progress.update(1)
                 progress.set_postfix(img_s=f"{num_images / (time.perf_counter() - start):.2f}", refresh=False)
+    except EvaluationStopped:
+        pass  # the ranks agree below
     finally:
         progress.close()
         model.train(was_training)
+    _agree_on_stop()
     total = time.perf_counter() - start
     logger.info(
         "Inference on %d images took %s (%.4f s/image; model %.4f s/image after %d warm-up batches) on %d "

@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from lazytrain.config import LazyConfig
     from lazytrain.errors import ConfigError
+    from lazytrain.launch import checks
     from lazytrain.launch.objective import check_search
 
     try:
@@ -190,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         # A search sweeper (hydra/sweeper=optuna, ...) needs the objective: check it now, pass its direction.
         rest = rest + check_search(overridden, rest, DEFAULT_MAIN)
+        checks.check_output_dirs(rest)
         if not _INFO_FLAGS.intersection(rest):  # before Hydra creates the output directory
             _check_json_datasets(overridden, skip_unset=bool({"-m", "--multirun"}.intersection(rest)))
     except ConfigError as e:
@@ -218,10 +220,10 @@ def _hydra_task(cfg) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from lazytrain.errors import ConfigError
+    from lazytrain.errors import LazytrainError
     from lazytrain.launch.launch import RankFailedError
     from lazytrain.launch.objective import FailedJobValue, check_objective, worst_value
-    from lazytrain.utils.preemption import TrainingInterrupted
+    from lazytrain.utils.preemption import TrainingInterrupted, hand_over_requeue_signal
 
     single_run = HydraConfig.get().mode == RunMode.RUN
     objective = check_objective(cfg.objective) if cfg.get("objective") is not None else None
@@ -231,8 +233,13 @@ def _hydra_task(cfg) -> Any:
     except TrainingInterrupted as e:
         # Preemption or Ctrl-C: the checkpoint is written; stop (a sweep too) with status 128 + signal.
         print(f"lazytrain: {e}", file=sys.stderr)
+        hand_over_requeue_signal(e.signum)
         raise SystemExit(e.exit_code) from None
-    except (ConfigError, RankFailedError) as e:
+    except (LazytrainError, RankFailedError) as e:
+        # Known problems (config, data, checkpoint files) read best as one paragraph; HYDRA_FULL_ERROR=1 shows
+        # the traceback, as for Hydra's own errors.
+        if single_run and os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
         if single_run:
             _fail(str(e))
         logger.error("Job %s failed: %s", HydraConfig.get().job.num, e)
@@ -286,14 +293,33 @@ def _check_json_datasets(cfg, skip_unset: bool = False) -> None:
 
 
 def _check_init_checkpoint(cfg) -> None:
-    """Fail before spawning when ``train.init_checkpoint`` names a local file that does not exist (and a
-    resumed run would not make it unused)."""
+    """Fail before spawning when ``train.init_checkpoint`` names a local file that does not exist or is not a
+    checkpoint (and a resumed run would not make it unused), or when the checkpoint to resume from is not one."""
+    from lazytrain.engine.checkpoint import get_non_checkpoint_reason
+
     train = cfg.get("train") or {}
     path = train.get("init_checkpoint")
-    if not path or "://" in str(path) or os.path.exists(str(path)):
-        return
     output_dir = train.get("output_dir")
-    if train.get("resume") and output_dir and os.path.exists(os.path.join(output_dir, "last_checkpoint")):
+    resumed = (
+        train.get("resume") and output_dir and os.path.exists(os.path.join(output_dir, "last_checkpoint"))
+    )
+    if resumed:
+        with open(os.path.join(output_dir, "last_checkpoint")) as f:
+            last = os.path.join(output_dir, f.read().strip())
+        reason = get_non_checkpoint_reason(last) if os.path.isfile(last) else None
+        if reason:
+            raise _config_error(
+                f"train.resume=true: {last} (named in last_checkpoint) is not a checkpoint: {reason}. Delete it "
+                "and write the name of an earlier checkpoint into last_checkpoint, or start afresh."
+            )
+    if path and "://" not in str(path) and os.path.isfile(str(path)) and not resumed:
+        reason = get_non_checkpoint_reason(str(path))
+        if reason:
+            raise _config_error(
+                f"train.init_checkpoint={path}: not a checkpoint: {reason}. Give a lazytrain .pth, torchvision "
+                "detection or ImageNet ResNet weights, or train.init_checkpoint=null."
+            )
+    if not path or "://" in str(path) or os.path.exists(str(path)) or resumed:
         return
     raise _config_error(
         f"train.init_checkpoint={path}: no such file. Give the path of a checkpoint (a lazytrain .pth, "
@@ -310,12 +336,15 @@ def run_job(cfg) -> Any:
 
     from lazytrain.config import locate, validate
     from lazytrain.engine.defaults import INJECTED_ARGUMENTS
+    from lazytrain.launch import checks
 
     multiprocessing.set_start_method("spawn", force=True)
     _check_json_datasets(cfg)  # before resolving: values derived from the json need it readable
-    OmegaConf.resolve(cfg)
+    checks.resolve_values(cfg)
+    checks.resume_if_requeued(cfg)
     launch_cfg = cfg.launch
     validate(cfg, INJECTED_ARGUMENTS)
+    checks.check_launch_values(launch_cfg)
     _check_datasets(cfg)
     _check_init_checkpoint(cfg)
     num_gpus = launch_cfg.num_gpus
@@ -332,7 +361,7 @@ def run_job(cfg) -> Any:
     locate(main_path)  # fail here, not in every rank
     from lazytrain.launch.launch import get_env_rank_info, launch
 
-    container = OmegaConf.to_container(cfg, resolve=True)
+    container = OmegaConf.to_container(cfg, resolve=False)  # node references stay references
     return launch(
         _run_rank,
         per_machine,
@@ -348,11 +377,12 @@ def _resolve_num_gpus(requested) -> int:
     import torch
 
     visible = torch.cuda.device_count()
+    if visible == 0:
+        raise _config_error(
+            "train.device=cuda but no GPU is visible (torch.cuda.device_count() is 0); use train.device=cpu "
+            "(and launch.num_processes=N for N CPU processes)."
+        )
     if requested == "auto" or requested is None:
-        if visible == 0:
-            raise _config_error(
-                "train.device=cuda but no GPU is visible; use train.device=cpu (and launch.num_processes=N)."
-            )
         return visible
     requested = int(requested)
     if requested > visible:

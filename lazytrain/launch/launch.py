@@ -165,6 +165,9 @@ def _spawned_worker(
     # Ctrl-C reaches every process of the terminal's group; only the parent reacts and forwards a SIGTERM,
     # so that each rank sees exactly one stop request (and its data-loader workers, forked later, none).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SLURM's --signal reaches every process of the job (the default action would kill a rank); the parent
+    # handles it (under submitit) and forwards a SIGTERM.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_per_machine))
     os.environ["LOCAL_RANK"] = str(local_rank)
     rank = machine_rank * num_per_machine + local_rank

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -109,15 +108,9 @@ def get_local_path(path: str) -> str:
 
 
 def _read_state_dict(path: str, allow_unsafe: bool) -> tuple[dict[str, torch.Tensor], str]:
-    local = get_local_path(path)
-    try:
-        data = torch.load(local, map_location="cpu", weights_only=not allow_unsafe)
-    except pickle.UnpicklingError as e:
-        raise ValueError(
-            f"load_init_weights: refused to load {path}: it needs arbitrary unpickling, which can run code "
-            f"({str(e).splitlines()[0]}). Only if you trust this file, pass allow_unsafe=True "
-            "(train.allow_unsafe_checkpoint=true)."
-        ) from None
+    from lazytrain.engine.checkpoint import load_torch_file
+
+    data = load_torch_file(path, get_local_path(path), allow_unsafe=allow_unsafe, reader="load_init_weights")
     if not isinstance(data, Mapping):
         raise ValueError(f"load_init_weights: {path} holds a {type(data).__name__}, not a state dict.")
     source = "state dict"

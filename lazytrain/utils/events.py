@@ -78,6 +78,21 @@ class HistoryBuffer:
     def values(self) -> list[tuple[float, int]]:
         return list(self._data)
 
+    def state_dict(self, max_values: int) -> dict[str, Any]:
+        """The last `max_values` values and iterations (as tensors) and the running sum and count."""
+        tail = list(itertools.islice(reversed(self._data), max_values))[::-1]
+        return {
+            "values": torch.tensor([value for value, _ in tail], dtype=torch.float64),
+            "iterations": torch.tensor([iteration for _, iteration in tail], dtype=torch.int64),
+            "count": self._count,
+            "total": self._total,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._data.clear()
+        self._data.extend(zip(state["values"].tolist(), state["iterations"].tolist()))
+        self._count, self._total = int(state["count"]), float(state["total"])
+
 
 class EventStorage:
     """Per-run store of metrics. Use as a context manager: ``with EventStorage(start_iter) as storage:``.
@@ -162,6 +177,17 @@ class EventStorage:
             for name, (value, iteration) in self._latest.items()
         }
 
+    def state_dict(self, max_values: int = 1000) -> dict[str, Any]:
+        """The recent history of every scalar (checkpointed, so that a resumed run prints and writes the same
+        windowed medians as an uninterrupted one)."""
+        return {name: history.state_dict(max_values) for name, history in self._history.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the histories `state_dict` returned; the latest values are not restored, so writers only
+        write what is put after this."""
+        for name, history in state.items():
+            self._history[name].load_state_dict(history)
+
     def step(self) -> None:
         """Advance to the next iteration (the trainer calls it after each step)."""
         self.iter += 1
@@ -196,12 +222,17 @@ class EventWriter:
 class JSONWriter(EventWriter):
     """Append one JSON object per written iteration to `json_file` (``metrics.json``), flushed each time.
 
+    A resumed run passes its `start_iter`: lines of later iterations (written before the run was stopped, and
+    about to be written again) are removed first, so the file reads as if the run had never stopped.
+
     Each line holds ``iteration`` and every scalar updated since the last write (windowed median for
     smoothed ones), e.g. ``{"iteration": 99, "total_loss": 0.4, "lr": 0.02, "bbox/AP": 31.2}``.
     """
 
-    def __init__(self, json_file: str, window_size: int = 20) -> None:
+    def __init__(self, json_file: str, window_size: int = 20, *, start_iter: int = 0) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(json_file)), exist_ok=True)
+        if start_iter > 0 and os.path.exists(json_file):
+            _drop_lines_from(json_file, start_iter)
         self._file = open(json_file, "a")
         self._window = window_size
         self._last_written = -1
@@ -226,6 +257,24 @@ class JSONWriter(EventWriter):
 
     def close(self) -> None:
         self._file.close()
+
+
+def _drop_lines_from(json_file: str, start_iter: int) -> None:
+    """Rewrite `json_file` (atomically) without the lines of iterations >= `start_iter`: a resumed run redoes
+    them, and a run killed while writing may have left a partial last line."""
+    kept = []
+    with open(json_file) as f:
+        for line in f:
+            try:
+                iteration = json.loads(line)["iteration"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if iteration < start_iter:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    tmp = f"{json_file}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, json_file)
 
 
 class CommonMetricPrinter(EventWriter):

@@ -8,17 +8,38 @@ SIGTERM, 130 for SIGINT), so that scripts see the run did not finish. ``train.re
 exactly from there. A second Ctrl-C stops at once (KeyboardInterrupt); the checkpoints already on disk stay
 complete because every write is atomic. A second SIGTERM is ignored: SLURM signals every process of a job, so
 spawned ranks get one from SLURM and one forwarded by their parent.
+
+Under submitit (``hydra/launcher=submitit_slurm``), the scheduler's "time is almost up / preempted" signal is
+SIGUSR2 and submitit's handler for it requeues the job. `StopRequest` treats it as a stop request too
+(`REQUEUE_SIGNAL`, only when some handler is installed for it): the step finishes, the checkpoint is written,
+and then the entrypoint hands the signal back to submitit's handler, which requeues the job; the requeued job
+resumes (``train.resume=true``, set automatically in a requeued SLURM job). See docs/reliability.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType, TracebackType
 
-__all__ = ["STOP_SIGNALS", "StopRequest", "TrainingInterrupted", "signal_name"]
+__all__ = [
+    "REQUEUE_SIGNAL",
+    "STOP_SIGNALS",
+    "EvaluationStopped",
+    "StopRequest",
+    "TrainingInterrupted",
+    "abandon_on_stop",
+    "get_stop_request",
+    "hand_over_requeue_signal",
+    "signal_name",
+]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+REQUEUE_SIGNAL = signal.SIGUSR2  # submitit's default timeout/preemption signal
+_ACTIVE: list[StopRequest] = []  # the entered requests of this process, innermost last
 
 
 def signal_name(signum: int) -> str:
@@ -44,8 +65,9 @@ class TrainingInterrupted(Exception):
 
 
 class StopRequest:
-    """While active (a context manager), the first SIGTERM or SIGINT is recorded in `signum` instead of
-    ending the process; a second SIGINT raises KeyboardInterrupt, a second SIGTERM is ignored.
+    """While active (a context manager), the first SIGTERM or SIGINT (or `REQUEUE_SIGNAL` when a handler such as
+    submitit's is installed for it) is recorded in `signum` instead of ending the process; a second SIGINT
+    raises KeyboardInterrupt, a second SIGTERM is ignored.
 
     Signals that the process ignores when it enters (``SIG_IGN``, as spawned ranks ignore SIGINT so that only
     their parent reacts to Ctrl-C) are left alone, and outside the main thread nothing is installed (Python
@@ -55,13 +77,15 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum = 0
         self._previous: dict[int, object] = {}
+        self._abandon_in_pid: int | None = None  # see `abandon_on_stop`
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is not threading.main_thread():
             return self
-        for signum in STOP_SIGNALS:
+        _ACTIVE.append(self)
+        for signum in (*STOP_SIGNALS, REQUEUE_SIGNAL):
             previous = signal.getsignal(signum)
-            if previous is signal.SIG_IGN:
+            if previous is signal.SIG_IGN or signum == REQUEUE_SIGNAL and not callable(previous):
                 continue
             self._previous[signum] = previous
             signal.signal(signum, self._handle)
@@ -76,6 +100,8 @@ class StopRequest:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum == 0:
@@ -83,7 +109,56 @@ class StopRequest:
             self._on_first_request(signum)
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if self._abandon_in_pid == os.getpid():
+            self._abandon_in_pid = None  # raise once
+            raise EvaluationStopped(self.signum)
 
     def _on_first_request(self, signum: int) -> None:
         """What else to do on the first request (subclasses). Here nothing: this runs between two bytecodes of
         the main thread, and the training loop reports the request when it sees it."""
+
+
+class EvaluationStopped(Exception):
+    """An evaluation was abandoned because a stop signal arrived (see `abandon_on_stop`).
+
+    Attributes:
+        signum: the signal.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"evaluation abandoned on {signal_name(signum)}")
+        self.signum = signum
+
+
+def get_stop_request() -> StopRequest | None:
+    """The innermost active `StopRequest` of this process (the trainer's while training), or None."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+@contextlib.contextmanager
+def abandon_on_stop() -> Iterator[None]:
+    """Inside the block, a stop signal raises `EvaluationStopped` at once (also if one arrived before).
+
+    For work that can be thrown away and redone after resuming, and that would outlast a scheduler's grace
+    period (an LVIS evaluation): the block must hold no collective operation, since only this rank leaves it.
+    Without an active `StopRequest` (no training) signals keep their usual effect. Forked data-loader workers
+    inherit the handler but never raise: only the process that entered the block does.
+    """
+    request = get_stop_request()
+    if request is None:
+        yield
+        return
+    if request.signum:
+        raise EvaluationStopped(request.signum)
+    request._abandon_in_pid = os.getpid()
+    try:
+        yield
+    finally:
+        request._abandon_in_pid = None
+
+
+def hand_over_requeue_signal(signum: int) -> None:
+    """Training stopped on submitit's timeout/preemption signal, its checkpoint written: now let submitit's
+    handler (restored by then) requeue the job; it exits the process."""
+    if signum == REQUEUE_SIGNAL and callable(signal.getsignal(signum)):
+        signal.raise_signal(signum)

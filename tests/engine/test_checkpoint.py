@@ -10,6 +10,7 @@ from pytest import param
 
 from lazytrain.engine import checkpoint as checkpoint_module
 from lazytrain.engine.checkpoint import Checkpointer, load_model_state
+from lazytrain.errors import CheckpointError
 from tests.engine import toy
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -116,12 +117,22 @@ def test_allow_unsafe_loads_a_trusted_file(tmp_path):
     assert extra["note"].value == 3
 
 
-def test_truncated_file_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        param(lambda data: data[: len(data) // 2], "a truncated or damaged torch file", id="truncated"),
+        param(lambda data: b"# README\nnot weights\n", r"not a torch file \(neither a zip", id="text"),
+        param(lambda data: b"", "empty", id="empty"),
+    ],
+)
+def test_a_file_that_is_not_a_checkpoint_says_so(tmp_path, content, reason):
     Checkpointer(toy.ToyRegressor(), str(tmp_path)).save("model_a", iteration=1)
-    data = (tmp_path / "model_a.pth").read_bytes()
-    (tmp_path / "cut.pth").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match=r"cut\.pth is not a readable checkpoint \(truncated or corrupt\?\)"):
-        Checkpointer(toy.ToyRegressor()).load(str(tmp_path / "cut.pth"))
+    (tmp_path / "bad.pth").write_bytes(content((tmp_path / "model_a.pth").read_bytes()))
+    with pytest.raises(
+        CheckpointError, match=rf"Checkpointer: .*bad\.pth is not a checkpoint: {reason}"
+    ) as error:
+        Checkpointer(toy.ToyRegressor()).load(str(tmp_path / "bad.pth"))
+    assert "unpickling" not in str(error.value)
 
 
 def test_sigkill_during_save_leaves_last_checkpoint_loadable(tmp_path):

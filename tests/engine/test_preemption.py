@@ -1,6 +1,7 @@
 """Stopping on SIGTERM (preemption) and Ctrl-C: checkpoint, clean exit, exact resume; random SIGKILL soak."""
 
 import functools
+import json
 import os
 import random
 import signal
@@ -34,11 +35,11 @@ def lazytrain(*args, cwd, timeout=180, preexec_fn=default_sigint):
     )
 
 
-def callback_hook(name, function, **kwargs):
+def callback_hook(name, function, moment="after_step", **kwargs):
     """An override adding a CallbackHook that calls ``tests.engine.toy.<function>(trainer, **kwargs)``."""
     arguments = ", ".join(f"{key}: {value}" for key, value in kwargs.items())
     return (
-        f"+train.hooks.{name}={{_target_: lazytrain.engine.hooks.CallbackHook, after_step: {{_target_: "
+        f"+train.hooks.{name}={{_target_: lazytrain.engine.hooks.CallbackHook, {moment}: {{_target_: "
         f"functools.partial, _args_: [{{_target_: lazytrain.config.locate, _args_: [tests.engine.toy.{function}]}}], "
         f"{arguments}}}}}"
     )
@@ -80,6 +81,37 @@ def test_signal_checkpoints_stops_cleanly_and_resume_is_exact(toy_cfg, tmp_path,
     resumed = lazytrain(f"hydra.run.dir={run_dir}", "train.resume=true", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from iteration 14" in (run_dir / "log.txt").read_text()
+    assert_same_weights(final_weights(toy_cfg.train.output_dir), final_weights(run_dir))
+
+
+def test_stop_during_a_periodic_evaluation_abandons_it_and_resume_evaluates_first(toy_cfg, tmp_path):
+    toy_cfg.train.eval_period = 10
+    run(toy_cfg)
+    run_dir = tmp_path / "stopped"
+    periodic = ["train.eval_period=10"]
+    stop = callback_hook(
+        "stop", "signal_during_evaluation", moment="before_train", iteration=9, signum=int(signal.SIGTERM)
+    )
+    result = lazytrain(f"hydra.run.dir={run_dir}", *periodic, stop, cwd=tmp_path)
+
+    assert result.returncode == 143, result.stderr[-3000:]
+    log = (run_dir / "log.txt").read_text()
+    assert "Received SIGTERM during the evaluation at iteration 9: evaluation abandoned" in log
+    assert "toy/AP" not in (run_dir / "metrics.json").read_text()
+    # The checkpoint of iteration 9 (written before the evaluation) was saved again with the evaluation pending.
+    assert (run_dir / "last_checkpoint").read_text() == "model_0000009.pth"
+    checkpoint = Checkpointer(toy.ToyRegressor(), str(run_dir)).read(str(run_dir / "model_0000009.pth"))
+    assert checkpoint["trainer"]["hooks"]["eval"] == {"pending_iter": 9}
+
+    resumed = lazytrain(f"hydra.run.dir={run_dir}", *periodic, "train.resume=true", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming from iteration 10" in (run_dir / "log.txt").read_text()
+    evaluated = [
+        line["iteration"]
+        for line in map(json.loads, (run_dir / "metrics.json").read_text().splitlines())
+        if "toy/AP" in line
+    ]
+    assert evaluated == [9, 19, 30]  # the abandoned one first, then the periodic and final ones
     assert_same_weights(final_weights(toy_cfg.train.output_dir), final_weights(run_dir))
 
 

@@ -213,3 +213,15 @@ class EvaluatorFailingOnRankOne(ToyEvaluator):
         if comm.get_rank() == 1:
             raise RuntimeError("deliberate evaluation failure on rank 1")
         super().process(inputs, outputs)
+
+
+def signal_during_evaluation(trainer, iteration: int, signum: int) -> None:
+    """``before_train``: send `signum` to this process at the first image of the evaluation of `iteration`."""
+
+    def before_forward(module, inputs) -> None:
+        if not module.training and trainer.iter == iteration and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signum)
+
+    sent: list[bool] = []
+    trainer.model.register_forward_pre_hook(before_forward)

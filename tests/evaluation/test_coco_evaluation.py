@@ -76,21 +76,33 @@ def test_category_outside_data_set_is_an_error(coco):
         evaluator.process(inputs[:1], outputs[:1])
 
 
-@pytest.mark.parametrize("images", [param(0, id="nothing-processed"), param(2, id="no-detections")])
-def test_no_predictions_returns_empty_with_warning(coco, caplog, images):
+@pytest.mark.parametrize("masks", [param(True, id="with-masks"), param(False, id="boxes-only")])
+def test_no_detections_give_zero_metrics_with_warning(coco, caplog, masks):
     data, json_file = coco
-    inputs, outputs = ground_truth_as_outputs(data)
+    inputs, _ = ground_truth_as_outputs(data)
     empty = {
         "boxes": torch.zeros(0, 4),
         "scores": torch.zeros(0),
         "classes": torch.zeros(0, dtype=torch.int64),
     }
+    if masks:
+        empty["masks"] = torch.zeros(0, 1, 8, 8, dtype=torch.bool)
     evaluator = COCOEvaluator(json_file=json_file)
     evaluator.reset()
-    evaluator.process(inputs[:images], [{"instances": dict(empty)} for _ in range(images)])
+    evaluator.process(inputs[:2], [{"instances": dict(empty)} for _ in range(2)])
+    with caplog.at_level(logging.WARNING, logger="lazytrain.evaluation"):
+        results = evaluator.evaluate()
+    assert set(results) == ({"bbox", "segm"} if masks else {"bbox"})
+    assert results["bbox"] == {"AP": 0.0, "AP50": 0.0, "AP75": 0.0, "APs": 0.0, "APm": 0.0, "APl": 0.0}
+    assert "received no predictions (2 images processed): every metric is 0" in caplog.text
+
+
+def test_no_images_return_no_metrics_with_warning(coco, caplog):
+    evaluator = COCOEvaluator(json_file=coco[1])
+    evaluator.reset()
     with caplog.at_level(logging.WARNING, logger="lazytrain.evaluation"):
         assert evaluator.evaluate() == {}
-    assert "received no predictions" in caplog.text
+    assert "received no images" in caplog.text
 
 
 def test_outputs_without_masks_skip_segm(coco, caplog):

@@ -1,0 +1,129 @@
+"""Bad input on the command line: a short message naming the culprit, a non-zero exit status, no traceback
+(unless HYDRA_FULL_ERROR=1), and nothing already on disk overwritten."""
+
+import os
+import shutil
+
+import pytest
+import torch
+from pytest import param
+
+from lazytrain.data.datasets.synthetic import generate_synthetic_lt
+from tests.launch.test_entrypoint import ENGINE_TOY, REPO, lazytrain
+
+DEMO = os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")
+
+
+def assert_short_error(result, *fragments):
+    """Exit status 1, no traceback anywhere, and the last stderr line names every fragment."""
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("lazytrain: "), result.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in last, last
+    return last
+
+
+@pytest.mark.parametrize(
+    ("override", "fragments"),
+    [
+        param(
+            "launch.num_processes=0", ["launch.num_processes=0", "must be an integer >= 1"], id="no-processes"
+        ),
+        param("launch.machine_rank=3", ["launch.machine_rank=3", "[0, 0]"], id="machine-rank"),
+        param(
+            "train.device=cuda",
+            ["train.device=cuda", "no GPU is visible", "train.device=cpu"],
+            id="cuda-without-gpu",
+        ),
+        param(
+            "train.max_iter=${nope.x}",
+            ["train.max_iter=${nope.x}", "'nope.x' not found"],
+            id="broken-interpolation",
+        ),
+        param(
+            "hydra.run.dir=/proc/lazytrain/run",
+            ["hydra.run.dir=/proc/lazytrain/run", "cannot create a directory under /proc"],
+            id="unwritable-run-dir",
+        ),
+    ],
+)
+def test_bad_value_is_one_line_before_anything_runs(tmp_path, override, fragments):
+    if override == "train.device=cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    args = [ENGINE_TOY, override]
+    if not override.startswith("hydra.run.dir"):
+        args.append(f"hydra.run.dir={tmp_path}/run")
+    assert_short_error(lazytrain(*args, cwd=tmp_path), *fragments)
+    assert not (tmp_path / "run" / "log.txt").exists()  # no rank started
+
+
+def test_run_dir_under_a_file_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("keep")
+    result = lazytrain(ENGINE_TOY, f"hydra.run.dir={tmp_path}/file/run", cwd=tmp_path)
+    assert_short_error(result, f"{tmp_path}/file/run", "is a file")
+    assert (tmp_path / "file").read_text() == "keep"
+
+
+def test_full_error_shows_the_traceback(tmp_path):
+    result = lazytrain(ENGINE_TOY, "launch.num_processes=0", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_init_checkpoint_that_is_not_a_checkpoint(tmp_path):
+    readme = os.path.join(REPO, "README.md")
+    result = lazytrain(
+        ENGINE_TOY, f"hydra.run.dir={tmp_path}/run", f"train.init_checkpoint={readme}", cwd=tmp_path
+    )
+    last = assert_short_error(
+        result, f"train.init_checkpoint={readme}", "not a checkpoint", "not a torch file"
+    )
+    assert "unpickling" not in last
+    assert not (tmp_path / "run" / "log.txt").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text"])
+def test_resume_over_a_damaged_checkpoint_names_it_and_keeps_the_files(tmp_path, damage):
+    run_dir = tmp_path / "run"
+    first = lazytrain(ENGINE_TOY, f"hydra.run.dir={run_dir}", "train.max_iter=10", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    final = run_dir / "model_final.pth"
+    data = final.read_bytes()
+    final.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"hello\n")
+    kept = [name for name in os.listdir(run_dir) if (run_dir / name).is_file() and name != "log.txt"]
+    before = {name: (run_dir / name).read_bytes() for name in kept}
+
+    result = lazytrain(
+        ENGINE_TOY, f"hydra.run.dir={run_dir}", "train.max_iter=20", "train.resume=true", cwd=tmp_path
+    )
+    reason = "a truncated or damaged torch file" if damage == "truncated" else "not a torch file"
+    last = assert_short_error(
+        result, "train.resume=true", f"{final} (named in last_checkpoint) is not a checkpoint: {reason}"
+    )
+    assert "unpickling" not in last
+    for name, content in before.items():
+        assert (run_dir / name).read_bytes() == content, name
+
+
+@pytest.mark.slow
+def test_garbage_images_are_one_line_naming_a_file(tmp_path):
+    root = tmp_path / "datasets"
+    generate_synthetic_lt(str(root / "synthetic_lt"), num_train=8, num_val=2, size_range=(64, 64))
+    for name in os.listdir(root / "synthetic_lt" / "train"):
+        (root / "synthetic_lt" / "train" / name).write_bytes(b"garbage, not a JPEG")
+    shutil.rmtree(root / "synthetic_lt" / "val")  # never read: training fails first
+    result = lazytrain(
+        DEMO,
+        f"hydra.run.dir={tmp_path}/run",
+        "model.num_classes=30",
+        "dataloader.train.total_batch_size=2",
+        cwd=tmp_path,
+        env={"LAZYTRAIN_DATASETS": str(root)},
+    )
+    last = assert_short_error(
+        result, "failed to map", "cannot read image", "not an image file PIL can decode"
+    )
+    assert str(root / "synthetic_lt" / "train") in last
+    assert not (tmp_path / "run" / "last_checkpoint").exists()
