@@ -67,7 +67,7 @@ def test_a_requeued_slurm_job_resumes_without_being_told(tmp_path, reference):
     log = (run_dir / "log.txt").read_text()
     assert (
         "Requeued SLURM job (SLURM_RESTART_COUNT=1): resuming from the last checkpoint"
-        in requeued.stderr + log
+        in requeued.stdout + requeued.stderr + log
     )
     assert "Resuming from iteration 14" in log
     assert_same_weights(reference, final_weights(run_dir))
