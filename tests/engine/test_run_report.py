@@ -16,6 +16,7 @@ import pytest
 from matplotlib.collections import PathCollection
 from PIL import Image
 
+from lazytrain.config import LazyConfig
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.engine import run_report
 from lazytrain.utils.visualizer import (
@@ -90,7 +91,8 @@ def test_console_before_the_first_step_is_a_short_header(demo_run):
     train = json.load(open(os.path.join(datasets, "synthetic_lt", "lvis_v1_train.json")))
     frequency = [category["frequency"] for category in train["categories"]]
     assert [int(n) for n in buckets.groups()] == [len(train["annotations"]), *map(frequency.count, "rcf")]
-    assert "t=0.1" in text and "expected epoch" in text
+    demo = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
+    assert f"t={demo.dataloader.train.sampler.repeat_thresh}" in text and "expected epoch" in text
     assert re.search(r"model +RCNN: \d+\.\dM parameters", text)
     # The long dumps went to log.txt only.
     assert "Full config" not in stdout and "RCNN(" not in stdout
