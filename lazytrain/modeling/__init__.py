@@ -2,6 +2,7 @@
 
 from lazytrain.modeling.backbone import build_resnet_fpn_backbone
 from lazytrain.modeling.heads import BoxPredictor, MaskPredictor
+from lazytrain.modeling.poolers import MultiScaleRoIAlign
 from lazytrain.modeling.rcnn import RCNN, NoResizeTransform
 from lazytrain.modeling.weights import load_init_weights
 
@@ -9,6 +10,7 @@ __all__ = [
     "RCNN",
     "BoxPredictor",
     "MaskPredictor",
+    "MultiScaleRoIAlign",
     "NoResizeTransform",
     "build_resnet_fpn_backbone",
     "load_init_weights",

@@ -93,6 +93,9 @@ class RCNN(GeneralizedRCNN):
         pixel_std: per-channel RGB std on the 0-255 scale.
         size_divisible: padding multiple of the batched image tensor.
         mask_threshold: mask probability above which a pixel belongs to the instance in eval outputs.
+        channels_last: keep conv weights and the image batch in channels-last (NHWC) memory format, which
+            oneDNN convolutions on CPU (and tensor cores on GPU) run faster; numbers differ from NCHW only
+            by float rounding, and checkpoints load either way.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class RCNN(GeneralizedRCNN):
         pixel_std: Sequence[float] = IMAGENET_PIXEL_STD,
         size_divisible: int = 32,
         mask_threshold: float = 0.5,
+        channels_last: bool = False,
     ) -> None:
         transform = NoResizeTransform(
             _check_stats("pixel_mean", pixel_mean), _check_stats("pixel_std", pixel_std), size_divisible
@@ -114,6 +118,9 @@ class RCNN(GeneralizedRCNN):
         self.num_classes = self._check_num_classes(num_classes)
         self.mask_threshold = float(mask_threshold)
         self._check_feature_maps()
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        if channels_last:
+            self.to(memory_format=torch.channels_last)
 
     @classmethod
     def from_torchvision(
@@ -122,6 +129,7 @@ class RCNN(GeneralizedRCNN):
         *,
         pixel_mean: Sequence[float] | None = None,
         pixel_std: Sequence[float] | None = None,
+        channels_last: bool = False,
     ) -> RCNN:
         """Wrap a torchvision Faster/Mask R-CNN, sharing its modules and replacing its resizing transform.
 
@@ -129,6 +137,7 @@ class RCNN(GeneralizedRCNN):
             model: e.g. ``torchvision.models.detection.maskrcnn_resnet50_fpn(weights=None)``.
             pixel_mean: 0-255 scale; default: the model's own (0-1 scale) mean times 255.
             pixel_std: 0-255 scale; default: the model's own std times 255.
+            channels_last: see the class arguments.
         """
         transform = model.transform
         if pixel_mean is None:
@@ -137,7 +146,7 @@ class RCNN(GeneralizedRCNN):
             pixel_std = [255.0 * v for v in transform.image_std]
         return cls(
             model.backbone, model.rpn, model.roi_heads, pixel_mean=pixel_mean, pixel_std=pixel_std,
-            size_divisible=transform.size_divisible,
+            size_divisible=transform.size_divisible, channels_last=channels_last,
         )  # fmt: skip
 
     def _check_num_classes(self, num_classes: int | None) -> int:
@@ -206,7 +215,7 @@ class RCNN(GeneralizedRCNN):
         images = [self._to_float_image(record, device) for record in batched_inputs]
         targets = [self._to_target(record, device) for record in batched_inputs] if self.training else None
         image_list, targets = self.transform(images, targets)
-        features = self.backbone(image_list.tensors)
+        features = self.backbone(image_list.tensors.contiguous(memory_format=self.memory_format))
         if isinstance(features, Tensor):
             features = OrderedDict([("0", features)])
         proposals, proposal_losses = self.rpn(image_list, features, targets)

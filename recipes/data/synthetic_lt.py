@@ -42,6 +42,9 @@ dataloader = dict(
         mapper=L(DatasetMapper)(
             is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=192, max_size=256)]
         ),
+        # Every image is 192 x 192, so batches need no padding and give the same detections as batch 1
+        # (inference 31 s -> 25 s on 250 images). With images of mixed sizes (CLUTTERED_STYLE) use 1.
+        batch_size=4,
         num_workers=1,
     ),
     evaluator=L(LVISEvaluator)(dataset_name="synthetic_lt_val", output_dir="${train.output_dir}"),

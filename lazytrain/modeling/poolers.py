@@ -1,0 +1,204 @@
+"""RoIAlign as two small matrix products, for CPUs: same numbers as torchvision's kernel, faster on small maps.
+
+torchvision's CPU RoIAlign visits every sample point of every box and channel one at a time, and its backward
+pass is single-threaded; on the embedded demo it was ~10% of a training step (docs/benchmarks.md). With a
+fixed ``sampling_ratio``, the bilinear samples of a box form a regular grid, so RoIAlign separates: output =
+``rows @ feature @ cols.T`` per box, where ``rows`` [out_h, H] and ``cols`` [out_w, W] hold the bilinear
+weights averaged over each bin's samples. Two matrix products run on BLAS in both directions.
+
+The dense form touches every row/column of the map, so it is used only where it pays: in training (a backward
+pass follows), on CPU tensors, with a fixed ``sampling_ratio``, and for an intermediate of at most
+``dense_max_elements`` values (small maps, as in the demo); everything else (inference, GPU, large maps such as
+800 px COCO images, ``sampling_ratio <= 0``) runs torchvision's kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torchvision
+from torch import Tensor
+from torchvision.ops import MultiScaleRoIAlign as TorchvisionMultiScaleRoIAlign
+from torchvision.ops import roi_align as torchvision_roi_align
+from torchvision.ops.poolers import _setup_scales
+
+__all__ = ["MultiScaleRoIAlign", "roi_align", "roi_align_dense"]
+
+# Largest [boxes x out_h x channels x width] intermediate of one image and level computed densely
+# (64 MB in float32); above it, torchvision's kernel is cheaper in memory.
+DENSE_MAX_ELEMENTS = 1 << 24
+
+
+def _bilinear_weights(
+    start: Tensor, end: Tensor, bins: int, sampling_ratio: int, size: int, aligned: bool
+) -> Tensor:
+    """[boxes, bins, size] weights of the positions along one axis, averaged over each bin's samples.
+
+    Follows torchvision's RoIAlign: a sample further than one pixel outside the map contributes zero,
+    one inside that margin is clamped to the border, and without ``aligned`` a box is at least 1 pixel long.
+    """
+    length = end - start
+    if not aligned:
+        length = length.clamp(min=1.0)
+    offsets = (
+        torch.arange(bins * sampling_ratio, dtype=start.dtype, device=start.device) + 0.5
+    ) / sampling_ratio
+    positions = start[:, None] + offsets[None, :] * (length / bins)[:, None]
+    inside = (positions >= -1.0) & (positions <= size)
+    positions = positions.clamp(0, size - 1)
+    grid = torch.arange(size, dtype=start.dtype, device=start.device)
+    weights = (1.0 - (positions[..., None] - grid).abs()).clamp(min=0.0) * inside[..., None]
+    return weights.view(-1, bins, sampling_ratio, size).mean(2)
+
+
+def roi_align_dense(
+    input: Tensor,
+    rois: Tensor,
+    output_size: int | Sequence[int],
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = 2,
+    aligned: bool = False,
+) -> Tensor:
+    """`torchvision.ops.roi_align` for a fixed ``sampling_ratio`` computed as matrix products.
+
+    Args:
+        input: [N, C, H, W] feature maps (any memory format).
+        rois: [K, 5] boxes as (batch index, x1, y1, x2, y2) in image coordinates.
+        output_size: (height, width) of each pooled box, or one int for both.
+        spatial_scale: feature map size / image size.
+        sampling_ratio: bilinear samples per bin along each axis; must be > 0.
+        aligned: shift boxes by -0.5 pixel (torchvision's ``aligned=True``).
+
+    Returns:
+        [K, C, out_h, out_w], equal to torchvision's result up to float rounding.
+    """
+    if sampling_ratio <= 0:
+        raise ValueError(
+            f"roi_align_dense(sampling_ratio=) must be > 0 (a fixed sample grid); got {sampling_ratio}. "
+            "Use torchvision.ops.roi_align for the adaptive grid."
+        )
+    out_h, out_w = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    num_images, channels, height, width = input.shape
+    result = input.new_zeros((rois.shape[0], channels, out_h, out_w))
+    if rois.shape[0] == 0:
+        return result
+    offset = 0.5 if aligned else 0.0
+    boxes = rois[:, 1:].to(input.dtype) * spatial_scale - offset
+    rows = _bilinear_weights(boxes[:, 1], boxes[:, 3], out_h, sampling_ratio, height, aligned)
+    cols = _bilinear_weights(boxes[:, 0], boxes[:, 2], out_w, sampling_ratio, width, aligned)
+    image_of_box = rois[:, 0].long()
+    channels_last = input.dim() == 4 and input.is_contiguous(memory_format=torch.channels_last)
+    for image in range(num_images):
+        index = (image_of_box == image).nonzero().flatten()
+        if index.numel() == 0:
+            continue
+        count = index.numel()
+        if channels_last:  # [H, W*C] is a free view of a channels-last map
+            feature = input[image].permute(1, 2, 0).reshape(height, width * channels)
+            pooled = (rows[index].reshape(count * out_h, height) @ feature).view(
+                count, out_h, width, channels
+            )
+            pooled = cols[index][:, None] @ pooled  # [count, out_h, out_w, C]
+            result[index] = pooled.permute(0, 3, 1, 2)
+        else:
+            feature = input[image].transpose(0, 1).reshape(height, channels * width)
+            pooled = (rows[index].reshape(count * out_h, height) @ feature).view(
+                count, out_h * channels, width
+            )
+            pooled = pooled @ cols[index].transpose(1, 2)  # [count, out_h * C, out_w]
+            result[index] = pooled.view(count, out_h, channels, out_w).transpose(1, 2)
+    return result
+
+
+def _dense_pays(
+    input: Tensor, rois: Tensor, output_height: int, sampling_ratio: int, max_elements: int
+) -> bool:
+    # Without a backward pass torchvision's forward kernel is the faster one (2.5x on the demo's box head).
+    backward = input.requires_grad and torch.is_grad_enabled()
+    if not backward or input.device.type != "cpu" or sampling_ratio <= 0 or torchvision._is_tracing():
+        return False
+    return rois.shape[0] * output_height * input.shape[1] * input.shape[-1] <= max_elements
+
+
+def roi_align(
+    input: Tensor,
+    rois: Tensor,
+    output_size: int | Sequence[int],
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = -1,
+    aligned: bool = False,
+    *,
+    dense_max_elements: int = DENSE_MAX_ELEMENTS,
+) -> Tensor:
+    """`torchvision.ops.roi_align` with the same arguments (rois as a [K, 5] tensor), dense where it pays."""
+    size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    if _dense_pays(input, rois, size[0], sampling_ratio, dense_max_elements):
+        return roi_align_dense(input, rois, size, spatial_scale, sampling_ratio, aligned)
+    return torchvision_roi_align(input, rois, size, spatial_scale, sampling_ratio, aligned)
+
+
+class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
+    """torchvision's `MultiScaleRoIAlign` (same arguments, levels and results) with `roi_align` per level.
+
+    A drop-in for the ``box_roi_pool``/``mask_roi_pool`` of torchvision's `RoIHeads`; it has no weights, so
+    checkpoints are unaffected.
+
+    Args:
+        featmap_names: the feature maps to pool from (FPN levels), as in torchvision.
+        output_size: pooled size (int or (h, w)).
+        sampling_ratio: bilinear samples per bin along each axis (> 0 enables the dense CPU path).
+        canonical_scale: box size that maps to ``canonical_level`` (FPN paper's 224).
+        canonical_level: FPN level of a ``canonical_scale`` box.
+        dense_max_elements: largest intermediate computed densely per image and level; 0 always uses
+            torchvision's kernel.
+    """
+
+    def __init__(
+        self,
+        featmap_names: list[str],
+        output_size: int | Sequence[int],
+        sampling_ratio: int,
+        *,
+        canonical_scale: int = 224,
+        canonical_level: int = 4,
+        dense_max_elements: int = DENSE_MAX_ELEMENTS,
+    ) -> None:
+        super().__init__(
+            featmap_names, output_size, sampling_ratio,
+            canonical_scale=canonical_scale, canonical_level=canonical_level,
+        )  # fmt: skip
+        self.dense_max_elements = int(dense_max_elements)
+
+    def forward(
+        self, x: dict[str, Tensor], boxes: list[Tensor], image_shapes: list[tuple[int, int]]
+    ) -> Tensor:
+        features = [x[name] for name in self.featmap_names]
+        if self.scales is None or self.map_levels is None:
+            self.scales, self.map_levels = _setup_scales(
+                features, image_shapes, self.canonical_scale, self.canonical_level
+            )
+        rois = torch.cat(
+            [torch.cat([torch.full_like(b[:, :1], i), b], dim=1) for i, b in enumerate(boxes)], dim=0
+        )
+        if len(features) == 1:
+            return self._pool(features[0], rois, self.scales[0])
+        levels = self.map_levels(boxes)
+        first = features[0]
+        result = first.new_zeros((rois.shape[0], first.shape[1], *self.output_size))
+        for level, (feature, scale) in enumerate(zip(features, self.scales)):
+            index = torch.where(levels == level)[0]
+            result[index] = self._pool(feature, rois[index], scale).to(result.dtype)
+        return result
+
+    def _pool(self, feature: Tensor, rois: Tensor, scale: float) -> Tensor:
+        return roi_align(
+            feature, rois, self.output_size, scale, self.sampling_ratio,
+            dense_max_elements=self.dense_max_elements,
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(featmap_names={self.featmap_names}, output_size={self.output_size}, "
+            f"sampling_ratio={self.sampling_ratio}, dense_max_elements={self.dense_max_elements})"
+        )
