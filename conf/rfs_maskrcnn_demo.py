@@ -4,12 +4,12 @@ Command:   python -m lazytrain conf/rfs_maskrcnn_demo.py
 Sweep:     python -m lazytrain conf/rfs_maskrcnn_demo.py -m dataloader.train.sampler.repeat_thresh=0,0.3 hydra/launcher=joblib
            (RFS against uniform sampling, the two jobs side by side with one core each)
 Hardware:  2 CPU cores, no GPU.
-Runtime:   7 min 18 s measured 2026-11-24 on 2 CPU cores (fresh data dir: generation 4 s, 400 training
-           iterations at 0.95 s each, inference on 250 val images 46 s); the same step ran at 0.62 s/it on a
-           quieter day, which makes about 5 min (docs/benchmarks.md).
-Expected:  box AP 33.2 (APr 16.3), mask AP 33.1 (APr 19.1) for that run (2 threads, seed 0).
-           Over seeds 0 and 1 (one thread per job, docs/results.md): box AP 35.6 / 36.3, mask AP 35.2 / 36.4,
-           mask APr 17.9 / 21.7; uniform sampling (repeat_thresh=0) reaches box AP 30.4 / 25.8, mask APr 3.3 / 4.6.
+Runtime:   4 min 48 s measured 2026-11-24 on 2 CPU cores, load ~1 (fresh data dir: start-up and generation 7 s,
+           400 training iterations at 0.60 s each, inference on 250 val images 33 s; docs/benchmarks.md).
+           On a busier machine the same step takes 0.9-1.3 s, and the job 7-9 min.
+Expected:  box AP 35.6 (APr 17.5), mask AP 35.1 (APr 19.7) for that run (2 threads, seed 0; runs are
+           deterministic on one machine). The README sweep (one thread per job) gave, RFS against uniform:
+           SWEEP_EXPECTED
 
 What differs from conf/rfs_maskrcnn.py: data (synthetic_lt, 192 px images kept at their size), the CPU-sized
 model (ResNet-18, 64-channel FPN, narrow heads, trainable BN), a short cosine schedule, gradient clipping,

@@ -18,12 +18,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
-from torchvision.models.detection.roi_heads import RoIHeads, paste_masks_in_image
+from torchvision.models.detection.roi_heads import RoIHeads
 from torchvision.models.detection.rpn import RegionProposalNetwork
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import boxes as box_ops
 
 from lazytrain.modeling.backbone import get_feature_map_names
+from lazytrain.modeling.mask_paste import paste_masks
 from lazytrain.utils.logger import log_first_n
 
 __all__ = ["IMAGENET_PIXEL_MEAN", "IMAGENET_PIXEL_STD", "NoResizeTransform", "RCNN"]
@@ -272,6 +273,6 @@ class RCNN(GeneralizedRCNN):
         instances = {"boxes": boxes, "scores": detection["scores"], "classes": detection["labels"] - 1}
         if "masks" in detection:
             # Pasting the 28x28 mask probabilities straight at the original size avoids a second resampling.
-            probabilities = paste_masks_in_image(detection["masks"], boxes, (height, width))
+            probabilities = paste_masks(detection["masks"], boxes, (height, width))
             instances["masks"] = (probabilities[:, 0] > self.mask_threshold).to(torch.uint8)
         return instances
