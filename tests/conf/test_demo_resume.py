@@ -30,6 +30,7 @@ SHORT = [
     "model.num_classes=30",
     "dataloader.train.total_batch_size=2",
     "dataloader.test.num_workers=0",
+    "dataloader.test.batch_size=1",  # the evaluation is interrupted at its second forward pass
     "dataloader.train.mapper.augmentations.0.short_edge_length=[80,96]",
     "dataloader.train.mapper.augmentations.0.max_size=128",
     "dataloader.test.mapper.augmentations.0.short_edge_length=96",
