@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lazytrain.modeling.interpolation import linear_interpolation_weights
+
 __all__ = ["paste_masks"]
 
 
@@ -24,10 +26,8 @@ def _interpolation_matrix(start: Tensor, length: Tensor, mask_size: int, image_s
     offset = pixels[None, :] - start[:, None]  # position inside the pasted box
     inside = (offset >= 0) & (offset < length[:, None])
     scale = mask_size / length.to(torch.float32)
-    source = ((offset.to(torch.float32) + 0.5) * scale[:, None] - 0.5).clamp(0, mask_size - 1)
-    grid = torch.arange(mask_size, device=start.device, dtype=torch.float32)
-    weights = (1.0 - (source[..., None] - grid).abs()).clamp(min=0.0)
-    return weights * inside[..., None]
+    source = (offset.to(torch.float32) + 0.5) * scale[:, None] - 0.5
+    return linear_interpolation_weights(source, mask_size) * inside[..., None]
 
 
 def paste_masks(masks: Tensor, boxes: Tensor, image_shape: tuple[int, int], padding: int = 1) -> Tensor:

@@ -21,7 +21,9 @@ import torchvision
 from torch import Tensor
 from torchvision.ops import MultiScaleRoIAlign as TorchvisionMultiScaleRoIAlign
 from torchvision.ops import roi_align as torchvision_roi_align
-from torchvision.ops.poolers import _setup_scales
+from torchvision.ops.poolers import _convert_to_roi_format, _setup_scales
+
+from lazytrain.modeling.interpolation import linear_interpolation_weights
 
 __all__ = ["MultiScaleRoIAlign", "roi_align", "roi_align_dense"]
 
@@ -46,9 +48,7 @@ def _bilinear_weights(
     ) / sampling_ratio
     positions = start[:, None] + offsets[None, :] * (length / bins)[:, None]
     inside = (positions >= -1.0) & (positions <= size)
-    positions = positions.clamp(0, size - 1)
-    grid = torch.arange(size, dtype=start.dtype, device=start.device)
-    weights = (1.0 - (positions[..., None] - grid).abs()).clamp(min=0.0) * inside[..., None]
+    weights = linear_interpolation_weights(positions, size) * inside[..., None]
     return weights.view(-1, bins, sampling_ratio, size).mean(2)
 
 
@@ -178,9 +178,7 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
             self.scales, self.map_levels = _setup_scales(
                 features, image_shapes, self.canonical_scale, self.canonical_level
             )
-        rois = torch.cat(
-            [torch.cat([torch.full_like(b[:, :1], i), b], dim=1) for i, b in enumerate(boxes)], dim=0
-        )
+        rois = _convert_to_roi_format(boxes)
         if len(features) == 1:
             return self._pool(features[0], rois, self.scales[0])
         levels = self.map_levels(boxes)
