@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from lazytrain.utils.visualizer import (
-    get_run_dirs,
-    get_run_labels,
-    plot_ap_by_frequency,
-    read_per_category_ap,
-)
+from lazytrain.utils.plots import plot_ap_by_frequency
+from lazytrain.utils.run_dirs import get_run_dirs, get_run_labels, read_per_category_ap
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

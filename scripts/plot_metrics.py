@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from lazytrain.utils.visualizer import get_run_dirs, get_run_labels, plot_metrics, read_metrics
+from lazytrain.utils.plots import plot_metrics
+from lazytrain.utils.run_dirs import get_run_dirs, get_run_labels, read_metrics
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

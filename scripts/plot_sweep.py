@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 
-from lazytrain.utils.visualizer import (
+from lazytrain.utils.plots import plot_sweep
+from lazytrain.utils.run_dirs import (
     SWEEP_METRICS,
     get_run_dirs,
     get_sweep_points,
     get_swept_key,
-    plot_sweep,
     read_overrides,
 )
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 
 from lazytrain.config import LazyConfig, instantiate
 from lazytrain.data.catalog import MetadataCatalog
 from lazytrain.data.mappers import read_image
-from lazytrain.utils.visualizer import draw_mapped_sample, draw_record, make_grid, save_image
+from lazytrain.utils.visualizer import draw_mapped_sample, draw_record, save_gallery
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,17 +55,14 @@ def main(argv: list[str] | None = None) -> list[str]:
     names = loader_cfg.dataset.names
     class_names = MetadataCatalog.get(names if isinstance(names, str) else names[0]).get("thing_classes")
     bgr = args.source == "mapped" and loader_cfg.mapper.get("image_format", "RGB") == "BGR"
-    pictures, paths = [], []
+    pictures, names = [], []
     for index, sample in enumerate(samples):
         if args.source == "mapped":
-            picture = draw_mapped_sample(sample, class_names, bgr=bgr)
+            pictures.append(draw_mapped_sample(sample, class_names, bgr=bgr))
         else:
-            picture = draw_record(read_image(sample["file_name"]), sample, class_names)
-        paths.append(os.path.join(args.out, f"{index:03d}_{sample['image_id']}.png"))
-        save_image(picture, paths[-1])
-        pictures.append(picture)
-    paths.append(os.path.join(args.out, "grid.png"))
-    save_image(make_grid(pictures), paths[-1])
+            pictures.append(draw_record(read_image(sample["file_name"]), sample, class_names))
+        names.append(f"{index:03d}_{sample['image_id']}")
+    paths = save_gallery(pictures, names, args.out)
     print(f"Wrote {len(pictures)} images and grid.png to {args.out}")
     return paths
 

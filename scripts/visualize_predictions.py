@@ -15,7 +15,7 @@ import os
 from collections import defaultdict
 
 from lazytrain.data.mappers import read_image
-from lazytrain.utils.visualizer import draw_coco_results, make_grid, save_image
+from lazytrain.utils.visualizer import draw_coco_results, save_gallery
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,15 +54,17 @@ def main(argv: list[str] | None = None) -> list[str]:
     for result in results:
         by_image[result["image_id"]].append(result)
     class_names = {c["id"]: c["name"] for c in ground_truth["categories"]}
-    pictures, paths = [], []
-    for image in ground_truth["images"][: args.num]:
-        pixels = read_image(get_image_file(image, args.image_root))
-        picture = draw_coco_results(pixels, by_image[image["id"]], class_names, args.score_thresh)
-        paths.append(os.path.join(args.out, f"{image['id']}.png"))
-        save_image(picture, paths[-1])
-        pictures.append(picture)
-    paths.append(os.path.join(args.out, "grid.png"))
-    save_image(make_grid(pictures), paths[-1])
+    images = ground_truth["images"][: args.num]
+    pictures = [
+        draw_coco_results(
+            read_image(get_image_file(image, args.image_root)),
+            by_image[image["id"]],
+            class_names,
+            args.score_thresh,
+        )
+        for image in images
+    ]
+    paths = save_gallery(pictures, [str(image["id"]) for image in images], args.out)
     print(f"Wrote {len(pictures)} images and grid.png to {args.out}")
     return paths
 

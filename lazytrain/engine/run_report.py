@@ -330,24 +330,24 @@ def write_run_plots(run_dir: str, image_counts: dict[int, int] | None = None) ->
     Returns:
         The paths written.
     """
-    from lazytrain.utils import visualizer
+    from lazytrain.utils import plots, run_dirs
 
     if not _has_matplotlib():
         return []
     written = []
     try:
         records = (
-            visualizer.read_metrics(run_dir) if os.path.isfile(os.path.join(run_dir, "metrics.json")) else []
+            run_dirs.read_metrics(run_dir) if os.path.isfile(os.path.join(run_dir, "metrics.json")) else []
         )
         if any("loss" in key for record in records for key in record):
             label = os.path.basename(os.path.normpath(run_dir))
-            written.append(visualizer.plot_metrics({label: records}, os.path.join(run_dir, CURVES_FILE)))
-        rows = visualizer.read_per_category_ap(run_dir)
+            written.append(plots.plot_metrics({label: records}, os.path.join(run_dir, CURVES_FILE)))
+        rows = run_dirs.read_per_category_ap(run_dir)
         if rows:
             _fill_train_counts(rows, image_counts)
             label = os.path.basename(os.path.normpath(run_dir))
             path = os.path.join(run_dir, AP_BY_FREQUENCY_FILE)
-            written.append(visualizer.plot_ap_by_frequency({label: rows}, path))
+            written.append(plots.plot_ap_by_frequency({label: rows}, path))
     except Exception as e:  # a plot must never end (or hide the error of) a training run
         logger.warning("Could not write the plots in %s: %s: %s", run_dir, type(e).__name__, e)
     return written
@@ -360,20 +360,20 @@ def write_sweep_plots(sweep_dir: str) -> str | None:
     Returns:
         The path written, or None.
     """
-    from lazytrain.utils import visualizer
+    from lazytrain.utils import plots, run_dirs
 
     jobs = []
     for name in os.listdir(sweep_dir) if os.path.isdir(sweep_dir) else []:
         job_dir = os.path.join(sweep_dir, name)
-        rows = visualizer.read_per_category_ap(job_dir) if os.path.isdir(job_dir) else None
+        rows = run_dirs.read_per_category_ap(job_dir) if os.path.isdir(job_dir) else None
         if rows:
             jobs.append((job_dir, rows))
     if len(jobs) < 2 or not _has_matplotlib():
         return None
     jobs.sort(key=lambda job: (len(job[0]), job[0]))
-    labels = visualizer.get_run_labels([job_dir for job_dir, _ in jobs])
+    labels = run_dirs.get_run_labels([job_dir for job_dir, _ in jobs])
     try:
-        path = visualizer.plot_ap_by_frequency(
+        path = plots.plot_ap_by_frequency(
             {label: rows for label, (_, rows) in zip(labels, jobs)},
             os.path.join(sweep_dir, AP_BY_FREQUENCY_FILE),
         )
@@ -400,7 +400,7 @@ class PlotWriter(HookBase):
     def _write(self) -> None:
         if not self.output_dir or not comm.is_main_process():
             return
-        from lazytrain.utils.visualizer import read_per_category_ap
+        from lazytrain.utils.run_dirs import read_per_category_ap
 
         rows = read_per_category_ap(self.output_dir)
         if rows and all(row["train_images"] is None for row in rows) and self._image_counts is None:

@@ -201,12 +201,13 @@ def _format_spread(row: dict[str, Any], key: str) -> str:
 
 def write_summary_plot(sweep_dir: str, rows: list[dict[str, Any]]) -> str | None:
     """summary.png: the final AP, APr, APc, APf (mask and box) of the successful jobs against the swept
-    numeric key, seeds as min-max error bars (`lazytrain.utils.visualizer.build_sweep_figure`).
+    numeric key, seeds as min-max error bars (`lazytrain.utils.plots.build_sweep_figure`).
 
     Returns:
         The image path, or None (logged) when there is nothing to draw or matplotlib is not installed.
     """
-    from lazytrain.utils.visualizer import get_sweep_points, get_swept_key, plot_sweep
+    from lazytrain.utils.plots import plot_sweep
+    from lazytrain.utils.run_dirs import get_sweep_points, get_swept_key
 
     run_dirs = [os.path.join(sweep_dir, row["job"]) for row in rows if row["status"] == "ok"]
     x_key = get_swept_key([row["override_list"] for row in rows])

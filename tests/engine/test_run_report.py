@@ -19,24 +19,13 @@ from PIL import Image
 from lazytrain.config import LazyConfig
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.engine import run_report
-from lazytrain.utils.visualizer import (
-    build_ap_by_frequency_figure,
-    build_metrics_figure,
-    read_metrics,
-    read_per_category_ap,
-)
+from lazytrain.utils.plots import build_ap_by_frequency_figure, build_metrics_figure
+from lazytrain.utils.run_dirs import read_metrics, read_per_category_ap
+from tests.smoke import smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = [
-    "train.max_iter=2",
-    "train.log_period=1",
-    "dataloader.train.total_batch_size=2",
-    "dataloader.train.num_workers=0",
-    "dataloader.test.num_workers=0",
-    "dataloader.train.mapper.augmentations.0.short_edge_length=[96]",
-    "dataloader.train.mapper.augmentations.0.max_size=128",
-    "dataloader.test.mapper.augmentations.0.short_edge_length=96",
-    "dataloader.test.mapper.augmentations.0.max_size=128",
+    *smoke_overrides(),
     "model.roi_heads.score_thresh=0.0",  # an untrained model scores below the demo's 0.05: keep its detections
 ]
 MAX_HEADER_LINES = 15

@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
-from lazytrain.utils.visualizer import draw_instances, get_run_dirs, get_run_labels, make_grid
+from lazytrain.utils.run_dirs import get_run_dirs, get_run_labels
+from lazytrain.utils.visualizer import draw_instances, make_grid
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO_CONFIG = os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from lazytrain.utils.visualizer import build_sweep_figure, get_sweep_points, get_swept_key
+from lazytrain.utils.plots import build_sweep_figure
+from lazytrain.utils.run_dirs import get_sweep_points, get_swept_key
 
 pytest.importorskip("matplotlib")
 
