@@ -13,24 +13,17 @@ import sys
 import pytest
 
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
+from tests.smoke import FEW_DETECTIONS, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
 
 # Appended to every `python -m lazytrain` command; a README override of the same key is replaced.
 SMOKE = [
-    "train.max_iter=2",
-    "train.log_period=1",
+    *smoke_overrides(),
     "train.eval_period=0",
     "train.checkpointer.period=1",
-    "dataloader.train.total_batch_size=2",
-    "dataloader.train.num_workers=0",
-    "dataloader.test.num_workers=0",
-    "dataloader.train.mapper.augmentations.0.short_edge_length=[96]",
-    "dataloader.train.mapper.augmentations.0.max_size=128",
-    "dataloader.test.mapper.augmentations.0.short_edge_length=96",
-    "dataloader.test.mapper.augmentations.0.max_size=128",
-    "model.roi_heads.detections_per_img=20",  # an untrained R50 mask head on 300 detections per image is slow
+    FEW_DETECTIONS,
 ]
 # Appended to search sweeps (hydra/sweeper=...): 2 trials, whatever the README asks for.
 SEARCH_SMOKE = ["hydra.sweeper.n_trials=2"]

@@ -13,23 +13,16 @@ from lazytrain.data.datasets.builtin import find_missing_data
 from lazytrain.data.datasets.preflight import find_json_dataset_problems
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.engine.defaults import INJECTED_ARGUMENTS, run
+from tests.smoke import FEW_DETECTIONS, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(f for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith(".py"))
 
 SMOKE = [
-    "train.max_iter=2",
+    *smoke_overrides(),
     "model.num_classes=30",  # the stand-in data sets have 30 categories
     "train.device=cpu",
-    "train.log_period=1",
-    "dataloader.train.total_batch_size=2",
-    "dataloader.train.num_workers=0",
-    "dataloader.test.num_workers=0",
-    "dataloader.train.mapper.augmentations.0.short_edge_length=[96]",
-    "dataloader.train.mapper.augmentations.0.max_size=128",
-    "dataloader.test.mapper.augmentations.0.short_edge_length=96",
-    "dataloader.test.mapper.augmentations.0.max_size=128",
-    "model.roi_heads.detections_per_img=20",  # an untrained R50 mask head on 300 detections per image is slow
+    FEW_DETECTIONS,
 ]
 
 

@@ -9,22 +9,15 @@ import sys
 import pytest
 
 from tests.data.custom_fixtures import write_export
+from tests.smoke import FEW_DETECTIONS, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(REPO, "conf", "rfs_maskrcnn_custom.py")
 SMOKE = [
+    *smoke_overrides(short_edge=64, max_size=96),
     "train.device=cpu",
-    "train.max_iter=2",
-    "train.log_period=1",
     "train.checkpointer.period=1",
-    "dataloader.train.total_batch_size=2",
-    "dataloader.train.num_workers=0",
-    "dataloader.test.num_workers=0",
-    "dataloader.train.mapper.augmentations.0.short_edge_length=[64]",
-    "dataloader.train.mapper.augmentations.0.max_size=96",
-    "dataloader.test.mapper.augmentations.0.short_edge_length=64",
-    "dataloader.test.mapper.augmentations.0.max_size=96",
-    "model.roi_heads.detections_per_img=20",  # keeps inference of an untrained R50 Mask R-CNN short
+    FEW_DETECTIONS,
 ]
 
 

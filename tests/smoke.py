@@ -1,0 +1,22 @@
+"""Overrides that shrink a detection recipe to a smoke run: two iterations of two small images, no workers."""
+
+from __future__ import annotations
+
+
+def smoke_overrides(short_edge: int = 96, max_size: int = 128) -> list[str]:
+    """Hydra overrides for any recipe whose train and test mappers start with a `ResizeShortestEdge`."""
+    return [
+        "train.max_iter=2",
+        "train.log_period=1",
+        "dataloader.train.total_batch_size=2",
+        "dataloader.train.num_workers=0",
+        "dataloader.test.num_workers=0",
+        f"dataloader.train.mapper.augmentations.0.short_edge_length=[{short_edge}]",
+        f"dataloader.train.mapper.augmentations.0.max_size={max_size}",
+        f"dataloader.test.mapper.augmentations.0.short_edge_length={short_edge}",
+        f"dataloader.test.mapper.augmentations.0.max_size={max_size}",
+    ]
+
+
+# An untrained R50 mask head on 300 detections per image makes inference slow.
+FEW_DETECTIONS = "model.roi_heads.detections_per_img=20"
