@@ -26,11 +26,16 @@ from torchvision.transforms.v2 import functional as F
 
 __all__ = [
     "Augmentation",
+    "CropTransform",
+    "FixedSizeCrop",
     "FlipTransform",
+    "PadTransform",
     "RandomFlip",
+    "ResizeScale",
     "ResizeShortestEdge",
     "ResizeTransform",
     "Transform",
+    "TransformList",
 ]
 
 
@@ -119,6 +124,99 @@ class FlipTransform(Transform):
         return coords
 
 
+class CropTransform(Transform):
+    """Keep the window of `crop_height` x `crop_width` pixels whose top-left corner is (`x0`, `y0`).
+
+    Boxes and polygon vertices are only shifted; the mapper clips boxes to the output and drops the instances
+    left with an empty mask (``recompute_boxes=True`` makes boxes the extent of what stays visible).
+    """
+
+    def __init__(self, height: int, width: int, x0: int, y0: int, crop_height: int, crop_width: int) -> None:
+        super().__init__(height, width)
+        inside = 0 <= x0 <= width - crop_width and 0 <= y0 <= height - crop_height
+        if not inside or min(crop_height, crop_width) <= 0:
+            raise ValueError(
+                f"CropTransform: window x0={x0}, y0={y0}, {crop_width}x{crop_height} must lie inside the "
+                f"{width}x{height} image"
+            )
+        self.x0, self.y0, self.crop_height, self.crop_width = x0, y0, crop_height, crop_width
+
+    def output_size(self) -> tuple[int, int]:
+        return self.crop_height, self.crop_width
+
+    def apply_image(self, image: torch.Tensor) -> torch.Tensor:
+        return image[..., self.y0 : self.y0 + self.crop_height, self.x0 : self.x0 + self.crop_width]
+
+    def apply_masks(self, masks: torch.Tensor) -> torch.Tensor:
+        return self.apply_image(masks)
+
+    def apply_boxes(self, boxes: torch.Tensor) -> torch.Tensor:
+        return boxes - boxes.new_tensor([self.x0, self.y0, self.x0, self.y0])
+
+    def apply_coords(self, coords: np.ndarray) -> np.ndarray:
+        return coords - np.array([self.x0, self.y0])
+
+
+class PadTransform(Transform):
+    """Add `pad_bottom` rows and `pad_right` columns: the image filled with `value`, masks with 0."""
+
+    def __init__(
+        self, height: int, width: int, pad_bottom: int, pad_right: int, value: float = 128.0
+    ) -> None:
+        super().__init__(height, width)
+        if pad_bottom < 0 or pad_right < 0:
+            raise ValueError(f"PadTransform: pads must be >= 0; got bottom={pad_bottom}, right={pad_right}")
+        self.pad_bottom, self.pad_right, self.value = pad_bottom, pad_right, value
+
+    def output_size(self) -> tuple[int, int]:
+        return self.height + self.pad_bottom, self.width + self.pad_right
+
+    def apply_image(self, image: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(image, (0, self.pad_right, 0, self.pad_bottom), value=self.value)
+
+    def apply_masks(self, masks: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(masks, (0, self.pad_right, 0, self.pad_bottom), value=0)
+
+    def apply_boxes(self, boxes: torch.Tensor) -> torch.Tensor:
+        return boxes
+
+    def apply_coords(self, coords: np.ndarray) -> np.ndarray:
+        return coords
+
+
+class TransformList(Transform):
+    """Several transforms applied in order, as one."""
+
+    def __init__(self, transforms: Sequence[Transform]) -> None:
+        if not transforms:
+            raise ValueError("TransformList(transforms=) needs at least one transform; got none")
+        super().__init__(transforms[0].height, transforms[0].width)
+        self.transforms = list(transforms)
+
+    def output_size(self) -> tuple[int, int]:
+        return self.transforms[-1].output_size()
+
+    def apply_image(self, image: torch.Tensor) -> torch.Tensor:
+        for transform in self.transforms:
+            image = transform.apply_image(image)
+        return image
+
+    def apply_masks(self, masks: torch.Tensor) -> torch.Tensor:
+        for transform in self.transforms:
+            masks = transform.apply_masks(masks)
+        return masks
+
+    def apply_boxes(self, boxes: torch.Tensor) -> torch.Tensor:
+        for transform in self.transforms:
+            boxes = transform.apply_boxes(boxes)
+        return boxes
+
+    def apply_coords(self, coords: np.ndarray) -> np.ndarray:
+        for transform in self.transforms:
+            coords = transform.apply_coords(coords)
+        return coords
+
+
 class Augmentation:
     """A random policy: `get_transform` draws a `Transform` for an image size (or None for "do nothing").
 
@@ -204,3 +302,62 @@ class RandomFlip(Augmentation):
         if random.random() < self.prob:
             return FlipTransform(height, width, horizontal=self.horizontal)
         return None
+
+
+class ResizeScale(Augmentation):
+    """Resize by a random factor of a target size, keeping the aspect ratio: the image is scaled to fit in
+    ``scale * (target_height, target_width)`` with `scale` drawn uniformly from [`min_scale`, `max_scale`].
+
+    Followed by `FixedSizeCrop` this is large-scale jitter (LSJ; detectron2's ``ResizeScale`` and the
+    ViTDet/new-baselines recipes use min_scale=0.1, max_scale=2.0 at 1024 x 1024).
+    """
+
+    def __init__(self, min_scale: float, max_scale: float, target_height: int, target_width: int) -> None:
+        if not 0 < min_scale <= max_scale:
+            raise ValueError(
+                f"ResizeScale(min_scale=, max_scale=) must satisfy 0 < min_scale <= max_scale; got {min_scale}, "
+                f"{max_scale}"
+            )
+        if target_height <= 0 or target_width <= 0:
+            raise ValueError(
+                f"ResizeScale(target_height=, target_width=) must be positive; got {target_height}, {target_width}"
+            )
+        self.min_scale, self.max_scale = min_scale, max_scale
+        self.target_height, self.target_width = target_height, target_width
+
+    def get_transform(self, height: int, width: int) -> ResizeTransform:
+        scale = random.uniform(self.min_scale, self.max_scale)
+        factor = min(scale * self.target_height / height, scale * self.target_width / width)
+        new_height, new_width = max(1, round(height * factor)), max(1, round(width * factor))
+        return ResizeTransform(height, width, new_height, new_width)
+
+
+class FixedSizeCrop(Augmentation):
+    """Make every image `crop_size` (height, width): a random window where the image is larger, then padding
+    at the bottom and right where it is smaller (with `pad`; the image filled with `pad_value`, masks with 0).
+
+    Instances outside the window are dropped by the mapper; use ``DatasetMapper(recompute_boxes=True)`` so
+    boxes of cut instances fit their visible part.
+    """
+
+    def __init__(self, crop_size: Sequence[int], pad: bool = True, pad_value: float = 128.0) -> None:
+        size = tuple(int(v) for v in crop_size)
+        if len(size) != 2 or min(size) <= 0:
+            raise ValueError(
+                f"FixedSizeCrop(crop_size=) must be (height, width), both positive; got {crop_size!r}"
+            )
+        self.crop_size, self.pad, self.pad_value = size, pad, pad_value
+
+    def get_transform(self, height: int, width: int) -> Transform | None:
+        crop_height, crop_width = min(height, self.crop_size[0]), min(width, self.crop_size[1])
+        transforms: list[Transform] = []
+        if (crop_height, crop_width) != (height, width):
+            x0 = random.randint(0, width - crop_width)
+            y0 = random.randint(0, height - crop_height)
+            transforms.append(CropTransform(height, width, x0, y0, crop_height, crop_width))
+        pad_bottom, pad_right = self.crop_size[0] - crop_height, self.crop_size[1] - crop_width
+        if self.pad and (pad_bottom or pad_right):
+            transforms.append(PadTransform(crop_height, crop_width, pad_bottom, pad_right, self.pad_value))
+        if not transforms:
+            return None
+        return transforms[0] if len(transforms) == 1 else TransformList(transforms)

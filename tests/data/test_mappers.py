@@ -11,64 +11,7 @@ from torchvision.transforms.v2 import functional as F
 
 from lazytrain.data.mappers import DatasetMapper, read_image
 from lazytrain.data.transforms import FlipTransform, RandomFlip, ResizeShortestEdge
-
-POLYGON = [10.0, 20.0, 25.0, 8.0, 40.0, 10.0, 45.0, 25.0, 35.0, 40.0, 15.0, 36.0]  # bbox [10, 8, 35, 32]
-
-
-def iou(a, b):
-    a, b = a.bool(), b.bool()
-    return (a & b).sum().item() / max((a | b).sum().item(), 1)
-
-
-def extent(mask):
-    ys, xs = torch.nonzero(mask, as_tuple=True)
-    return torch.tensor([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], dtype=torch.float32)
-
-
-def rle_of(mask):
-    rle = mask_util.encode(np.asfortranarray(mask.astype(np.uint8)))
-    return {"size": rle["size"], "counts": rle["counts"].decode()}
-
-
-@pytest.fixture
-def record(tmp_path):
-    """A 60x100 image, left half white, with a polygon (polygon), a ring-shaped RLE mask and a crowd region."""
-    pixels = np.zeros((60, 100, 3), np.uint8)
-    pixels[:, :50] = 255
-    path = tmp_path / "img.png"
-    Image.fromarray(pixels).save(path)
-    ring = np.zeros((60, 100), np.uint8)
-    ring[35:55, 62:92] = 1
-    ring[40:50, 70:84] = 0
-    return {
-        "file_name": str(path),
-        "height": 60,
-        "width": 100,
-        "image_id": 5,
-        "annotations": [
-            {
-                "bbox": [10, 8, 35, 32],
-                "bbox_mode": "XYWH_ABS",
-                "category_id": 2,
-                "iscrowd": 0,
-                "segmentation": [POLYGON],
-            },
-            {
-                "bbox": [62, 35, 30, 20],
-                "bbox_mode": "XYWH_ABS",
-                "category_id": 1,
-                "iscrowd": 0,
-                "segmentation": rle_of(ring),
-            },
-            {
-                "bbox": [0, 0, 5, 5],
-                "bbox_mode": "XYWH_ABS",
-                "category_id": 0,
-                "iscrowd": 1,
-                "segmentation": [[0, 0, 5, 0, 5, 5]],
-            },
-        ],
-    }
+from tests.data.mapper_helpers import POLYGON, extent, iou
 
 
 def expected_masks(record, size, flip):
