@@ -196,25 +196,22 @@ class TransformList(Transform):
     def output_size(self) -> tuple[int, int]:
         return self.transforms[-1].output_size()
 
-    def apply_image(self, image: torch.Tensor) -> torch.Tensor:
+    def _apply_all(self, method: str, value):
         for transform in self.transforms:
-            image = transform.apply_image(image)
-        return image
+            value = getattr(transform, method)(value)
+        return value
+
+    def apply_image(self, image: torch.Tensor) -> torch.Tensor:
+        return self._apply_all("apply_image", image)
 
     def apply_masks(self, masks: torch.Tensor) -> torch.Tensor:
-        for transform in self.transforms:
-            masks = transform.apply_masks(masks)
-        return masks
+        return self._apply_all("apply_masks", masks)
 
     def apply_boxes(self, boxes: torch.Tensor) -> torch.Tensor:
-        for transform in self.transforms:
-            boxes = transform.apply_boxes(boxes)
-        return boxes
+        return self._apply_all("apply_boxes", boxes)
 
     def apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        for transform in self.transforms:
-            coords = transform.apply_coords(coords)
-        return coords
+        return self._apply_all("apply_coords", coords)
 
 
 class Augmentation:
