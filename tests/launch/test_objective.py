@@ -101,6 +101,36 @@ def test_optuna_searches_a_toy_training_for_the_best_objective(tmp_path):
     assert "Best value:" in result.stdout + result.stderr
 
 
+@pytest.mark.slow
+def test_an_optuna_study_in_sqlite_continues_where_it_stopped(tmp_path):
+    # hydra.sweeper.storage keeps the study; the same command run again adds trials to it (load_if_exists).
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    for run in (1, 2):
+        result = lazytrain(
+            ENGINE_TOY,
+            "-m",
+            "hydra/sweeper=optuna",
+            "hydra.sweeper.n_trials=2",
+            f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.study_name=lr_search",
+            "optimizer.lr=interval(0.001,0.3)",
+            "train.max_iter=2",
+            f"hydra.sweep.dir={tmp_path}/sweep{run}",
+            cwd=tmp_path,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        study = optuna.load_study(study_name="lr_search", storage=storage)
+        trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        assert len(trials) == 2 * run
+    rows, _ = read_trials(tmp_path / "sweep2")
+    assert sorted(float(row["toy/AP"]) for row in rows) == pytest.approx(
+        sorted(t.value for t in trials[2:]), abs=0.01
+    )
+
+
 def test_optuna_without_the_eval_hook_fails_before_any_job(tmp_path):
     result = lazytrain(
         ENGINE_TOY,
