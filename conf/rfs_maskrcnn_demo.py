@@ -11,7 +11,7 @@ Runtime:   4 min 16 s to 5 min 20 s in four runs measured 2026-11-24 on 2 CPU co
 Expected:  box AP 35.6 (APr 17.5), mask AP 35.1 (APr 19.7) (2 threads, seed 0; every run above gave exactly
            these). The README sweep (one thread per job), RFS t=0.3 against uniform, seeds 0 / 1:
            mask APr 19.4 / 21.6 vs 6.5 / 4.2, box APr 18.2 / 16.9 vs 5.0 / 2.8, mask AP 35.6 / 36.0 vs
-           31.2 / 30.2 (docs/results.md).
+           31.2 / 30.2; over seeds 0-4 mask APr 6.9 -> 18.4 on average, +5 to +17 per seed (docs/results.md).
 
 What differs from conf/rfs_maskrcnn.py: data (synthetic_lt, 192 px images kept at their size), the CPU-sized
 model (ResNet-18, 64-channel FPN, narrow heads, trainable BN), a short cosine schedule, gradient clipping,
