@@ -1,27 +1,16 @@
 """scripts/dataset_stats.py on a user's json: buckets, and epoch length and factors per candidate threshold."""
 
-import importlib.util
-import os
-
 from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
 from tests.data.custom_fixtures import write_export
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location(
-        "_dataset_stats", os.path.join(REPO, "scripts", "dataset_stats.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts.loading import load_script
 
 
 def test_json_stats_list_buckets_and_each_candidate_threshold(tmp_path, capsys):
     paths = write_export(str(tmp_path))  # 8 train images; categories in 4, 2, 4, 2 and 0 of them
     try:
-        load_script().main(["--json", paths["data.train.json"], "--frequency-thresholds", "2", "3"])
+        load_script("dataset_stats").main(
+            ["--json", paths["data.train.json"], "--frequency-thresholds", "2", "3"]
+        )
     finally:
         DatasetCatalog.remove("dataset_stats_train")
         MetadataCatalog.remove("dataset_stats_train")

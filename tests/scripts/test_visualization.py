@@ -1,6 +1,5 @@
 """Every picture and plot script renders a valid, non-blank PNG from tiny fabricated inputs."""
 
-import importlib.util
 import json
 import os
 
@@ -12,19 +11,11 @@ from PIL import Image
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.utils.run_dirs import get_run_dirs, get_run_labels
 from lazytrain.utils.visualizer import draw_instances, make_grid
+from tests.scripts.loading import load_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO_CONFIG = os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")
 torch.set_num_threads(1)
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(
-        f"_script_{name}", os.path.join(REPO, "scripts", f"{name}.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def assert_picture(path, size=None):
