@@ -3,8 +3,12 @@ costliest operators (torch.profiler).
 
     python scripts/profile_step.py conf/rfs_maskrcnn_demo.py --iters 20
     python scripts/profile_step.py conf/rfs_maskrcnn_demo.py model.roi_heads.batch_size_per_image=64
+    python scripts/profile_step.py conf/rfs_maskrcnn_demo.py --weights RUN/model_final.pth   # a trained step
 
 Batches come from the config's train loader and are fetched before timing, so data loading is excluded.
+A fresh model's step is cheaper than a trained one's (once the RPN finds the objects, the mask branch runs on
+up to 4 x 32 positive RoIs: 446-473 vs 569-586 ms per demo step, docs/benchmarks.md); ``--weights`` times the
+step from a checkpoint, at a learning rate of 1e-6 so the weights stay where they are.
 Parts are timed with forward hooks on the model's direct children (``backbone``, ``rpn``, ``roi_heads``);
 what remains of the forward pass (normalisation, padding, loss sums) is ``other forward``. Prints markdown.
 """
@@ -22,6 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from lazytrain.config import LazyConfig, instantiate  # noqa: E402
+from lazytrain.engine.checkpoint import Checkpointer  # noqa: E402
 from lazytrain.engine.defaults import _build_optimizer, seed_all_rng  # noqa: E402
 
 
@@ -34,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=20, help="timed steps (after 3 warm-up steps)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--top", type=int, default=12, help="operators listed from the profiler")
+    parser.add_argument("--weights", default=None, help="model weights to start from (a run's .pth)")
     return parser.parse_args(argv)
 
 
@@ -90,14 +96,19 @@ def main(argv: list[str] | None = None) -> None:
     seed_all_rng(0)
     model = instantiate(cfg.model).train()
     optimizer = _build_optimizer(cfg, model)
+    if args.weights:
+        Checkpointer(model).load(args.weights, checkpointables=[])
+        for group in optimizer.param_groups:
+            group["lr"] = 1e-6
     loader = iter(instantiate(cfg.dataloader.train))
     batches = [next(loader) for _ in range(args.iters + 3)]
     timed_steps(model, optimizer, batches[:3], None)  # warm-up
     timer = PartTimer(model)
     times = timed_steps(model, optimizer, batches[3:], timer)
     step = statistics.median(times["step"])
+    start = f", from {args.weights}" if args.weights else ""
     print(
-        f"\n{args.config} {' '.join(args.overrides)}: {args.iters} steps, {torch.get_num_threads()} threads"
+        f"\n{args.config} {' '.join(args.overrides)}: {args.iters} steps, {torch.get_num_threads()} threads{start}"
     )
     print("| part | ms / step (mean) | share of the step |\n|---|---|---|")
     mean_step = statistics.fmean(times["step"])
