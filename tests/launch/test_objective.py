@@ -71,6 +71,20 @@ def test_search_without_objective_or_eval_hook_is_refused():
     assert check_search(cfg, ["x=1,2"], DEFAULT_MAIN) == []  # a grid sweep needs no objective
 
 
+def run_lr_search(tmp_path, sweep_name, *overrides):
+    """An Optuna search over the toy training's learning rate, its sweep in `tmp_path/sweep_name`."""
+    return lazytrain(
+        ENGINE_TOY,
+        "-m",
+        "hydra/sweeper=optuna",
+        "optimizer.lr=interval(0.001,0.3)",
+        *overrides,
+        f"hydra.sweep.dir={tmp_path}/{sweep_name}",
+        cwd=tmp_path,
+        timeout=300,
+    )
+
+
 def read_trials(sweep_dir):
     """The rows of summary.csv and Optuna's optimization_results.yaml."""
     with open(os.path.join(sweep_dir, "optimization_results.yaml")) as f:
@@ -82,17 +96,7 @@ def read_trials(sweep_dir):
 @pytest.mark.slow
 def test_optuna_searches_a_toy_training_for_the_best_objective(tmp_path):
     # The command of issue 18 on the toy training config: interval search, 3 trials, maximize toy/AP.
-    result = lazytrain(
-        ENGINE_TOY,
-        "-m",
-        "hydra/sweeper=optuna",
-        "hydra.sweeper.n_trials=3",
-        "optimizer.lr=interval(0.001,0.3)",
-        "train.max_iter=4",
-        f"hydra.sweep.dir={tmp_path}/sweep",
-        cwd=tmp_path,
-        timeout=300,
-    )
+    result = run_lr_search(tmp_path, "sweep", "hydra.sweeper.n_trials=3", "train.max_iter=4")
     assert result.returncode == 0, result.stderr[-3000:]
     rows, best = read_trials(tmp_path / "sweep")
     assert [row["status"] for row in rows] == ["ok"] * 3
@@ -108,18 +112,13 @@ def test_an_optuna_study_in_sqlite_continues_where_it_stopped(tmp_path):
 
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     for run in (1, 2):
-        result = lazytrain(
-            ENGINE_TOY,
-            "-m",
-            "hydra/sweeper=optuna",
+        result = run_lr_search(
+            tmp_path,
+            f"sweep{run}",
             "hydra.sweeper.n_trials=2",
             f"hydra.sweeper.storage={storage}",
             "hydra.sweeper.study_name=lr_search",
-            "optimizer.lr=interval(0.001,0.3)",
             "train.max_iter=2",
-            f"hydra.sweep.dir={tmp_path}/sweep{run}",
-            cwd=tmp_path,
-            timeout=300,
         )
         assert result.returncode == 0, result.stderr[-3000:]
         study = optuna.load_study(study_name="lr_search", storage=storage)
@@ -132,15 +131,7 @@ def test_an_optuna_study_in_sqlite_continues_where_it_stopped(tmp_path):
 
 
 def test_optuna_without_the_eval_hook_fails_before_any_job(tmp_path):
-    result = lazytrain(
-        ENGINE_TOY,
-        "-m",
-        "hydra/sweeper=optuna",
-        "optimizer.lr=interval(0.001,0.3)",
-        "~train.hooks.eval",
-        f"hydra.sweep.dir={tmp_path}/sweep",
-        cwd=tmp_path,
-    )
+    result = run_lr_search(tmp_path, "sweep", "~train.hooks.eval")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "train.hooks has no EvalHook (removed with ~train.hooks.eval?)" in result.stderr
     assert not (tmp_path / "sweep").exists()
