@@ -2,6 +2,7 @@
 on small stand-in data laid out as the real data set (generated here, nothing downloaded)."""
 
 import json
+import math
 import os
 import shutil
 
@@ -105,3 +106,27 @@ def test_max_iter_override_moves_lvis_schedule_steps():
     assert instantiate(cfg.lr_multiplier).milestones == [120000, 160000]
     LazyConfig.apply_overrides(cfg, ["train.max_iter=90000"])
     assert instantiate(cfg.lr_multiplier).milestones == [60000, 80000]
+
+
+@pytest.mark.slow
+def test_demo_trains_with_large_scale_jitter_and_its_saved_config_rebuilds_it(
+    datasets_root, tmp_path, monkeypatch
+):
+    from lazytrain.config import instantiate
+    from recipes.data.lsj import lsj_augmentations
+
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", datasets_root)
+    torch.set_num_threads(1)
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
+    LazyConfig.apply_overrides(cfg, [*SMOKE, f"train.output_dir={tmp_path}"])
+    cfg.dataloader.train.mapper.augmentations = lsj_augmentations(96)
+    cfg.dataloader.train.mapper.recompute_boxes = True
+    cfg.dataloader.train.aspect_ratio_grouping = False
+    validate(cfg, INJECTED_ARGUMENTS)
+    run(cfg)
+    losses = [json.loads(line).get("total_loss") for line in open(tmp_path / "metrics.json")]
+    assert len([x for x in losses if x is not None]) == 2 and all(math.isfinite(x) for x in losses if x)
+    saved = LazyConfig.load(str(tmp_path / "config.yaml"))
+    mapper = instantiate(saved.dataloader.train.mapper)
+    assert [type(a).__name__ for a in mapper.augmentations] == ["RandomFlip", "ResizeScale", "FixedSizeCrop"]
+    assert mapper.augmentations[2].crop_size == (96, 96) and mapper.recompute_boxes
