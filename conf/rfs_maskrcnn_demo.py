@@ -4,7 +4,7 @@ Command:   python -m lazytrain conf/rfs_maskrcnn_demo.py
 Sweep:     python -m lazytrain conf/rfs_maskrcnn_demo.py -m dataloader.train.sampler.repeat_thresh=0,0.3 hydra/launcher=joblib
            (RFS against uniform sampling, the two jobs side by side with one core each)
 Hardware:  2 CPU cores, no GPU.
-Runtime:   4 min 16 s to 5 min 20 s in five runs measured 2026-11-24 on 2 CPU cores with nothing else of ours
+Runtime:   4 min 16 s to 5 min 20 s in six runs measured 2026-11-24 on 2 CPU cores with nothing else of ours
            running (fresh data dir: start-up and generation 7-8 s, 400 training iterations at 0.55-0.70 s
            each, inference on 250 val images 22-33 s; docs/benchmarks.md). The machine's own speed varies: on
            a busy day the same step took 0.9-1.3 s, and the job 7-9 min.
