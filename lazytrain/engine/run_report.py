@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lazytrain.engine.train_loop import HookBase
-from lazytrain.utils import comm
+from lazytrain.utils import comm, plots, run_dirs
 
 __all__ = [
     "COMMAND_ENV",
@@ -220,7 +220,7 @@ def _format_metrics(results: dict) -> list[str]:
     tasks = sorted((t for t in results if isinstance(results[t], dict)), key=lambda t: (t != "segm", t))
     if not tasks:
         return ["  no evaluation results"]
-    names = ["AP", "APr", "APc", "APf"] if "APr" in results[tasks[0]] else ["AP", "AP50", "AP75"]
+    names = run_dirs.DEFAULT_EVAL_METRICS if "APr" in results[tasks[0]] else ("AP", "AP50", "AP75")
     rows = [["", *names]]
     for task in tasks:
         label = {"segm": "mask", "bbox": "box"}.get(task, task)
@@ -330,8 +330,6 @@ def write_run_plots(run_dir: str, image_counts: dict[int, int] | None = None) ->
     Returns:
         The paths written.
     """
-    from lazytrain.utils import plots, run_dirs
-
     if not _has_matplotlib():
         return []
     written = []
@@ -360,8 +358,6 @@ def write_sweep_plots(sweep_dir: str) -> str | None:
     Returns:
         The path written, or None.
     """
-    from lazytrain.utils import plots, run_dirs
-
     jobs = []
     for name in os.listdir(sweep_dir) if os.path.isdir(sweep_dir) else []:
         job_dir = os.path.join(sweep_dir, name)
@@ -400,9 +396,7 @@ class PlotWriter(HookBase):
     def _write(self) -> None:
         if not self.output_dir or not comm.is_main_process():
             return
-        from lazytrain.utils.run_dirs import read_per_category_ap
-
-        rows = read_per_category_ap(self.output_dir)
+        rows = run_dirs.read_per_category_ap(self.output_dir)
         if rows and all(row["train_images"] is None for row in rows) and self._image_counts is None:
             records = _get_train_records(self.trainer.data_loader)
             self._image_counts = summarize_records(records).image_counts if records is not None else {}
