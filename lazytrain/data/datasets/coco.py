@@ -181,6 +181,12 @@ def set_coco_metadata(
     )
 
 
+def log_loaded(records: list[dict], json_file: str) -> None:
+    """One INFO line: how many images and annotations were read from `json_file`."""
+    num_annotations = sum(len(r["annotations"]) for r in records)
+    logger.info("Loaded %d images with %d annotations from %s", len(records), num_annotations, json_file)
+
+
 def load_coco_json(json_file: str, image_root: str, dataset_name: str | None = None) -> list[dict]:
     """Load COCO-format instance annotations as records (LVIS-format files load too, without their extras).
 
@@ -201,10 +207,5 @@ def load_coco_json(json_file: str, image_root: str, dataset_name: str | None = N
 
         evaluator_type = MetadataCatalog.get(dataset_name).get("evaluator_type") or "coco"
         set_coco_metadata(dataset_name, data, json_file, image_root, evaluator_type)
-    logger.info(
-        "Loaded %d images with %d annotations from %s",
-        len(records),
-        sum(len(r["annotations"]) for r in records),
-        json_file,
-    )
+    log_loaded(records, json_file)
     return records

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from lazytrain.data.datasets.coco import read_json, records_from_coco_dict, set_coco_metadata
+from lazytrain.data.datasets.coco import log_loaded, read_json, records_from_coco_dict, set_coco_metadata
 
 __all__ = ["frequency_of_image_count", "load_lvis_json"]
 
@@ -79,10 +79,5 @@ def load_lvis_json(json_file: str, image_root: str, dataset_name: str | None = N
             class_image_count=class_image_count,
             class_frequency=[entry["frequency"] for entry in class_image_count],
         )
-    logger.info(
-        "Loaded %d images with %d annotations from %s",
-        len(records),
-        sum(len(r["annotations"]) for r in records),
-        json_file,
-    )
+    log_loaded(records, json_file)
     return records

@@ -85,7 +85,9 @@ def _missing_images(summary: JsonSummary, image_root: str) -> list[str]:
 
 def _entry_problems(summary: JsonSummary, json_key: str, needs_masks: bool) -> list[str]:
     problems = [
-        f"{summary.json_file}: {count} {what}" + (f" (first ids: {ids})" if ids else "") + f"; {_FIXES[what]}."
+        f"{summary.json_file}: {count} {what}"
+        + (f" (first ids: {ids})" if ids else "")
+        + f"; {_FIXES[what]}."
         for what, ids, count in summary.problems
     ]
     first, count = summary.without_segmentation
@@ -110,7 +112,9 @@ def _file_problems(
     try:
         summary = summarize_json(json_file)
     except FileNotFoundError:
-        return [f"{json_key}={json_file}: no such file; pass the path of the COCO/LVIS json ({json_key}=PATH)."]
+        return [
+            f"{json_key}={json_file}: no such file; pass the path of the COCO/LVIS json ({json_key}=PATH)."
+        ]
     except ValueError as e:
         return [f"{json_key}: {e}"]
     problems = _entry_problems(summary, json_key, needs_masks)
@@ -170,7 +174,8 @@ def find_json_dataset_problems(cfg: DictConfig, *, skip_unset: bool = False) -> 
             continue
         if (json_file, image_root) not in checked:
             checked.add((json_file, image_root))
-            is_train = "train_json_file" not in node  # a val set names the train json that bins its categories
+            # a val set names the train json that bins its categories
+            is_train = "train_json_file" not in node
             problems += _file_problems(json_file, json_key, image_root, root_key, needs_masks, is_train)
         if train_json:
             problems += _category_problems(json_file, train_json)

@@ -39,7 +39,13 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-__all__ = ["CATEGORY_NAMES", "CLUTTERED_STYLE", "generate_synthetic_lt", "is_complete", "synthetic_category_plan"]
+__all__ = [
+    "CATEGORY_NAMES",
+    "CLUTTERED_STYLE",
+    "generate_synthetic_lt",
+    "is_complete",
+    "synthetic_category_plan",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +67,12 @@ MARKER = "synthetic_lt.json"
 _FORMAT_VERSION = 3
 _STYLE_KEYS = ("size_range", "textured_background", "clutter", "occlusion", "color_jitter", "max_rotation")
 CLUTTERED_STYLE = dict(
-    size_range=(128, 320), max_instances=8, textured_background=True, clutter=3, occlusion=True, color_jitter=25,
+    size_range=(128, 320),
+    max_instances=8,
+    textured_background=True,
+    clutter=3,
+    occlusion=True,
+    color_jitter=25,
     max_rotation=180,
 )
 """The harder look of format version 2: varied image sizes, multi-hue textured backgrounds, unannotated grey
