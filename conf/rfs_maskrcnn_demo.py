@@ -4,10 +4,11 @@ Command:   python -m lazytrain conf/rfs_maskrcnn_demo.py
 Sweep:     python -m lazytrain conf/rfs_maskrcnn_demo.py -m dataloader.train.sampler.repeat_thresh=0,0.3 hydra/launcher=joblib
            (RFS against uniform sampling, the two jobs side by side with one core each)
 Hardware:  2 CPU cores, no GPU.
-Runtime:   4 min 16 s to 5 min 20 s in six runs measured 2026-11-24 on 2 CPU cores with nothing else of ours
-           running (fresh data dir: start-up and generation 7-8 s, 400 training iterations at 0.55-0.70 s
-           each, inference on 250 val images 22-33 s; docs/benchmarks.md). The machine's own speed varies: on
-           a busy day the same step took 0.9-1.3 s, and the job 7-9 min.
+Runtime:   4 min 16 s to 5 min 47 s in seven runs measured 2026-11-24 on 2 CPU cores with nothing else of
+           ours running (fresh data dir: start-up and generation 7-9 s, 400 training iterations at 0.55-0.76 s
+           each, inference on 250 val images 22-33 s; docs/benchmarks.md); over 5 min in the two slow hours.
+           The machine's own speed varies (scripts/machine_speed.py shows it): on a busy day the same step
+           took 0.9-1.3 s, and the job 7-9 min.
 Expected:  box AP 35.6 (APr 17.5), mask AP 35.1 (APr 19.7) (2 threads, seed 0; every run above gave exactly
            these). The README sweep (one thread per job), RFS t=0.3 against uniform, seeds 0 / 1:
            mask APr 19.4 / 21.6 vs 6.5 / 4.2, box APr 18.2 / 16.9 vs 5.0 / 2.8, mask AP 35.6 / 36.0 vs
