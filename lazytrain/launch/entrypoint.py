@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     from lazytrain.errors import ConfigError
     from lazytrain.launch import checks
     from lazytrain.launch.objective import check_search
+    from lazytrain.launch.parent_watch import mark_sweep_process
 
     try:
         primary = _primary_config(LazyConfig.load(config_path), config_path)
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.WARNING
     )  # optuna's import logs alembic's plugin setup at INFO
     sys.argv = [sys.argv[0], *_quiet_non_main_rank(rest)]
+    mark_sweep_process()
     hydra.main(version_base="1.3", config_path=None, config_name=CONFIG_NAME)(_hydra_task)()
     from lazytrain.launch import summary
 
@@ -216,7 +218,15 @@ def _hydra_task(cfg) -> Any:
 
     A single run reports known errors as one paragraph; in a sweep, a failing job is logged, recorded as
     failed in the summary, and returns the worst objective value (`FailedJobValue`), so the sweep goes on.
+    A job in a launcher's worker process stops cleanly if the sweep's main process goes away (`ParentWatch`).
     """
+    from lazytrain.launch.parent_watch import watch_sweep_parent
+
+    with watch_sweep_parent():
+        return _run_hydra_job(cfg)
+
+
+def _run_hydra_job(cfg) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
