@@ -72,6 +72,14 @@ def test_default_plan_has_lvis_like_buckets():
     assert synthetic_category_plan(1000, seed=1) != plan
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_rare_categories_are_spread_over_colours_and_shapes(seed):
+    rare = [c["name"].split("_") for c in synthetic_category_plan(1000, seed) if c["frequency"] == "r"]
+    assert len(rare) == 8
+    assert max(Counter(color for color, _ in rare).values()) <= 2, rare
+    assert max(Counter(shape for _, shape in rare).values()) <= 2, rare
+
+
 def test_json_is_lvis_v1_and_exhaustive(tiny):
     plan = {c["id"]: c for c in synthetic_category_plan(TINY["num_train"])}
     train = json.load(open(os.path.join(tiny, "lvis_v1_train.json")))
@@ -102,6 +110,9 @@ def test_masks_match_the_pixels(style, request):
     tiny = request.getfixturevalue(style)
     data = json.load(open(os.path.join(tiny, "lvis_v1_train.json")))
     images = {image["id"]: image for image in data["images"]}
+    limit = (
+        60 if style == "tiny" else 75
+    )  # the cluttered look's colours drift by up to 25 per channel, not 10
     checked = 0
     for ann in data["annotations"]:
         image = images[ann["image_id"]]
@@ -122,7 +133,10 @@ def test_masks_match_the_pixels(style, request):
         median = np.median(pixels, axis=0)
         distances = {name: np.abs(median - color).max() for name, color in COLORS.items()}
         expected = list(COLORS)[(ann["category_id"] - 1) % len(COLORS)]
-        assert min(distances, key=distances.get) == expected and distances[expected] < 60, (ann["id"], median)
+        assert min(distances, key=distances.get) == expected and distances[expected] < limit, (
+            ann["id"],
+            median,
+        )
         checked += 1
     assert checked > 40
 

@@ -1,11 +1,13 @@
 """`synthetic_lt`: the embedded long-tailed instance-segmentation data set, written as real files.
 
 30 categories (6 shapes x 5 colours) on grey, lightly tinted and textured backgrounds, in 192 px JPEG images
-with 1-6 non-overlapping, nearly upright (+-15 degrees) instances each (the defaults). The train split is long-tailed like LVIS: the
-categories are split 8 rare / 12 common / 10 frequent (27 / 40 / 33 %; LVIS v1 has 28 / 38 / 34 %), with train
-image counts following a power law inside each bucket (for 1000 train images: rare 1-10, common 11-100,
-frequent 101-550, LVIS's thresholds). In val every category appears in `val_images_per_category` images (1-2
-instances each), so per-category AP is measurable.
+with 1-6 non-overlapping, nearly upright (+-15 degrees) instances each (the defaults). The train split is
+long-tailed like LVIS: the categories are split 8 rare / 12 common / 10 frequent (27 / 40 / 33 %; LVIS v1 has
+28 / 38 / 34 %), with train image counts following a power law inside each bucket (for 1000 train images: rare
+1-10, common 11-100, frequent 101-550, LVIS's thresholds). The rare categories are spread over colours and
+shapes, at most two of any one colour or shape (format version 4; in version 3's draw four of the six green
+shapes were rare, so that learning the rare categories was mostly telling green shapes apart). In val every category
+appears in `val_images_per_category` images (1-2 instances each), so per-category AP is measurable.
 
 `CLUTTERED_STYLE` is the harder look (format version 2, kept as an option): image sides of 128-320 px,
 multi-hue textured backgrounds, unannotated grey clutter, up to 8 instances in any orientation, stronger
@@ -64,7 +66,7 @@ BUCKETS = (
     ("f", 10, 101, 550),
 )  # bucket, categories, train images at 1000
 MARKER = "synthetic_lt.json"
-_FORMAT_VERSION = 3
+_FORMAT_VERSION = 4
 _STYLE_KEYS = ("size_range", "textured_background", "clutter", "occlusion", "color_jitter", "max_rotation")
 CLUTTERED_STYLE = dict(
     size_range=(128, 320),
@@ -342,8 +344,13 @@ def synthetic_category_plan(num_train: int, seed: int = 0) -> list[dict]:
 
     Buckets are assigned to a seed-dependent random permutation of the categories; the image counts are
     LVIS's bucket ranges scaled by ``num_train / 1000``, spaced geometrically (a power law) within a bucket.
+    The rare categories are spread over colours and shapes (at most two of any one), so that no colour or
+    shape marks a category as rare: LVIS's rare categories are not one look either.
     """
-    order = np.random.default_rng([seed, 7]).permutation(len(CATEGORY_NAMES))
+    rng = np.random.default_rng([seed, 7])
+    order = rng.permutation(len(CATEGORY_NAMES))
+    while not _spread_over_looks(order[: BUCKETS[0][1]]):  # ~10% of permutations pass
+        order = rng.permutation(len(CATEGORY_NAMES))
     scale = num_train / 1000
     plan, position = [], 0
     for frequency, count, low, high in BUCKETS:
@@ -361,6 +368,13 @@ def synthetic_category_plan(num_train: int, seed: int = 0) -> list[dict]:
             )
             position += 1
     return sorted(plan, key=lambda c: c["id"])
+
+
+def _spread_over_looks(indices: np.ndarray, most: int = 2) -> bool:
+    """Whether no colour and no shape holds more than `most` of the categories at `indices` (0-based)."""
+    colors = np.bincount(indices % len(COLORS), minlength=len(COLORS))
+    shapes = np.bincount(indices // len(COLORS), minlength=len(SHAPES))
+    return colors.max() <= most and shapes.max() <= most
 
 
 def _assign_categories(
