@@ -4,22 +4,22 @@ Command:   python -m lazytrain conf/rfs_maskrcnn_demo.py
 Sweep:     python -m lazytrain conf/rfs_maskrcnn_demo.py -m dataloader.train.sampler.repeat_thresh=0,0.3 hydra/launcher=joblib
            (RFS against uniform sampling, the two jobs side by side with one core each)
 Hardware:  2 CPU cores, no GPU.
-Runtime:   4 min 16 s to 5 min 47 s in seven runs measured 2026-11-24 on 2 CPU cores with nothing else of
-           ours running (fresh data dir: start-up and generation 7-9 s, 400 training iterations at 0.55-0.76 s
-           each, inference on 250 val images 22-33 s; docs/benchmarks.md); over 5 min in the two slow hours.
-           The machine's own speed varies (scripts/machine_speed.py shows it): on a busy day the same step
-           took 0.9-1.3 s, and the job 7-9 min.
-Expected:  box AP 35.6 (APr 17.5), mask AP 35.1 (APr 19.7) (2 threads, seed 0; every run above gave exactly
+Runtime:   4 min 26 s (0.57 s/it, quiet machine) and 5 min 5 s (0.66 s/it), measured 2026-11-25 on 2 CPU
+           cores with nothing else running (fresh data dir: start-up and generation ~8 s, 400 training
+           iterations, inference on 250 val images 25-26 s; docs/benchmarks.md); the same model took 4 min 16 s
+           to 5 min 47 s in seven runs the day before. The machine's own speed varies (scripts/machine_speed.py
+           shows it): on a busy day the same step took 0.9-1.3 s, and the job 7-9 min.
+Expected:  box AP 36.9 (APr 21.0), mask AP 36.4 (APr 26.0) (2 threads, seed 0; both runs above gave exactly
            these). The README sweep (one thread per job), RFS t=0.3 against uniform, seeds 0 / 1:
-           mask APr 19.4 / 21.6 vs 6.5 / 4.2, box APr 18.2 / 16.9 vs 5.0 / 2.8, mask AP 35.6 / 36.0 vs
-           31.2 / 30.2; over seeds 0-4 mask APr 6.9 -> 18.4 on average, +5 to +17 per seed (docs/results.md).
+           mask APr 29.4 / 26.4 vs 5.1 / 4.9, box APr 25.6 / 21.1 vs 3.8 / 3.2, mask AP 39.2 / 35.0 vs
+           29.1 / 29.4; over seeds 0-4 mask APr 7.0 -> 22.7 on average, +9 to +24 per seed (docs/results.md).
 
 What differs from conf/rfs_maskrcnn.py: data (synthetic_lt, 192 px images kept at their size), the CPU-sized
 model (ResNet-18, 64-channel FPN, narrow heads, trainable BN), a short cosine schedule, gradient clipping,
 detections down to score 0.001, and the RFS threshold. The train set has 1000 images, so LVIS's t=0.001
 (~ a category in 1 of 1000 images) would repeat almost nothing; t=0.3 gives the rare categories (1-10 images)
 repeat factors of 5.5-17, the common ones 1.7-5.2 (epoch 2018 samples for 1000 images). t=0.1 and 0.6 gave
-lower mean APr over the same two seeds (docs/results.md).
+lower mean APr over the same two seeds (docs/results.md; measured on the data set's format 3).
 """
 
 from ..recipes.data.synthetic_lt import dataloader

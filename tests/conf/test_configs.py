@@ -125,7 +125,8 @@ def test_demo_trains_with_large_scale_jitter_and_its_saved_config_rebuilds_it(
     validate(cfg, INJECTED_ARGUMENTS)
     run(cfg)
     losses = [json.loads(line).get("total_loss") for line in open(tmp_path / "metrics.json")]
-    assert len([x for x in losses if x is not None]) == 2 and all(math.isfinite(x) for x in losses if x)
+    logged = [x for x in losses if x is not None]
+    assert len(logged) == 2 and all(math.isfinite(x) and x > 0 for x in logged), losses
     saved = LazyConfig.load(str(tmp_path / "config.yaml"))
     mapper = instantiate(saved.dataloader.train.mapper)
     assert [type(a).__name__ for a in mapper.augmentations] == ["RandomFlip", "ResizeScale", "FixedSizeCrop"]

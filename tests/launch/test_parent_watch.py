@@ -133,7 +133,7 @@ def test_killing_a_joblib_sweeps_main_process_stops_each_job_with_a_checkpoint(t
         checkpoint = f"model_{stopped_after[-1]:07d}.pth"
         assert (log.parent / "last_checkpoint").read_text() == checkpoint
         assert (log.parent / checkpoint).stat().st_size > 0
-    assert 0 < min(stopped_after) and max(stopped_after) < 100000
+    assert min(stopped_after) > 0 and max(stopped_after) < 100000
 
     # The same sweep again with train.resume=true continues each job from its own checkpoint.
     command[command.index("train.max_iter=100000")] = f"train.max_iter={max(stopped_after) + 10}"
