@@ -110,9 +110,8 @@ def test_masks_match_the_pixels(style, request):
     tiny = request.getfixturevalue(style)
     data = json.load(open(os.path.join(tiny, "lvis_v1_train.json")))
     images = {image["id"]: image for image in data["images"]}
-    limit = (
-        60 if style == "tiny" else 75
-    )  # the cluttered look's colours drift by up to 25 per channel, not 10
+    # The cluttered look's colours drift by up to 25 per channel (the default's by 10).
+    limit = 60 if style == "tiny" else 75
     checked = 0
     for ann in data["annotations"]:
         image = images[ann["image_id"]]

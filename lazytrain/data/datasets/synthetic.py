@@ -6,8 +6,8 @@ long-tailed like LVIS: the categories are split 8 rare / 12 common / 10 frequent
 28 / 38 / 34 %), with train image counts following a power law inside each bucket (for 1000 train images: rare
 1-10, common 11-100, frequent 101-550, LVIS's thresholds). The rare categories are spread over colours and
 shapes, at most two of any one colour or shape (format version 4; in version 3's draw four of the six green
-shapes were rare, so that learning the rare categories was mostly telling green shapes apart). In val every category
-appears in `val_images_per_category` images (1-2 instances each), so per-category AP is measurable.
+shapes were rare, so that learning the rare categories was mostly telling green shapes apart). In val every
+category appears in `val_images_per_category` images (1-2 instances each), so per-category AP is measurable.
 
 `CLUTTERED_STYLE` is the harder look (format version 2, kept as an option): image sides of 128-320 px,
 multi-hue textured backgrounds, unannotated grey clutter, up to 8 instances in any orientation, stronger
@@ -370,11 +370,12 @@ def synthetic_category_plan(num_train: int, seed: int = 0) -> list[dict]:
     return sorted(plan, key=lambda c: c["id"])
 
 
-def _spread_over_looks(indices: np.ndarray, most: int = 2) -> bool:
-    """Whether no colour and no shape holds more than `most` of the categories at `indices` (0-based)."""
+def _spread_over_looks(indices: np.ndarray) -> bool:
+    """Whether the categories at `indices` (0-based) are spread as evenly as they can be over colours and over
+    shapes (8 categories: at most two of one colour and two of one shape)."""
     colors = np.bincount(indices % len(COLORS), minlength=len(COLORS))
     shapes = np.bincount(indices // len(COLORS), minlength=len(SHAPES))
-    return colors.max() <= most and shapes.max() <= most
+    return colors.max() <= -(-len(indices) // len(COLORS)) and shapes.max() <= -(-len(indices) // len(SHAPES))
 
 
 def _assign_categories(
