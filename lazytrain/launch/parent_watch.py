@@ -56,12 +56,10 @@ class ParentWatch:
         self.poll_seconds = poll_seconds
         self.orphaned = False
         self._done = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> ParentWatch:
         if self.parent_pid is not None:
-            self._thread = threading.Thread(target=self._watch, name="lazytrain-parent-watch", daemon=True)
-            self._thread.start()
+            threading.Thread(target=self._watch, name="lazytrain-parent-watch", daemon=True).start()
         return self
 
     def _watch(self) -> None:
