@@ -45,6 +45,7 @@ __all__ = [
     "default_setup",
     "do_test",
     "do_train",
+    "get_resume_file",
     "load_init_checkpoint",
     "run",
     "seed_all_rng",
@@ -124,7 +125,8 @@ def build_model(cfg: DictConfig) -> torch.nn.Module:
     model = instantiate(cfg.model)
     device = cfg.train.get("device", "cpu")
     if device == "cuda":
-        device = f"cuda:{comm.get_local_rank()}"
+        # The GPU `launch` chose for this rank (cuda:{local rank}, or cuda:0 for a process bound to one GPU).
+        device = f"cuda:{torch.cuda.current_device()}"
     return model.to(device)
 
 
@@ -132,7 +134,7 @@ def _wrap_ddp(cfg: DictConfig, model: torch.nn.Module) -> torch.nn.Module:
     if comm.get_world_size() == 1:
         return model
     ddp = cfg.train.get("ddp", {})
-    device_ids = [comm.get_local_rank()] if next(model.parameters()).is_cuda else None
+    device_ids = [next(model.parameters()).device.index] if next(model.parameters()).is_cuda else None
     with warnings.catch_warnings():
         # torch >= 2.14 deprecates broadcast_buffers but says to keep using broadcast_buffers=False (rank-local
         # BN statistics, detectron2's default) until its replacement exists; the warning would only be noise.
@@ -220,7 +222,9 @@ def do_train(cfg: DictConfig) -> dict:
         optimizer=optimizer,
         trainer=trainer,
     )
-    trainer.test_function = functools.partial(do_test, cfg, model)
+    # Evaluation runs the model itself: a DDP forward may broadcast buffers (a collective) in every call, and
+    # ranks evaluate different numbers of batches.
+    trainer.test_function = functools.partial(do_test, cfg, _unwrap_ddp(model))
 
     # Hooks: a named mapping in run order; registered before resuming so their states load by name.
     hooks = instantiate(cfg.train.hooks) if cfg.train.get("hooks") else {}
@@ -229,8 +233,9 @@ def do_train(cfg: DictConfig) -> dict:
     # Resume everything, or start from train.init_checkpoint (weights only).
     start_iter = 0
     resume = bool(cfg.train.get("resume", False))
-    if resume and trainer.checkpointer.has_checkpoint():
-        extra = trainer.checkpointer.load(trainer.checkpointer.get_checkpoint_file())
+    resume_file = get_resume_file(trainer.checkpointer) if resume else ""
+    if resume_file:
+        extra = trainer.checkpointer.load(resume_file)
         start_iter = extra.get("iteration", -1) + 1
         logger.info("Resuming from iteration %d", start_iter)
     else:
@@ -248,6 +253,30 @@ def do_train(cfg: DictConfig) -> dict:
     trainer.train(start_iter, cfg.train.max_iter)
     log_run_summary(cfg, trainer, time.perf_counter() - start)
     return trainer.last_eval_results
+
+
+def get_resume_file(checkpointer: Checkpointer) -> str:
+    """The checkpoint every rank resumes from: rank 0 reads ``last_checkpoint`` and decides for all ("" for
+    none), so that a lagging shared file system cannot make ranks resume from different iterations.
+
+    Raises:
+        ConfigError: on every rank, when some rank cannot read the chosen file (output dir not shared).
+    """
+    from lazytrain.errors import ConfigError, mark_agreed
+
+    chosen = checkpointer.get_checkpoint_file() if checkpointer.has_checkpoint() else ""
+    chosen = comm.broadcast_object(chosen)
+    readable = comm.all_gather(not chosen or os.path.isfile(chosen))
+    missing = [rank for rank, ok in enumerate(readable) if not ok]
+    if missing:
+        raise mark_agreed(
+            ConfigError(
+                f"train.resume=true: rank 0 resumes from {chosen} (its last_checkpoint), but rank(s) "
+                f"{', '.join(map(str, missing))} cannot read that file. train.output_dir must be on a file "
+                "system that every machine of the job shares."
+            )
+        )
+    return chosen
 
 
 def _evaluate_only(cfg: DictConfig) -> dict:

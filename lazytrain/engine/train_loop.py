@@ -27,14 +27,23 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import torch
 
-from lazytrain.errors import LazytrainError
+from lazytrain.errors import LazytrainError, mark_agreed
 from lazytrain.utils import comm
 from lazytrain.utils.events import EventStorage, get_event_storage
-from lazytrain.utils.preemption import StopRequest, TrainingInterrupted, signal_name
+from lazytrain.utils.preemption import (
+    REQUEUE_SIGNAL,
+    STOP_SIGNALS,
+    StopRequest,
+    TrainingInterrupted,
+    signal_name,
+)
 
 __all__ = ["HookBase", "SimpleTrainer", "TrainerBase"]
 
 logger = logging.getLogger(__name__)
+
+# The signals a stop request may carry; when ranks got different ones, the highest number wins everywhere.
+_STOP_SIGNALS = (*STOP_SIGNALS, REQUEUE_SIGNAL)
 
 
 class HookBase:
@@ -89,6 +98,8 @@ class TrainerBase:
         self._pending_rng_state: dict | None = None
         self._pending_storage_state: dict | None = None
         self.stop_signal = 0  # set when all ranks agreed to stop early on a signal (see `train`)
+        self.stop_request: StopRequest | None = None  # this rank's signal, while `train` runs
+        self.step_stop_signal: int | None = None  # a signal all ranks agreed on within the step, if any
 
     def register_hooks(self, hooks: Mapping[str, HookBase | None] | Iterable[HookBase | None]) -> None:
         """Register hooks (a name -> hook mapping or a list); ``None`` entries are skipped."""
@@ -157,11 +168,16 @@ class TrainerBase:
         return f"Training stopped by {name} after iteration {self.iter}{saved}; {resume}"
 
     def _loop(self, start_iter: int, max_iter: int, stop_request: StopRequest) -> None:
+        self.stop_request = stop_request
         for self.iter in range(start_iter, max_iter):
             self._call("before_step")
+            self.step_stop_signal = None
             self.run_step()
-            # Every rank must stop after the same step (checkpointing is collective), so they agree first.
-            self.stop_signal = comm.max_over_ranks(stop_request.signum)
+            # Every rank must stop after the same step (checkpointing is collective), so they agree first; a
+            # step that already agreed on it in its own all-reduce (SimpleTrainer) says so.
+            if self.step_stop_signal is None:
+                self.step_stop_signal = comm.max_over_ranks(stop_request.signum)
+            self.stop_signal = self.step_stop_signal
             self._call("after_step")
             if self.stop_signal:
                 self._save_on_stop()
@@ -347,7 +363,7 @@ class SimpleTrainer(TrainerBase):
         if isinstance(loss_dict, torch.Tensor):
             loss_dict = {"total_loss": loss_dict}
         losses = sum(loss.float() for loss in loss_dict.values())
-        self._check_finite(losses, loss_dict)
+        loss_values = self._agree_on_step(loss_dict)
 
         self.optimizer.zero_grad(set_to_none=True)
         (self.grad_scaler.scale(losses) if self.grad_scaler else losses).backward()
@@ -362,26 +378,52 @@ class SimpleTrainer(TrainerBase):
             self.grad_scaler.update()
         else:
             self.optimizer.step()
-        self._write_metrics(loss_dict, data_time)
+        self._write_metrics(loss_values, data_time)
 
-    def _check_finite(self, losses: torch.Tensor, loss_dict: dict[str, torch.Tensor]) -> None:
-        if not torch.isfinite(losses).all():
-            values = ", ".join(f"{k}={v.item():.4g}" for k, v in loss_dict.items())
-            raise FloatingPointError(
-                f"Loss became infinite or NaN at iteration {self.iter}: {values}. The last checkpoint on disk is "
-                "intact; lower the learning rate, enable train.clip_grad, or check the data of this batch."
-            )
+    def _agree_on_step(self, loss_dict: dict[str, torch.Tensor]) -> dict[str, float]:
+        """All ranks agree on the step in one all-reduce, before the backward pass: the losses (averaged, for
+        the metrics), which ranks got a non-finite loss, and stop requests (`step_stop_signal`). Its
+        ``tolist()`` is the step's one wait for the device.
 
-    def _write_metrics(self, loss_dict: dict[str, torch.Tensor], data_time: float) -> None:
-        metrics = comm.reduce_dict({name: loss.detach().float() for name, loss in loss_dict.items()})
+        Raises:
+            FloatingPointError: on every rank, with the same message, when any rank's loss is not finite.
+        """
+        world_size, rank = comm.get_world_size(), comm.get_rank()
+        names = list(loss_dict)
+        losses = torch.stack([loss_dict[name].detach().float().reshape(()) for name in names])
+        non_finite = torch.zeros(world_size, device=losses.device)
+        non_finite[rank] = (~torch.isfinite(losses).all()).float()
+        signum = self.stop_request.signum if self.stop_request is not None else 0
+        requested = torch.tensor([float(signum == s) for s in _STOP_SIGNALS], device=losses.device)
+        packed = torch.cat([losses, non_finite, requested])
+        if world_size > 1:
+            torch.distributed.all_reduce(packed)
+        values = packed.tolist()
+        means = {name: value / world_size for name, value in zip(names, values)}
+        failed = [r for r, flag in enumerate(values[len(names) : len(names) + world_size]) if flag]
+        if failed:
+            raise mark_agreed(FloatingPointError(self._non_finite_message(means, failed, world_size)))
+        requested_counts = values[len(names) + world_size :]
+        self.step_stop_signal = max((s for s, n in zip(_STOP_SIGNALS, requested_counts) if n), default=0)
+        return means
+
+    def _non_finite_message(self, means: dict[str, float], ranks: list[int], world_size: int) -> str:
+        values = ", ".join(f"{name}={value:.4g}" for name, value in means.items())
+        where = f" on rank {', '.join(map(str, ranks))} of {world_size}" if world_size > 1 else ""
+        mean = " (mean over ranks)" if world_size > 1 else ""
+        return (
+            f"Loss became infinite or NaN at iteration {self.iter}{where}: {values}{mean}. Every rank stops here; "
+            "the last checkpoint on disk is intact. Lower the learning rate, enable train.clip_grad, start from "
+            "pretrained weights (train.init_checkpoint), or check the data of this batch."
+        )
+
+    def _write_metrics(self, loss_values: dict[str, float], data_time: float) -> None:
         if comm.is_main_process():
             storage = get_event_storage()
-            # One device-to-host copy for all losses.
-            values = dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))
             storage.put_scalar("data_time", data_time)
-            if "total_loss" not in values:
-                storage.put_scalar("total_loss", sum(values.values()))
-            storage.put_scalars(**values)
+            if "total_loss" not in loss_values:
+                storage.put_scalar("total_loss", sum(loss_values.values()))
+            storage.put_scalars(**loss_values)
 
     def state_dict(self) -> dict:
         state = super().state_dict()

@@ -95,6 +95,13 @@ def check_launch_values(launch_cfg: DictConfig) -> None:
         value = launch_cfg.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"launch.{key}={value}: must be an integer >= 1.")
+    from lazytrain.launch.launch import parse_timeout
+
+    try:
+        if launch_cfg.get("timeout") is not None:
+            parse_timeout(launch_cfg.timeout)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     rank, machines = launch_cfg.get("machine_rank"), launch_cfg.num_machines
     if not isinstance(rank, int) or not 0 <= rank < machines:
         raise ConfigError(

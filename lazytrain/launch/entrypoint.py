@@ -26,6 +26,7 @@ LAUNCH_DEFAULTS = {
     "num_machines": 1,
     "machine_rank": 0,
     "dist_url": "auto",
+    "timeout": "4h",  # how long a collective waits for a peer (lazytrain.launch.launch.DEFAULT_TIMEOUT)
     "main": DEFAULT_MAIN,
 }
 _USAGE = "usage: python -m lazytrain CONFIG.py|CONFIG.yaml [-m] [key=value ...] [Hydra flags]"
@@ -141,7 +142,7 @@ def _help_template(data: dict, config_path: str) -> str:
         "~key deletes. Sweep with -m key=a,b,c (or range(...), choice(...)); several swept keys run the",
         "Cartesian product. Search: -m hydra/sweeper=optuna 'key=interval(a,b)' optimises objective.metric.",
         "Processes: launch.num_gpus, launch.num_processes (CPU), launch.num_machines,",
-        "launch.machine_rank, launch.dist_url (auto = a free local port).",
+        "launch.machine_rank, launch.dist_url (auto = a free local port), launch.timeout (e.g. 4h).",
         "",
         "Useful flags: --cfg job (print the config, add --resolve to resolve it, -p KEY for one node),",
         "--info, -m/--multirun, hydra.run.dir=DIR / hydra.sweep.dir=DIR, hydra/launcher=joblib.",
@@ -357,9 +358,14 @@ def run_job(cfg) -> Any:
     checks.check_launch_values(launch_cfg)
     _check_datasets(cfg)
     _check_init_checkpoint(cfg)
+    from lazytrain.launch.launch import get_env_rank_info, launch, parse_timeout
+
     num_gpus = launch_cfg.num_gpus
     use_gpu = str(cfg.get("train", {}).get("device", "cpu")).startswith("cuda")
-    if use_gpu:
+    env_info = get_env_rank_info()
+    if use_gpu and env_info is not None and env_info["local_size"] > 1:
+        num_gpus = 1  # the launcher started one process per GPU (launch.get_gpu_index picks its GPU)
+    elif use_gpu:
         num_gpus = _resolve_num_gpus(num_gpus)
     elif num_gpus not in (0, None, "auto"):
         raise _config_error(
@@ -369,8 +375,6 @@ def run_job(cfg) -> Any:
     per_machine = num_gpus if use_gpu else int(launch_cfg.num_processes)
     main_path = str(launch_cfg.main)
     locate(main_path)  # fail here, not in every rank
-    from lazytrain.launch.launch import get_env_rank_info, launch
-
     container = OmegaConf.to_container(cfg, resolve=False)  # node references stay references
     return launch(
         _run_rank,
@@ -378,7 +382,8 @@ def run_job(cfg) -> Any:
         num_machines=int(launch_cfg.num_machines),
         machine_rank=int(launch_cfg.machine_rank),
         dist_url=launch_cfg.dist_url,
-        args=(container, main_path, get_env_rank_info() is not None),
+        args=(container, main_path, env_info is not None),
+        timeout=parse_timeout(launch_cfg.get("timeout", LAUNCH_DEFAULTS["timeout"])),
         use_gpu=use_gpu,
     )
 

@@ -18,12 +18,41 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from lazytrain.launch.rank_watch import is_peer_failure
 from lazytrain.utils.preemption import StopRequest, TrainingInterrupted, signal_name
 
-__all__ = ["RankFailedError", "find_free_port", "first_slurm_host", "get_env_rank_info", "launch"]
+__all__ = [
+    "RankFailedError",
+    "expand_slurm_counts",
+    "find_free_port",
+    "find_shared_gpus",
+    "first_slurm_host",
+    "get_cpu_threads",
+    "get_env_rank_info",
+    "get_gpu_index",
+    "is_rank_from_environment",
+    "launch",
+    "parse_timeout",
+]
 
 logger = logging.getLogger(__name__)
-DEFAULT_TIMEOUT = timedelta(minutes=30)
+# How long a collective waits for a peer. The longest legitimate wait is the other ranks waiting while the main
+# process evaluates alone (a full LVIS val evaluation: see docs/benchmarks.md), so the default is hours, not
+# torch's 30 minutes; a rank that failed or died stops the others at once anyway (`RankWatch`).
+DEFAULT_TIMEOUT = timedelta(hours=4)
+_TIMEOUT_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_timeout(value: int | float | str) -> timedelta:
+    """``launch.timeout``: a number of minutes, or a string with a unit: ``"90s"``, ``"30m"``, ``"4h"``."""
+    text = str(value).strip().lower()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smh]?)", text)
+    if isinstance(value, bool) or match is None or float(match.group(1)) <= 0:
+        raise ValueError(
+            f"launch.timeout={value!r}: expected a positive number of minutes or a duration such as '90s', "
+            "'30m', '4h'."
+        )
+    return timedelta(seconds=float(match.group(1)) * _TIMEOUT_UNITS[match.group(2) or "m"])
 
 
 class RankFailedError(RuntimeError):
@@ -53,45 +82,115 @@ def _check_port_free(dist_url: str) -> None:
 
 
 def get_env_rank_info() -> dict[str, int] | None:
-    """This process's place in a job started by torchrun, SLURM or submitit's local executor.
+    """This process's place in a job started by torchrun, SLURM (``srun``, submitit) or submitit's local executor.
 
-    torchrun: ``RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT``. SLURM: ``SLURM_PROCID/SLURM_NTASKS/
-    SLURM_LOCALID`` with more than one task (MASTER_ADDR defaults to the first node of the job, MASTER_PORT to a
-    port derived from the job id). submitit local: ``SUBMITIT_LOCAL_GLOBALID/NTASKS/LOCALID``.
+    torchrun: ``RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/GROUP_RANK``. SLURM: ``SLURM_PROCID/SLURM_NTASKS/
+    SLURM_LOCALID/SLURM_NODEID`` with more than one task; the tasks on this node come from
+    ``SLURM_STEP_TASKS_PER_NODE`` (or ``SLURM_TASKS_PER_NODE``, e.g. ``"4(x2),3"``), which srun sets with and
+    without ``--ntasks-per-node`` and for block and cyclic distributions; MASTER_ADDR defaults to the first
+    node of the job, MASTER_PORT to a port derived from the job id. submitit local:
+    ``SUBMITIT_LOCAL_GLOBALID/NTASKS/LOCALID``.
 
     Returns:
-        ``rank``, ``world_size``, ``local_rank``, ``local_size``; None when no such launcher started the
-        process (or it started a single task, which then spawns as usual).
+        ``rank``, ``world_size``, ``local_rank``, ``local_size`` (processes on this node), ``node_rank`` and
+        ``num_nodes``; None when no such launcher started the process (or it started a single task, which
+        then spawns as usual).
     """
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
+        world_size = int(env["WORLD_SIZE"])
+        local_size = int(env.get("LOCAL_WORLD_SIZE", world_size))
+        rank = int(env["RANK"])
         return {
-            "rank": int(env["RANK"]),
-            "world_size": int(env["WORLD_SIZE"]),
+            "rank": rank,
+            "world_size": world_size,
             "local_rank": int(env.get("LOCAL_RANK", 0)),
-            "local_size": int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+            "local_size": local_size,
+            "node_rank": int(env.get("GROUP_RANK", rank // max(local_size, 1))),
+            "num_nodes": int(env.get("GROUP_WORLD_SIZE", max(world_size // max(local_size, 1), 1))),
         }
-    for prefix, rank, tasks, local in (
-        ("SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
-        ("SUBMITIT_LOCAL", "SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_LOCALID"),
-    ):
-        if int(env.get(tasks, "1")) > 1 and rank in env:
-            if prefix == "SLURM":
-                env.setdefault("MASTER_ADDR", first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
-                per_node = env.get("SLURM_NTASKS_PER_NODE", env[tasks]).split("(")[0]
-            else:
-                env.setdefault("MASTER_ADDR", "127.0.0.1")
-                per_node = env[tasks]
-            # Every task derives the same port from the job id; jobs running side by side get different ones.
-            job_id = "".join(c for c in env.get(f"{prefix}_JOB_ID", "0") if c.isdigit()) or "0"
-            env.setdefault("MASTER_PORT", str(20000 + int(job_id) % 20000))
-            return {
-                "rank": int(env[rank]),
-                "world_size": int(env[tasks]),
-                "local_rank": int(env.get(local, 0)),
-                "local_size": int(per_node),
-            }
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        return _get_slurm_rank_info(env)
+    if int(env.get("SUBMITIT_LOCAL_NTASKS", "1")) > 1 and "SUBMITIT_LOCAL_GLOBALID" in env:
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MASTER_PORT", _port_from_job_id(env.get("SUBMITIT_LOCAL_JOB_ID", "0")))
+        tasks = int(env["SUBMITIT_LOCAL_NTASKS"])
+        return {
+            "rank": int(env["SUBMITIT_LOCAL_GLOBALID"]),
+            "world_size": tasks,
+            "local_rank": int(env.get("SUBMITIT_LOCAL_LOCALID", 0)),
+            "local_size": tasks,
+            "node_rank": 0,
+            "num_nodes": 1,
+        }
     return None
+
+
+def _get_slurm_rank_info(env: os._Environ) -> dict[str, int]:
+    env.setdefault("MASTER_ADDR", first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
+    env.setdefault("MASTER_PORT", _port_from_job_id(env.get("SLURM_JOB_ID", "0")))
+    world_size = int(env["SLURM_NTASKS"])
+    node_rank = int(env.get("SLURM_NODEID", 0))
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if per_node:
+        tasks_per_node = expand_slurm_counts(per_node)
+    elif env.get("SLURM_NTASKS_PER_NODE"):
+        tasks_per_node = [int(env["SLURM_NTASKS_PER_NODE"].split("(")[0])] * (node_rank + 1)
+    else:
+        tasks_per_node = [world_size]
+    if node_rank >= len(tasks_per_node):
+        raise ValueError(
+            f"launch: SLURM_NODEID={node_rank} but the tasks per node {per_node!r} list {len(tasks_per_node)} "
+            "node(s); start the job with srun (which sets both consistently)."
+        )
+    return {
+        "rank": int(env["SLURM_PROCID"]),
+        "world_size": world_size,
+        "local_rank": int(env.get("SLURM_LOCALID", 0)),
+        "local_size": tasks_per_node[node_rank],
+        "node_rank": node_rank,
+        "num_nodes": int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or len(tasks_per_node)),
+    }
+
+
+def _port_from_job_id(job_id: str) -> str:
+    # Every task derives the same port from the job id; jobs running side by side get different ones.
+    digits = "".join(c for c in job_id if c.isdigit()) or "0"
+    return str(20000 + int(digits) % 20000)
+
+
+def expand_slurm_counts(text: str) -> list[int]:
+    """SLURM's compressed per-node counts: ``"4(x2),3"`` -> ``[4, 4, 3]``."""
+    counts = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if match is None:
+            raise ValueError(
+                f"launch: cannot read the SLURM per-node counts {text!r} (expected e.g. '4(x2),3')"
+            )
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def get_gpu_index(local_rank: int, local_size: int, visible: int) -> int:
+    """The CUDA device of the process with `local_rank` of the `local_size` processes on its node.
+
+    A process that sees every GPU of its node takes ``cuda:{local_rank}``; one bound to a single GPU
+    (``srun --gpus-per-task=1``, ``--gpu-bind``, CUDA_VISIBLE_DEVICES set per process) takes ``cuda:0``.
+
+    Raises:
+        ValueError: when neither holds (no GPU, or fewer GPUs than processes but more than one).
+    """
+    if visible >= local_size > local_rank:
+        return local_rank
+    if visible == 1:
+        return 0
+    raise ValueError(
+        f"launch: local rank {local_rank} of {local_size} process(es) on this node sees {visible} GPU(s) "
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one GPU per process is "
+        "needed. Give every process all GPUs of its node (srun --gpus-per-node=N) or exactly one "
+        "(srun --gpus-per-task=1), or start one task per node and let lazytrain spawn one process per GPU."
+    )
 
 
 def first_slurm_host(nodelist: str) -> str:
@@ -113,6 +212,26 @@ def _choose_backend(backend: str, use_gpu: bool | None) -> str:
     return "nccl" if use_gpu else "gloo"
 
 
+def get_cpu_threads(processes_sharing: int, cpus_per_process: int | None = None) -> int:
+    """Intra-op CPU threads for one rank: ``OMP_NUM_THREADS`` when set (torchrun sets it); else the CPUs this
+    process may run on (its affinity mask, which follows cgroup cpusets, taskset and SLURM's binding, unlike
+    ``os.cpu_count()``) divided among the `processes_sharing` ranks that share them, at most
+    `cpus_per_process` (SLURM's ``--cpus-per-task``)."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = available // max(1, processes_sharing)
+    return max(1, min(threads, cpus_per_process) if cpus_per_process else threads)
+
+
+def _store_address(init_method: str) -> tuple[str, int]:
+    """Host and port of the job's TCP store: ``tcp://host:port``, or MASTER_ADDR/MASTER_PORT for ``env://``."""
+    if init_method.startswith("tcp://"):
+        host, port = init_method[len("tcp://") :].rsplit(":", 1)
+        return host, int(port)
+    return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+
 def _run_in_group(
     main_func: Callable,
     args: tuple,
@@ -121,30 +240,65 @@ def _run_in_group(
     world_size: int,
     local_rank: int,
     local_size: int,
+    node_rank: int,
     init_method: str,
     backend: str,
     timeout: timedelta,
+    cpu_threads: int,
 ) -> Any:
     import torch
     import torch.distributed as dist
 
+    from lazytrain.launch.rank_watch import RankWatch
     from lazytrain.utils import comm
 
-    use_gpu = backend == "nccl"
-    if use_gpu:
-        torch.cuda.set_device(local_rank)
+    torch.set_num_threads(cpu_threads)
+    if backend == "nccl":
+        torch.cuda.set_device(get_gpu_index(local_rank, local_size, torch.cuda.device_count()))
     dist.init_process_group(
         backend=backend, init_method=init_method, world_size=world_size, rank=rank, timeout=timeout
     )
     try:
-        comm.create_local_process_group(local_size)
+        comm.create_local_process_group(node_rank, timeout=timeout)
+        if backend == "nccl":
+            _check_distinct_gpus()
         comm.synchronize()
-        return main_func(*args)
+        with RankWatch(*_store_address(init_method), rank, world_size):
+            return main_func(*args)
     finally:
         # Multirun jobs run back to back in one process: leave no group behind for the next job.
         if dist.is_initialized():
             dist.destroy_process_group()
         comm.reset_process_groups()
+
+
+def _check_distinct_gpus() -> None:
+    """Two ranks on one GPU would fail deep inside NCCL ("Duplicate GPU detected"): say which, and why."""
+    import torch
+
+    from lazytrain.utils import comm
+
+    device = torch.cuda.current_device()
+    identity = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
+    message = find_shared_gpus(comm.all_gather(identity))
+    if message:
+        raise ValueError(message)
+
+
+def find_shared_gpus(identities: list[tuple[str, str]]) -> str | None:
+    """A message naming the ranks that share a GPU, given every rank's (host, GPU uuid); None if none do."""
+    ranks_of: dict[tuple[str, str], list[int]] = {}
+    for rank, identity in enumerate(identities):
+        ranks_of.setdefault(identity, []).append(rank)
+    shared = [(identity, ranks) for identity, ranks in ranks_of.items() if len(ranks) > 1]
+    if not shared:
+        return None
+    (host, uuid), ranks = shared[0]
+    return (
+        f"launch: ranks {', '.join(map(str, ranks))} all use GPU {uuid} on {host}: each process needs its own "
+        "GPU. Give every task all GPUs of its node (srun --gpus-per-node=N) or one GPU each "
+        "(srun --gpus-per-task=1), and start as many tasks per node as it has GPUs."
+    )
 
 
 def _spawned_worker(
@@ -159,18 +313,16 @@ def _spawned_worker(
     timeout,
     stopped_by_signal,
     result_path: str,
+    cpu_threads: int,
 ) -> None:
-    import torch
-
     # Ctrl-C reaches every process of the terminal's group; only the parent reacts and forwards a SIGTERM,
     # so that each rank sees exactly one stop request (and its data-loader workers, forked later, none).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # SLURM's --signal reaches every process of the job (the default action would kill a rank); the parent
     # handles it (under submitit) and forwards a SIGTERM.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_per_machine))
-    os.environ["LOCAL_RANK"] = str(local_rank)
     rank = machine_rank * num_per_machine + local_rank
+    os.environ.update(LOCAL_RANK=str(local_rank), RANK=str(rank), LOCAL_WORLD_SIZE=str(num_per_machine))
     try:
         result = _run_in_group(
             main_func,
@@ -179,9 +331,11 @@ def _spawned_worker(
             world_size=world_size,
             local_rank=local_rank,
             local_size=num_per_machine,
+            node_rank=machine_rank,
             init_method=dist_url,
             backend=backend,
             timeout=timeout,
+            cpu_threads=cpu_threads,
         )
         if local_rank == 0:
             _save_result(result, result_path)
@@ -192,7 +346,7 @@ def _spawned_worker(
     except Exception as e:
         # A rank that fails only because a peer died (its collective broke) waits a moment, so that the parent
         # reports the rank that failed first, with its own traceback.
-        if _is_peer_failure(e):
+        if is_peer_failure(e):
             time.sleep(5)
         raise
 
@@ -224,15 +378,6 @@ def _load_result(path: str) -> Any:
         return None
 
 
-def _is_peer_failure(error: Exception) -> bool:
-    import torch.distributed as dist
-
-    text = str(error)
-    return (
-        isinstance(error, dist.DistError) or "Connection closed by peer" in text or "Connection reset" in text
-    )
-
-
 def launch(
     main_func: Callable,
     num_gpus_per_machine: int,
@@ -247,34 +392,56 @@ def launch(
 ) -> Any:
     """Run ``main_func(*args)`` in every process of the job.
 
+    Where the processes come from:
+    - no launcher in the environment: `num_gpus_per_machine` processes are spawned on this machine (world
+      size 1 runs in this process);
+    - torchrun, or SLURM/submitit with several tasks per node: this process is one rank (nothing is spawned);
+      its GPU is ``cuda:{local rank}`` when it sees all GPUs of its node, ``cuda:0`` when bound to one;
+    - SLURM/submitit with one task per node and `num_gpus_per_machine` > 1: each task spawns its processes,
+      and the job has ``nodes x num_gpus_per_machine`` ranks (rendezvous at MASTER_ADDR:MASTER_PORT).
+
     Args:
         main_func: a module-level (picklable) function.
         num_gpus_per_machine: processes per machine (GPUs, or CPU workers when `use_gpu` is False).
-        num_machines: machines in the job.
-        machine_rank: this machine's index.
+        num_machines: machines in the job (without a launcher in the environment).
+        machine_rank: this machine's index (without a launcher in the environment).
         dist_url: ``tcp://host:port`` of machine 0, or "auto" (a free local port; one machine only).
         args: arguments of `main_func` (picklable).
-        timeout: process-group timeout (how long a collective waits for a peer).
+        timeout: how long a collective waits for a peer (``launch.timeout``): longer than the longest
+            time one rank works alone, such as the main process's final evaluation.
         backend: "auto" (nccl with one GPU per process when `use_gpu`, else gloo), or an explicit backend.
-        use_gpu: one GPU per process (``cuda.set_device(local_rank)``); None: whether CUDA is available.
+        use_gpu: one GPU per process; None: whether CUDA is available.
 
     Returns:
         `main_func`'s return value in this process (world size 1, torchrun/SLURM), or that of the machine's
         local rank 0 after a spawn.
     """
-    import multiprocessing
-    import tempfile
-
+    backend = _choose_backend(backend, use_gpu)
     env_info = get_env_rank_info()
-    if env_info is not None:
+    if is_rank_from_environment(env_info, num_gpus_per_machine):
         logger.info("Process group from the environment: %s", env_info)
+        # A SLURM task's own CPUs (--cpus-per-task) are its share; torchrun's processes share the node's.
+        slurm_cpus = os.environ.get("SLURM_CPUS_PER_TASK", "") if "SLURM_PROCID" in os.environ else ""
         return _run_in_group(
             main_func,
             args,
-            **env_info,
+            **env_info_for_group(env_info),
             init_method="env://",
-            backend=_choose_backend(backend, use_gpu),
+            backend=backend,
             timeout=timeout,
+            cpu_threads=get_cpu_threads(1, int(slurm_cpus))
+            if slurm_cpus.isdigit()
+            else get_cpu_threads(env_info["local_size"]),
+        )
+    if env_info is not None:
+        # One task per node (srun --ntasks-per-node=1, submitit tasks_per_node=1): it spawns this node's ranks.
+        num_machines, machine_rank = env_info["num_nodes"], env_info["node_rank"]
+        dist_url = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        logger.info(
+            "One task per node: spawning %d processes on node %d of %d",
+            num_gpus_per_machine,
+            machine_rank,
+            num_machines,
         )
     world_size = num_machines * num_gpus_per_machine
     if world_size <= 1:
@@ -287,6 +454,26 @@ def launch(
         dist_url = f"tcp://127.0.0.1:{find_free_port()}"
     elif machine_rank == 0:
         _check_port_free(dist_url)
+    return _spawn(main_func, args, num_gpus_per_machine, world_size, machine_rank, dist_url, backend, timeout)
+
+
+def is_rank_from_environment(env_info: dict[str, int] | None, num_per_machine: int) -> bool:
+    """Whether this process is one rank started by a launcher (torchrun, several SLURM tasks per node), as
+    opposed to a process that spawns the ranks of its machine (no launcher, or one task per node asking for
+    several processes)."""
+    return env_info is not None and not (env_info["local_size"] == 1 and num_per_machine > 1)
+
+
+def env_info_for_group(env_info: dict[str, int]) -> dict[str, int]:
+    """The keys of `get_env_rank_info` that `_run_in_group` takes."""
+    return {key: env_info[key] for key in ("rank", "world_size", "local_rank", "local_size", "node_rank")}
+
+
+def _spawn(main_func, args, num_per_machine, world_size, machine_rank, dist_url, backend, timeout) -> Any:
+    """Spawn this machine's ranks, watch them, and return local rank 0's result."""
+    import multiprocessing
+    import tempfile
+
     multiprocessing.set_start_method("spawn", force=True)
     import torch.multiprocessing as mp
 
@@ -299,15 +486,16 @@ def launch(
             main_func,
             args,
             world_size,
-            num_gpus_per_machine,
+            num_per_machine,
             machine_rank,
             dist_url,
-            _choose_backend(backend, use_gpu),
+            backend,
             timeout,
             stopped_by_signal,
             result_path,
+            get_cpu_threads(num_per_machine),
         ),
-        nprocs=num_gpus_per_machine,
+        nprocs=num_per_machine,
         start_method="spawn",
         join=False,
     )
@@ -320,12 +508,12 @@ def launch(
             while not context.join(timeout=1.0):
                 pass
     except mp.ProcessRaisedException as e:
-        rank = machine_rank * num_gpus_per_machine + e.error_index
+        rank = machine_rank * num_per_machine + e.error_index
         raise RankFailedError(
             f"rank {rank} (process {e.error_index} on machine {machine_rank}) failed:\n{e}"
         ) from None
     except mp.ProcessExitedException as e:
-        rank = machine_rank * num_gpus_per_machine + e.error_index
+        rank = machine_rank * num_per_machine + e.error_index
         raise RankFailedError(
             f"rank {rank} (process {e.error_index} on machine {machine_rank}) exited with code {e.exit_code}"
         ) from None

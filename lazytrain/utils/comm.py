@@ -7,6 +7,7 @@ behaves as rank 0 of a world of size 1), so library code can call them unconditi
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 __all__ = [
     "all_gather",
+    "broadcast_object",
     "create_local_process_group",
     "gather",
     "get_local_process_group",
@@ -32,6 +34,7 @@ __all__ = [
 
 _LOCAL_PROCESS_GROUP = None
 _GLOO_GROUP = None
+_GROUP_TIMEOUT: timedelta | None = None
 
 
 def is_initialized() -> bool:
@@ -49,26 +52,25 @@ def get_rank() -> int:
     return dist.get_rank() if is_initialized() else 0
 
 
-def create_local_process_group(num_workers_per_machine: int) -> None:
-    """Create the group of the processes on this machine (`launch` does it for you).
+def create_local_process_group(node: int | str, *, timeout: timedelta | None = None) -> None:
+    """Create the group of the processes on this machine, and the CPU group for Python objects (`launch`
+    does it for you).
 
-    Collective: every rank must call it, since each group is created by all ranks.
+    Collective: every rank must call it. Ranks are grouped by the `node` each one gives, so any placement
+    works (SLURM's block or cyclic distribution, uneven tasks per node).
 
     Args:
-        num_workers_per_machine: processes per machine; ranks ``[m * n, (m + 1) * n)`` run on machine ``m``.
+        node: this machine's id (the same for all ranks on one machine): e.g. SLURM_NODEID, torchrun's
+            GROUP_RANK or launch's machine rank.
+        timeout: how long collectives of these groups wait for a peer (None: torch's default, 30 minutes).
     """
-    global _LOCAL_PROCESS_GROUP
-    world_size = get_world_size()
-    if world_size % num_workers_per_machine != 0:
-        raise ValueError(
-            f"create_local_process_group(num_workers_per_machine={num_workers_per_machine}): world size "
-            f"{world_size} is not a multiple of it."
-        )
-    machine = get_rank() // num_workers_per_machine
-    for index in range(world_size // num_workers_per_machine):
-        ranks = list(range(index * num_workers_per_machine, (index + 1) * num_workers_per_machine))
-        group = dist.new_group(ranks)
-        if index == machine:
+    global _LOCAL_PROCESS_GROUP, _GROUP_TIMEOUT
+    _GROUP_TIMEOUT = timeout
+    nodes = all_gather(node)
+    for machine in sorted(set(nodes), key=nodes.index):
+        ranks = [rank for rank, other in enumerate(nodes) if other == machine]
+        group = dist.new_group(ranks, timeout=timeout)
+        if machine == node:
             _LOCAL_PROCESS_GROUP = group
 
 
@@ -83,9 +85,10 @@ def reset_process_groups() -> None:
     Multirun jobs bring a process group up and down in one process; a group kept from a previous job would
     point at a destroyed backend.
     """
-    global _LOCAL_PROCESS_GROUP, _GLOO_GROUP
+    global _LOCAL_PROCESS_GROUP, _GLOO_GROUP, _GROUP_TIMEOUT
     _LOCAL_PROCESS_GROUP = None
     _GLOO_GROUP = None
+    _GROUP_TIMEOUT = None
 
 
 def get_local_rank() -> int:
@@ -128,7 +131,12 @@ def _gloo_group() -> dist.ProcessGroup:
     # collective, so every rank reaches this point in the same order (the first gather of the job).
     global _GLOO_GROUP
     if _GLOO_GROUP is None:
-        _GLOO_GROUP = dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else dist.group.WORLD
+        # A new group does not inherit init_process_group's timeout: pass launch.timeout on (the other ranks
+        # wait here while the main process evaluates alone).
+        if dist.get_backend() == "nccl":
+            _GLOO_GROUP = dist.new_group(backend="gloo", timeout=_GROUP_TIMEOUT)
+        else:
+            _GLOO_GROUP = dist.group.WORLD
     return _GLOO_GROUP
 
 
@@ -161,6 +169,15 @@ def gather(data: Any, dst: int = 0, group: dist.ProcessGroup | None = None) -> l
     output = [None] * dist.get_world_size(group) if get_rank() == dst else None
     dist.gather_object(data, output, dst=dst, group=group)
     return output if get_rank() == dst else []
+
+
+def broadcast_object(data: Any, src: int = 0) -> Any:
+    """Rank `src`'s value of a picklable object, on every rank (rank `src` decides, the others follow)."""
+    if get_world_size() == 1:
+        return data
+    holder = [data if get_rank() == src else None]
+    dist.broadcast_object_list(holder, src=src, group=_gloo_group())
+    return holder[0]
 
 
 def max_over_ranks(value: int) -> int:
