@@ -265,6 +265,14 @@ def _run_in_group(
         comm.synchronize()
         with RankWatch(*_store_address(init_method), rank, world_size):
             return main_func(*args)
+    except Exception as e:
+        if "timed out" in str(e).lower() or "timeout" in type(e).__name__.lower():
+            raise RuntimeError(
+                f"rank {rank}: a collective waited longer than launch.timeout ({timeout}) for the other ranks: "
+                f"{str(e).strip().splitlines()[0]}. If one rank legitimately works alone that long (the main "
+                "process's final evaluation on a large data set), raise launch.timeout (e.g. launch.timeout=8h)."
+            ) from e
+        raise
     finally:
         # Multirun jobs run back to back in one process: leave no group behind for the next job.
         if dist.is_initialized():

@@ -100,11 +100,17 @@ class RankWatch:
 
         if is_agreed(error) or self._store is None:
             return
-        if is_peer_failure(error):
+        if is_peer_failure(error) and not self._has_failure():
             # This rank's collective broke because a peer ended: let the watch thread name that peer first.
             self._death_seen.wait(2 * self.interval + 1)
         first_line = (str(error).strip().splitlines() or [""])[0]
         self._record(f"rank {self.rank} failed: {type(error).__name__}: {first_line}")
+
+    def _has_failure(self) -> bool:
+        try:
+            return self._store.check([FAILURE_KEY])
+        except Exception:
+            return True  # the store is gone: nothing more to learn from it
 
     def _record(self, failure: str) -> None:
         try:

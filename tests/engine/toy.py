@@ -126,8 +126,9 @@ class ToyEvaluator(DatasetEvaluator):
     It also draws from torch's global RNG, as real evaluation code may (EvalHook must shield training).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sleep_seconds: float = 0.0) -> None:
         _count("evaluator")
+        self.sleep_seconds = sleep_seconds  # the main process evaluates this long alone (others wait)
         self.reset()
 
     def reset(self):
@@ -141,6 +142,7 @@ class ToyEvaluator(DatasetEvaluator):
     def evaluate(self):
         if comm.get_rank() != 0:
             return {}
+        time.sleep(self.sleep_seconds)
         mae = sum(self.errors) / len(self.errors)
         return {"toy": {"AP": 100.0 - mae, "MAE": mae}}
 
@@ -225,3 +227,24 @@ def signal_during_evaluation(trainer, iteration: int, signum: int) -> None:
 
     sent: list[bool] = []
     trainer.model.register_forward_pre_hook(before_forward)
+
+
+def fail_at(trainer, iteration: int) -> None:
+    """Raise after step `iteration` (one rank's own failure, e.g. a bug in a hook or bad data)."""
+    if trainer.iter == iteration:
+        raise RuntimeError(f"deliberate failure at iteration {iteration}")
+
+
+def record_start_iteration(trainer, output_dir: str) -> None:
+    """Write the iteration this rank starts (or resumes) from into ``start_iter.rank<R>``."""
+    with open(os.path.join(output_dir, f"start_iter.rank{comm.get_rank()}"), "w") as f:
+        f.write(str(trainer.start_iter))
+
+
+def ddp_main_with_lagging_file_system(cfg_container: dict) -> None:
+    """`ddp_main`, but rank 1 reads an older ``last_checkpoint`` (a shared file system that lags behind)."""
+    from lazytrain.engine.checkpoint import Checkpointer
+
+    if comm.get_rank() == 1:
+        Checkpointer.get_checkpoint_file = lambda self: os.path.join(self.save_dir, "model_0000001.pth")
+    ddp_main(cfg_container)

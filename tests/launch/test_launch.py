@@ -5,9 +5,19 @@ import socket
 import pytest
 
 from lazytrain.launch import launch as launch_module
-from lazytrain.launch.launch import first_slurm_host, get_env_rank_info, launch
+from lazytrain.launch.launch import first_slurm_host, get_env_rank_info, get_gpu_index, launch
 
-_LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_LAUNCHER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 
 @pytest.fixture
@@ -27,41 +37,237 @@ def test_no_launcher_means_spawn(clean_env):
     assert get_env_rank_info() is None
 
 
-def test_torchrun_environment(clean_env):
-    for name, value in dict(
-        RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="h"
-    ).items():
+# Each documented way to start a job, as the environment its processes see (one representative rank each):
+# (id, environment, GPUs that process sees, processes asked per machine (launch.num_gpus resolved),
+#  expected: whether the process is a rank itself, rank, world size, local rank, processes on its node, node,
+#  its GPU).
+_TWO_NODES = dict(SLURM_JOB_NODELIST="gpu[07-08]", SLURM_JOB_ID="4242", SLURM_NNODES="2")
+ENVIRONMENTS = [
+    ("spawn, no launcher", {}, 8, 8, (False, None, None, 3, 8, 0, 3)),
+    (
+        "torchrun --nnodes=2 --nproc-per-node=8",
+        dict(
+            RANK="11", WORLD_SIZE="16", LOCAL_RANK="3", LOCAL_WORLD_SIZE="8", GROUP_RANK="1", MASTER_ADDR="h"
+        ),
+        8,
+        8,
+        (True, 11, 16, 3, 8, 1, 3),
+    ),
+    (
+        "torchrun without GROUP_RANK (older torch)",
+        dict(RANK="11", WORLD_SIZE="16", LOCAL_RANK="3", LOCAL_WORLD_SIZE="8", MASTER_ADDR="h"),
+        8,
+        8,
+        (True, 11, 16, 3, 8, 1, 3),
+    ),
+    (
+        "srun -N2 --ntasks-per-node=8",
+        dict(
+            SLURM_PROCID="9",
+            SLURM_NTASKS="16",
+            SLURM_LOCALID="1",
+            SLURM_NODEID="1",
+            SLURM_NTASKS_PER_NODE="8",
+            SLURM_TASKS_PER_NODE="8(x2)",
+            **_TWO_NODES,
+        ),
+        8,
+        8,
+        (True, 9, 16, 1, 8, 1, 1),
+    ),
+    (
+        "srun -N2 -n16 (no --ntasks-per-node)",
+        dict(
+            SLURM_PROCID="9",
+            SLURM_NTASKS="16",
+            SLURM_LOCALID="1",
+            SLURM_NODEID="1",
+            SLURM_TASKS_PER_NODE="8(x2)",
+            **_TWO_NODES,
+        ),
+        8,
+        8,
+        (True, 9, 16, 1, 8, 1, 1),
+    ),
+    (
+        "srun -N2 -n12, uneven (7 + 5)",
+        dict(
+            SLURM_PROCID="10",
+            SLURM_NTASKS="12",
+            SLURM_LOCALID="3",
+            SLURM_NODEID="1",
+            SLURM_STEP_TASKS_PER_NODE="7,5",
+            SLURM_TASKS_PER_NODE="8(x2)",
+            **_TWO_NODES,
+        ),
+        8,
+        8,
+        (True, 10, 12, 3, 5, 1, 3),
+    ),
+    (
+        "srun --gpus-per-task=1 (each task sees one GPU)",
+        dict(
+            SLURM_PROCID="13",
+            SLURM_NTASKS="16",
+            SLURM_LOCALID="5",
+            SLURM_NODEID="1",
+            SLURM_TASKS_PER_NODE="8(x2)",
+            CUDA_VISIBLE_DEVICES="5",
+            **_TWO_NODES,
+        ),
+        1,
+        1,
+        (True, 13, 16, 5, 8, 1, 0),
+    ),
+    (
+        "srun -N2 -n4 --distribution=cyclic",
+        dict(
+            SLURM_PROCID="3",
+            SLURM_NTASKS="4",
+            SLURM_LOCALID="1",
+            SLURM_NODEID="1",
+            SLURM_TASKS_PER_NODE="2(x2)",
+            SLURM_DISTRIBUTION="cyclic",
+            **_TWO_NODES,
+        ),
+        2,
+        2,
+        (True, 3, 4, 1, 2, 1, 1),
+    ),
+    (
+        "srun -N2 --ntasks-per-node=1: each task spawns 8",
+        dict(
+            SLURM_PROCID="1",
+            SLURM_NTASKS="2",
+            SLURM_LOCALID="0",
+            SLURM_NODEID="1",
+            SLURM_TASKS_PER_NODE="1(x2)",
+            **_TWO_NODES,
+        ),
+        8,
+        8,
+        (False, None, 16, 3, 8, 1, 3),
+    ),
+    (
+        "submitit (SLURM) tasks_per_node=8",
+        dict(
+            SLURM_PROCID="6",
+            SLURM_NTASKS="8",
+            SLURM_LOCALID="6",
+            SLURM_NODEID="0",
+            SLURM_TASKS_PER_NODE="8",
+            SLURM_JOB_NODELIST="gpu07",
+            SLURM_JOB_ID="7",
+        ),
+        8,
+        8,
+        (True, 6, 8, 6, 8, 0, 6),
+    ),
+    (
+        "submitit (SLURM) tasks_per_node=1, gpus_per_node=8, one node",
+        dict(SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_JOB_ID="7"),
+        8,
+        8,
+        (False, None, 8, 3, 8, 0, 3),
+    ),
+    (
+        "submitit local, tasks_per_node=2",
+        dict(SUBMITIT_LOCAL_NTASKS="2", SUBMITIT_LOCAL_GLOBALID="1", SUBMITIT_LOCAL_LOCALID="1"),
+        2,
+        2,
+        (True, 1, 2, 1, 2, 0, 1),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "environment, visible, per_machine, expected",
+    [pytest.param(*case[1:], id=case[0]) for case in ENVIRONMENTS],
+)
+def test_every_start_up_way_picks_the_right_gpu(clean_env, environment, visible, per_machine, expected):
+    is_rank, rank, world_size, local_rank, local_size, node, gpu = expected
+    for name, value in environment.items():
         clean_env.setenv(name, value)
-    assert get_env_rank_info() == {"rank": 3, "world_size": 4, "local_rank": 1, "local_size": 2}
+    info = get_env_rank_info()
+    assert launch_module.is_rank_from_environment(info, per_machine) == is_rank
+    if is_rank:
+        assert (info["rank"], info["world_size"], info["local_rank"]) == (rank, world_size, local_rank)
+        assert (info["local_size"], info["node_rank"]) == (local_size, node)
+    elif info is not None:  # one task per node: it spawns `per_machine` ranks, node by node
+        assert info["num_nodes"] * per_machine == world_size and info["node_rank"] == node
+    # The GPU of (spawned or started) local rank `local_rank`: launch.get_gpu_index under the mocked count.
+    assert get_gpu_index(local_rank, local_size, visible) == gpu
 
 
-def test_slurm_environment(clean_env):
+def test_slurm_master_address_and_port(clean_env):
     import os
 
-    env = dict(
-        SLURM_PROCID="5",
-        SLURM_NTASKS="8",
-        SLURM_LOCALID="1",
-        SLURM_NTASKS_PER_NODE="4(x2)",
-        SLURM_JOB_NODELIST="gpu-node[07-08]",
-        SLURM_JOB_ID="123456",
-    )
-    for name, value in env.items():
+    env = dict(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_TASKS_PER_NODE="4(x2)")
+    for name, value in {**env, "SLURM_JOB_NODELIST": "gpu-node[07-08]", "SLURM_JOB_ID": "123456"}.items():
         clean_env.setenv(name, value)
-    assert get_env_rank_info() == {"rank": 5, "world_size": 8, "local_rank": 1, "local_size": 4}
-    assert os.environ["MASTER_ADDR"] == "gpu-node07" and os.environ["MASTER_PORT"] == str(
-        20000 + 123456 % 20000
-    )
+    assert get_env_rank_info()["local_size"] == 4
+    assert os.environ["MASTER_ADDR"] == "gpu-node07"
+    assert os.environ["MASTER_PORT"] == str(20000 + 123456 % 20000)
 
 
-def test_submitit_local_environment(clean_env):
+def test_submitit_local_address_and_port(clean_env):
     import os
 
     env = dict(SUBMITIT_LOCAL_NTASKS="2", SUBMITIT_LOCAL_GLOBALID="1", SUBMITIT_LOCAL_LOCALID="1")
     for name, value in {**env, "SUBMITIT_LOCAL_JOB_ID": "4242"}.items():
         clean_env.setenv(name, value)
-    assert get_env_rank_info() == {"rank": 1, "world_size": 2, "local_rank": 1, "local_size": 2}
+    assert get_env_rank_info()["rank"] == 1
     assert os.environ["MASTER_ADDR"] == "127.0.0.1" and os.environ["MASTER_PORT"] == "24242"
+
+
+@pytest.mark.parametrize(
+    "local_rank, local_size, visible",
+    [
+        pytest.param(5, 8, 4, id="8 tasks, 4 GPUs each"),
+        pytest.param(0, 2, 0, id="no GPU"),
+    ],
+)
+def test_gpu_choice_that_cannot_work_says_why(local_rank, local_size, visible):
+    with pytest.raises(ValueError, match=r"one GPU per process is needed.*--gpus-per-task=1"):
+        get_gpu_index(local_rank, local_size, visible)
+
+
+def test_two_ranks_on_one_gpu_are_named():
+    identities = [("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-a"), ("n1", "GPU-a")]
+    assert "ranks 0, 3 all use GPU GPU-a on n1" in launch_module.find_shared_gpus(identities)
+    assert launch_module.find_shared_gpus(identities[:3]) is None
+
+
+@pytest.mark.parametrize(
+    "text, counts",
+    [("8", [8]), ("4(x2),3", [4, 4, 3]), ("2,1(x3)", [2, 1, 1, 1])],
+)
+def test_expand_slurm_counts(text, counts):
+    assert launch_module.expand_slurm_counts(text) == counts
+
+
+def test_cpu_threads_follow_the_affinity_mask_not_the_core_count(clean_env, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert launch_module.get_cpu_threads(8) == 2
+    assert launch_module.get_cpu_threads(1, cpus_per_process=6) == 6  # SLURM --cpus-per-task=6
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert launch_module.get_cpu_threads(8) == 3
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [(30, 1800), ("90s", 90), ("30m", 1800), ("4h", 14400), ("1.5h", 5400)],
+)
+def test_parse_timeout(value, seconds):
+    assert launch_module.parse_timeout(value).total_seconds() == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "-5m", 0, True])
+def test_bad_timeout_is_refused(value):
+    with pytest.raises(ValueError, match=r"launch.timeout=.*'90s', '30m', '4h'"):
+        launch_module.parse_timeout(value)
 
 
 @pytest.mark.parametrize(
