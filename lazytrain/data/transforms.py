@@ -83,9 +83,12 @@ class ResizeTransform(Transform):
     def apply_masks(self, masks: torch.Tensor) -> torch.Tensor:
         if masks.shape[0] == 0:
             return masks.new_zeros((0, self.new_height, self.new_width))
-        return F.resize_mask(
-            masks, [self.new_height, self.new_width], interpolation=InterpolationMode.NEAREST_EXACT
-        )
+        # torchvision 0.26 (the floor) has no `interpolation` argument in resize_mask (added by pytorch/vision
+        # PR 9497) and resizes masks with NEAREST there, which samples at pixel corners and moves masks by half
+        # an output pixel against boxes and polygons. resize_mask(interpolation=NEAREST_EXACT) only calls
+        # resize_image, so calling that directly gives the same masks on every supported torchvision.
+        size = [self.new_height, self.new_width]
+        return F.resize_image(masks, size, interpolation=InterpolationMode.NEAREST_EXACT)
 
     def apply_boxes(self, boxes: torch.Tensor) -> torch.Tensor:
         size = [self.new_height, self.new_width]

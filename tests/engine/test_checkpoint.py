@@ -180,7 +180,10 @@ def test_non_strict_load_reports_mismatches():
 
 def test_module_prefix_handled_both_ways(tmp_path):
     plain = toy.ToyRegressor()
-    wrapped = torch.nn.DataParallel(toy.ToyRegressor())
+    # With exactly one GPU visible, DataParallel moves its module to cuda:0; only the wrapper matters here (the
+    # module is never run through it), so it goes back to the CPU, where `plain` and the loaded files are.
+    wrapped = torch.nn.DataParallel(toy.ToyRegressor()).cpu()
+    assert wrapped.module.linear.weight.device.type == "cpu"
     Checkpointer(wrapped, str(tmp_path / "w")).save("m")
     saved = torch.load(tmp_path / "w" / "m.pth", weights_only=True)["model"]
     assert not any(key.startswith("module.") for key in saved)  # wrapper keys never reach the file
