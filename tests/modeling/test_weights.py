@@ -3,7 +3,8 @@ import torch
 from torchvision.models import resnet18
 from torchvision.models.detection import maskrcnn_resnet50_fpn
 
-from lazytrain.modeling.weights import load_init_weights
+from lazytrain.errors import ConfigError
+from lazytrain.modeling.weights import load_init_weights, prefetch_init_weights
 from tests.modeling.helpers import R50_RECIPE, build_model
 
 
@@ -82,14 +83,35 @@ def test_imagenet_weights_need_a_resnet(tmp_path):
         load_init_weights(torch.nn.Linear(2, 2), path)
 
 
+def test_weights_named_by_url_are_downloaded_once_and_loaded(file_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    classifier = resnet18(weights=None)
+    url = file_server.add_weights(classifier.state_dict(), "resnet18")
+    name = url.rsplit("/", 1)[1]
+    for _ in range(2):
+        model = build_model()
+        report = load_init_weights(model, url)
+        assert report.path == url
+        assert report.source == "ImageNet ResNet state dict, loaded into backbone.body."
+        assert torch.equal(model.backbone.body.layer4[1].conv2.weight, classifier.layer4[1].conv2.weight)
+    assert file_server.requests == {f"/{name}": 1}
+    assert prefetch_init_weights(url) == str(tmp_path / "torch" / "hub" / "checkpoints" / name)
+    assert prefetch_init_weights("/data/weights.pth") == "/data/weights.pth"  # local paths go through
+
+
 def test_missing_file_and_unreachable_url_name_the_path(tmp_path, monkeypatch):
-    monkeypatch.setenv("FVCORE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     missing = str(tmp_path / "nope.pth")
     with pytest.raises(FileNotFoundError, match=f"init checkpoint not found: {missing}"):
         load_init_weights(build_model(), missing)
-    url = "http://127.0.0.1:9/weights/model_final.pth"  # the discard port: connection refused at once
-    with pytest.raises(OSError, match=f"could not fetch {url}"):
+    url = (
+        "http://127.0.0.1:9/weights/model_final-0123abcd.pth"  # the discard port: connection refused at once
+    )
+    cache = tmp_path / "torch" / "hub" / "checkpoints" / "model_final-0123abcd.pth"
+    with pytest.raises(ConfigError) as error:
         load_init_weights(build_model(), url)
+    assert str(error.value).startswith(f"train.init_checkpoint={url}: could not download it (")
+    assert f"copy the file to {cache} " in str(error.value)
 
 
 def test_files_needing_unpickling_are_refused_unless_allowed(tmp_path):
