@@ -14,6 +14,11 @@ Paths may be local files or http(s) URLs. A URL is downloaded once per machine i
 (``torch.hub.get_dir()/checkpoints/``), verified by the sha256 prefix in its name and reused after
 (`lazytrain.modeling.download`); `prefetch_init_weights` does it in the launching process, before the ranks
 start, so that a machine without internet fails with one line saying where to put the file.
+
+With another number of classes than the file (fine-tuning a COCO Mask R-CNN on LVIS or on a user's data), the
+class-dependent layers (``roi_heads.box_predictor.cls_score``/``bbox_pred``,
+``roi_heads.mask_predictor.mask_fcn_logits``) differ in shape: they keep the model's fresh initialisation, and
+the report names them as re-initialised.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ class WeightsReport:
         loaded: model keys that received a tensor.
         missing: model keys the file did not provide (they keep their initial values).
         unexpected: file keys the model does not have (ignored).
-        shape_mismatched: ``(key, shape in file, shape in model)`` for tensors skipped.
+        shape_mismatched: ``(key, shape in file, shape in model)`` for tensors skipped; their modules, listed by
+            `reinitialised`, keep the model's fresh initialisation.
         ignored: file keys dropped on purpose (e.g. the ImageNet classifier ``fc``).
     """
 
@@ -64,14 +70,27 @@ class WeightsReport:
     shape_mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
 
+    @property
+    def reinitialised(self) -> list[str]:
+        """Modules whose tensors were not loaded because their shape differs from the file's (in the file's
+        order): with another class count, the box and mask predictors' last layers. They keep
+        the model's fresh initialisation."""
+        return list(dict.fromkeys(key.rpartition(".")[0] for key, _, _ in self.shape_mismatched))
+
     def __str__(self) -> str:
         total = len(self.loaded) + len(self.missing) + len(self.shape_mismatched)
         lines = [
             f"init weights from {self.path} ({self.source}): {len(self.loaded)} of {total} model tensors loaded"
         ]
         if self.shape_mismatched:
-            lines.append("  skipped, shape differs (file vs model):")
-            lines += [f"    {key}: {tuple(a)} vs {tuple(b)}" for key, a, b in self.shape_mismatched]
+            lines.append(
+                f"  re-initialised (shape differs from the file's, e.g. another number of classes): "
+                f"{', '.join(self.reinitialised)}"
+            )
+            lines += [
+                f"    {key}: {tuple(a)} in the file, {tuple(b)} in the model"
+                for key, a, b in self.shape_mismatched
+            ]
         for title, keys in (
             ("missing in file (kept at init)", self.missing),
             ("unexpected in file (unused)", self.unexpected),

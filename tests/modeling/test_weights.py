@@ -5,7 +5,7 @@ from torchvision.models.detection import maskrcnn_resnet50_fpn
 
 from lazytrain.errors import ConfigError
 from lazytrain.modeling.weights import load_init_weights, prefetch_init_weights
-from tests.modeling.helpers import R50_RECIPE, build_model
+from tests.modeling.helpers import R50_RECIPE, build_model, log_messages
 
 
 def _save(state, path):
@@ -36,8 +36,15 @@ def test_torchvision_mask_rcnn_weights_load_key_for_key_except_the_predictors(tm
         "roi_heads.mask_head.0.0.weight",
     ):
         assert torch.equal(own[key], coco.state_dict()[key])
+    assert report.reinitialised == [
+        "roi_heads.box_predictor.cls_score",
+        "roi_heads.box_predictor.bbox_pred",
+        "roi_heads.mask_predictor.mask_fcn_logits",
+    ]
     text = str(report)
-    assert "roi_heads.box_predictor.cls_score.weight: (91, 1024) vs (1204, 1024)" in text
+    assert (
+        "roi_heads.box_predictor.cls_score.weight: (91, 1024) in the file, (1204, 1024) in the model" in text
+    )
 
 
 def test_imagenet_resnet_loads_into_the_backbone_body(tmp_path):
@@ -81,6 +88,40 @@ def test_imagenet_weights_need_a_resnet(tmp_path):
     path = _save(resnet18(weights=None).state_dict(), tmp_path / "r18.pth")
     with pytest.raises(ValueError, match="the model has no ResNet trunk"):
         load_init_weights(torch.nn.Linear(2, 2), path)
+
+
+def test_fine_tuning_with_another_class_count_reinitialises_the_predictors_and_says_so(tmp_path):
+    # A lazytrain checkpoint trained on 3 classes starts a 5-class model: everything loads but the
+    # class-dependent layers, which keep the new model's initialisation, and the log names them.
+    source = build_model(overrides=("model.num_classes=3",))
+    path = _save({"model": source.state_dict(), "iteration": 9}, tmp_path / "model_final.pth")
+    target = build_model(overrides=("model.num_classes=5",))
+    fresh = {key: value.clone() for key, value in target.state_dict().items()}
+    with log_messages("lazytrain.modeling.weights") as messages:
+        report = load_init_weights(target, path)
+    reinitialised = [
+        "roi_heads.box_predictor.cls_score",
+        "roi_heads.box_predictor.bbox_pred",
+        "roi_heads.mask_predictor.mask_fcn_logits",
+    ]
+    assert report.reinitialised == reinitialised
+    assert report.missing == report.unexpected == []
+    (message,) = messages
+    lines = message.splitlines()
+    assert (
+        lines[0]
+        == f"init weights from {path} (lazytrain checkpoint): {len(fresh) - 6} of {len(fresh)} model tensors loaded"
+    )
+    assert lines[1] == (
+        "  re-initialised (shape differs from the file's, e.g. another number of classes): "
+        + ", ".join(reinitialised)
+    )
+    assert (
+        "    roi_heads.box_predictor.cls_score.weight: (4, 256) in the file, (6, 256) in the model" in lines
+    )
+    for key, value in target.state_dict().items():
+        expected = fresh[key] if key.rpartition(".")[0] in reinitialised else source.state_dict()[key]
+        assert torch.equal(value, expected), key
 
 
 def test_weights_named_by_url_are_downloaded_once_and_loaded(file_server, tmp_path, monkeypatch):
