@@ -7,6 +7,8 @@ Hardware:  as conf/rfs_maskrcnn_custom.py (GPUs; train.device=cpu on CPU).
 Runtime:   a little faster per iteration than conf/rfs_maskrcnn_custom.py (no mask head).
 Expected:  depends on your data; metrics.json has bbox/ AP, APr, APc, APf.
 Smoke:     train.max_iter=2 dataloader.train.total_batch_size=2 train.device=cpu (with your data.* keys).
+Weights:   as conf/rfs_maskrcnn_custom.py: ImageNet ResNet-50 by default (downloaded once per machine into
+           torch hub's cache), train.init_checkpoint=PATH for a file, train.init_checkpoint="" for random init.
 
 The same recipe as conf/rfs_maskrcnn_custom.py without the mask branch, for exports whose annotations have
 boxes but no 'segmentation' (the mask recipe stops before starting and points here).

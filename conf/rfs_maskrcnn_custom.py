@@ -14,6 +14,11 @@ Runtime:   as conf/rfs_maskrcnn.py per iteration (180k iterations by default; ab
 Expected:  depends on your data. The log names the evaluation protocol and how categories were binned;
            metrics.json has bbox/ and segm/ AP, APr, APc, APf and eval_protocol/exhaustive or /federated.
 Smoke:     train.max_iter=2 dataloader.train.total_batch_size=2 train.device=cpu (with your data.* keys).
+Weights:   ImageNet ResNet-50 by default, downloaded once per machine, as conf/rfs_maskrcnn.py (offline: copy
+           resnet50-0676ba61.pth to $TORCH_HOME/hub/checkpoints/, by default ~/.cache/torch/hub/checkpoints/).
+           train.init_checkpoint=PATH fine-tunes from a file (a COCO Mask R-CNN: its predictors are
+           re-initialised for your classes, and the log names them); train.init_checkpoint="" starts from
+           random weights.
 
 Before any process starts, the files are checked (json syntax, image folders, every image present, val
 categories = train categories, masks present); each problem is one line naming the file and the fix.

@@ -35,6 +35,8 @@ dataloader.train.sampler.repeat_thresh = 0.3
 model.roi_heads.score_thresh = 0.001
 
 lr_multiplier.warmup_iters = 50
+# Random init on purpose (ResNet-18 with trainable BN), not the ImageNet ResNet-50 of conf/rfs_maskrcnn.py.
+train.init_checkpoint = ""
 train.max_iter = 400
 train.eval_period = 0
 train.log_period = 20

@@ -10,8 +10,15 @@ shape differs from the model's (a new box predictor for another class count), an
 - an ImageNet classification ResNet state dict (``conv1.*``, ``layer1.*``, ``fc.*``): loaded into the
   model's ResNet (found by its keys, ``backbone.body.`` for `RCNN`); the classifier ``fc`` is ignored.
 
-Paths may be local files or URLs (iopath; downloads are cached under ``$FVCORE_CACHE`` or
-``~/.torch/iopath_cache``).
+Paths may be local files or http(s) URLs. A URL is downloaded once per machine into torch hub's cache
+(``torch.hub.get_dir()/checkpoints/``), verified by the sha256 prefix in its name and reused after
+(`lazytrain.modeling.download`); `prefetch_init_weights` does it in the launching process, before the ranks
+start, so that a machine without internet fails with one line saying where to put the file.
+
+With another number of classes than the file (fine-tuning a COCO Mask R-CNN on LVIS or on a user's data), the
+class-dependent layers (``roi_heads.box_predictor.cls_score``/``bbox_pred``,
+``roi_heads.mask_predictor.mask_fcn_logits``) differ in shape: they keep the model's fresh initialisation, and
+the report names them as re-initialised.
 """
 
 from __future__ import annotations
@@ -23,15 +30,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
-from iopath.common.file_io import HTTPURLHandler, PathManager
 from torch import nn
 
-__all__ = ["WeightsReport", "get_local_path", "load_init_weights", "load_state_dict_report"]
+from lazytrain.modeling.download import download_to_cache, is_url
+
+__all__ = [
+    "WeightsReport",
+    "get_local_path",
+    "load_init_weights",
+    "load_state_dict_report",
+    "prefetch_init_weights",
+]
 
 logger = logging.getLogger(__name__)
-
-_path_manager = PathManager()
-_path_manager.register_handler(HTTPURLHandler())
 
 _IMAGENET_RESNET_KEYS = ("conv1.weight", "layer1.0.conv1.weight")
 
@@ -46,7 +57,8 @@ class WeightsReport:
         loaded: model keys that received a tensor.
         missing: model keys the file did not provide (they keep their initial values).
         unexpected: file keys the model does not have (ignored).
-        shape_mismatched: ``(key, shape in file, shape in model)`` for tensors skipped.
+        shape_mismatched: ``(key, shape in file, shape in model)`` for tensors skipped; their modules, listed by
+            `reinitialised`, keep the model's fresh initialisation.
         ignored: file keys dropped on purpose (e.g. the ImageNet classifier ``fc``).
     """
 
@@ -58,14 +70,27 @@ class WeightsReport:
     shape_mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
 
+    @property
+    def reinitialised(self) -> list[str]:
+        """Modules whose tensors were not loaded because their shape differs from the file's (in the file's
+        order): with another class count, the box and mask predictors' last layers. They keep
+        the model's fresh initialisation."""
+        return list(dict.fromkeys(key.rpartition(".")[0] for key, _, _ in self.shape_mismatched))
+
     def __str__(self) -> str:
         total = len(self.loaded) + len(self.missing) + len(self.shape_mismatched)
         lines = [
             f"init weights from {self.path} ({self.source}): {len(self.loaded)} of {total} model tensors loaded"
         ]
         if self.shape_mismatched:
-            lines.append("  skipped, shape differs (file vs model):")
-            lines += [f"    {key}: {tuple(a)} vs {tuple(b)}" for key, a, b in self.shape_mismatched]
+            lines.append(
+                f"  re-initialised (shape differs from the file's, e.g. another number of classes): "
+                f"{', '.join(self.reinitialised)}"
+            )
+            lines += [
+                f"    {key}: {tuple(a)} in the file, {tuple(b)} in the model"
+                for key, a, b in self.shape_mismatched
+            ]
         for title, keys in (
             ("missing in file (kept at init)", self.missing),
             ("unexpected in file (unused)", self.unexpected),
@@ -84,22 +109,36 @@ def _summarise_keys(keys: list[str]) -> str:
     return ", ".join(f"{name} ({count})" for name, count in groups.items())
 
 
-def get_local_path(path: str) -> str:
-    """A local file for `path`, downloading (and caching) URLs.
+def prefetch_init_weights(path: str) -> str:
+    """Make ``train.init_checkpoint`` a local file now: download a URL into this machine's cache (once).
+
+    Call it in the launching process before the ranks start: they then find the file in the cache instead of
+    each trying to download it, and a machine without internet stops before any expensive work with one line
+    naming the URL, the cache path to put the file at, and ``train.init_checkpoint=PATH`` /
+    ``train.init_checkpoint=""``. Concurrent calls (one per machine of a multi-machine job, or ranks started
+    by torchrun) download once; the others wait.
+
+    Args:
+        path: a local path (returned as it is) or an ``http(s)://`` URL.
+
+    Returns:
+        The local path to read.
 
     Raises:
-        OSError: an URL could not be fetched (the message names it).
-        FileNotFoundError: the local file does not exist.
+        ConfigError: the URL could not be downloaded, or is not http(s).
+        CheckpointError: the file's sha256 does not match the prefix in its name.
     """
-    local = path
-    if "://" in path:
-        try:
-            local = _path_manager.get_local_path(path)
-        except Exception as e:  # iopath raises whatever urllib or the handler raises
-            raise OSError(
-                f"load_init_weights: could not fetch {path}: {e}. Check the URL and the network, or download "
-                "the file and set train.init_checkpoint to its local path."
-            ) from e
+    return download_to_cache(path) if is_url(path) else path
+
+
+def get_local_path(path: str) -> str:
+    """A local file for `path`, downloading URLs (`prefetch_init_weights`).
+
+    Raises:
+        FileNotFoundError: the local file does not exist.
+        ConfigError, CheckpointError: as `prefetch_init_weights`.
+    """
+    local = prefetch_init_weights(path)
     if not os.path.isfile(local):
         raise FileNotFoundError(
             f"load_init_weights: init checkpoint not found: {path}. Check train.init_checkpoint."
@@ -192,14 +231,15 @@ def load_init_weights(model: nn.Module, path: str, *, allow_unsafe: bool = False
 
     Args:
         model: the model (not DDP-wrapped).
-        path: local path or URL (``https://...``), read through iopath.
+        path: local path or URL (``https://...``; downloaded once per machine, see `prefetch_init_weights`).
         allow_unsafe: allow files that need arbitrary unpickling (only for files you trust).
 
     Returns:
         A `WeightsReport`; ``str(report)`` is the logged summary.
 
     Raises:
-        FileNotFoundError: `path` does not exist. OSError: the URL could not be fetched.
+        FileNotFoundError: `path` does not exist.
+        ConfigError: the URL could not be downloaded. CheckpointError: a download's sha256 is wrong.
         ValueError: the file is not a state dict, or is an ImageNet ResNet file and the model has no ResNet.
     """
     state, source = _read_state_dict(path, allow_unsafe)

@@ -6,6 +6,11 @@ Every knob is a key: ``model.num_classes=1203``, ``model.roi_heads.detections_pe
 ``model.num_classes`` through interpolations. Images are not resized inside the model (the mapper sets the
 size); ``model.pixel_mean``/``pixel_std`` are RGB on the 0-255 scale. Faster R-CNN: ``~model.roi_heads.mask_roi_pool
 ~model.roi_heads.mask_head ~model.roi_heads.mask_predictor``.
+
+The model is built with random weights; its ImageNet ResNet-50 start is ``train.init_checkpoint`` (set in
+``conf/rfs_maskrcnn.py``: torchvision's ``resnet50-0676ba61.pth``, loaded into ``backbone.body``). With
+``model.backbone.depth=101`` give matching weights too (torchvision's ``resnet101-63fe2227.pth``, same
+address): the R-50 file would fill only the blocks both depths have, and the report would list the rest.
 """
 
 from torchvision.models.detection.anchor_utils import AnchorGenerator

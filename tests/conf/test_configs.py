@@ -1,5 +1,6 @@
 """Every runnable config loads, validates, instantiates on CPU and trains 2 iterations in a smoke setting,
-on small stand-in data laid out as the real data set (generated here, nothing downloaded)."""
+on small stand-in data laid out as the real data set (generated here, nothing downloaded: the ImageNet
+weights the R50 recipes start from are stood in for by a small file served from 127.0.0.1)."""
 
 import json
 import math
@@ -8,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+from torchvision.models import resnet50
 
 from lazytrain.config import LazyConfig, validate
 from lazytrain.data.datasets.builtin import find_missing_data
@@ -18,6 +20,9 @@ from tests.smoke import FEW_DETECTIONS, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(f for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith(".py"))
+# torchvision's ResNet50_Weights.IMAGENET1K_V1, the backbone of its own Mask R-CNN (torchvision/models/resnet.py).
+IMAGENET_R50 = "https://download.pytorch.org/models/resnet50-0676ba61.pth"
+RANDOM_INIT = {"rfs_maskrcnn_demo.py"}  # CPU-sized ResNet-18 with trainable BN, from scratch on purpose
 
 SMOKE = [
     *smoke_overrides(),
@@ -73,14 +78,36 @@ def datasets_root(tmp_path_factory):
     return root
 
 
+def _imagenet_stand_in(file_server) -> tuple[str, dict]:
+    """A small ImageNet-format ResNet-50 file (stem and first stage, random values) served as torch hub
+    names files: its URL and tensors."""
+    prefixes = ("conv1.", "bn1.", "layer1.")
+    state = {k: v for k, v in resnet50(weights=None).state_dict().items() if k.startswith(prefixes)}
+    return file_server.add_weights(state, "resnet50stem"), state
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_gpu_recipes_start_from_imagenet_resnet50_and_the_demo_from_scratch(name):
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", name))
+    assert cfg.train.init_checkpoint == ("" if name in RANDOM_INIT else IMAGENET_R50)
+    assert cfg.model.backbone.depth == (18 if name in RANDOM_INIT else 50)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIGS)
-def test_config_loads_validates_and_trains_two_iterations(name, datasets_root, tmp_path, monkeypatch):
+def test_config_loads_validates_and_trains_two_iterations(
+    name, datasets_root, file_server, tmp_path, monkeypatch
+):
     monkeypatch.setenv("LAZYTRAIN_DATASETS", datasets_root)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     torch.set_num_threads(1)
     cfg = LazyConfig.load(os.path.join(REPO, "conf", name))
     data = _custom_data(datasets_root) if "data" in cfg else []
-    LazyConfig.apply_overrides(cfg, [*SMOKE, *data, f"train.output_dir={tmp_path}"])
+    weights = []
+    if name not in RANDOM_INIT:
+        url, imagenet = _imagenet_stand_in(file_server)
+        weights = [f"train.init_checkpoint={url}"]
+    LazyConfig.apply_overrides(cfg, [*SMOKE, *data, *weights, f"train.output_dir={tmp_path}"])
     validate(cfg, INJECTED_ARGUMENTS)
     assert find_missing_data(cfg) == []
     assert find_json_dataset_problems(cfg) == []
@@ -90,6 +117,11 @@ def test_config_loads_validates_and_trains_two_iterations(name, datasets_root, t
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
     assert (tmp_path / "model_final.pth").exists()
     assert LazyConfig.load(str(tmp_path / "config.yaml")).train.max_iter == 2
+    assert sum(file_server.requests.values()) == len(weights)
+    if weights:  # the stem and layer1 are frozen in these recipes: the final weights are the file's
+        final = torch.load(tmp_path / "model_final.pth", weights_only=True)["model"]
+        for key in ("conv1.weight", "layer1.2.conv3.weight", "layer1.0.bn1.running_mean"):
+            assert torch.equal(final[f"backbone.body.{key}"], imagenet[key]), key
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -57,3 +60,21 @@ def make_record(
         "image_id": seed,
         "file_name": f"{seed}.png",
     }
+
+
+@contextlib.contextmanager
+def log_messages(name: str) -> Iterator[list[str]]:
+    """Messages logged at INFO and above by logger `name` inside the block, whether or not the library
+    logger propagates to the root (the default program's `default_setup` stops it)."""
+    messages: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

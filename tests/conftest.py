@@ -1,0 +1,118 @@
+"""Fixtures for every test: no test downloads anything, and a local file server for those that need a URL."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import http.server
+import io
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+# A proxy nobody listens on (the discard port): a subprocess that tries to download from anywhere but this
+# machine gets "connection refused" at once instead of fetching (or waiting for) the internet.
+_UNREACHABLE_PROXY = "http://127.0.0.1:9"
+
+
+def _local_only(urlopen):
+    @functools.wraps(urlopen)
+    def guarded(url, *args, **kwargs):
+        address = url.full_url if isinstance(url, urllib.request.Request) else str(url)
+        if urllib.parse.urlparse(address).hostname not in LOCAL_HOSTS:
+            raise AssertionError(
+                f"a test tried to download {address}: tests download nothing. Serve a file from 127.0.0.1 "
+                '(the file_server fixture), or set train.init_checkpoint="" in the test.'
+            )
+        return urlopen(url, *args, **kwargs)
+
+    return guarded
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_downloads(tmp_path_factory):
+    """Downloads from anywhere but 127.0.0.1 fail loudly: in this process with an AssertionError naming the
+    URL (urllib's and torch hub's urlopen), in subprocesses through an unreachable proxy. Torch hub's cache
+    is a temporary folder, so no test reads or writes the user's ~/.cache/torch."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCH_HOME", str(tmp_path_factory.mktemp("torch_home")))
+        for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+            patch.setenv(name, _UNREACHABLE_PROXY)
+        for name in ("no_proxy", "NO_PROXY"):
+            patch.setenv(name, ",".join(LOCAL_HOSTS))
+        patch.setattr(urllib.request, "urlopen", _local_only(urllib.request.urlopen))
+        patch.setattr(torch.hub, "urlopen", _local_only(torch.hub.urlopen))
+        yield
+
+
+class _CountingHandler(http.server.SimpleHTTPRequestHandler):
+    def do_GET(self) -> None:
+        with self.server.lock:
+            self.server.requests[self.path] += 1
+        time.sleep(self.server.delay)
+        super().do_GET()
+
+    def log_message(self, format, *args) -> None:  # keeps test output to the test's own lines
+        pass
+
+
+class FileServer:
+    """Files under `root` served at ``http://127.0.0.1:<port>/<name>``; `requests` counts GETs per path and
+    `delay` (seconds) holds each response back, so a download can be caught while it runs."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._server = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(_CountingHandler, directory=str(root))
+        )
+        self._server.lock = threading.Lock()
+        self._server.requests = collections.Counter()
+        self._server.delay = 0.0
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def requests(self) -> collections.Counter:
+        return self._server.requests
+
+    @property
+    def delay(self) -> float:
+        return self._server.delay
+
+    @delay.setter
+    def delay(self, seconds: float) -> None:
+        self._server.delay = seconds
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/{name}"
+
+    def add_weights(self, state: dict, stem: str) -> str:
+        """Serve ``torch.save(state)`` as ``<stem>-<its sha256 prefix>.pth`` (torch hub's naming); its URL."""
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+        name = f"{stem}-{hashlib.sha256(data).hexdigest()[:8]}.pth"
+        (self.root / name).write_bytes(data)
+        return self.url(name)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+@pytest.fixture
+def file_server(tmp_path):
+    """A `FileServer` on 127.0.0.1 serving a fresh temporary folder."""
+    root = tmp_path / "served"
+    root.mkdir()
+    server = FileServer(root)
+    yield server
+    server.close()
