@@ -52,9 +52,25 @@ def test_quickstart_is_two_commands_install_and_run_then_test():
 def test_ci_runs_the_readme_test_command_verbatim():
     ci = [line.strip() for line in open(os.path.join(REPO, ".ci", "run"))]
     test_command = readme_commands("Quickstart")[1]
-    assert ci[-1] == test_command  # the last thing CI does, so its exit code is CI's
+    assert test_command in ci
+    # The floor environment's quick suite runs after it: any failing step, in either environment, must end CI.
+    assert "set -euo pipefail" in ci
     install = readme_commands("Quickstart")[0].split(" && ")[0]
     assert any(line.endswith(install.removeprefix("pip install ")) for line in ci if "pip install" in line)
+
+
+def test_ci_tests_the_floor_versions_that_pyproject_and_readme_state():
+    pyproject = open(os.path.join(REPO, "pyproject.toml")).read()
+    floors = dict(re.findall(r'"(torch|torchvision)>=([0-9.]+)"', pyproject))
+    assert set(floors) == {"torch", "torchvision"}, floors
+    ci = open(os.path.join(REPO, ".ci", "run")).read()
+    floor_steps = ci[ci.index("python3 -m venv .venv-floor") :]
+    readme = open(README).read()
+    for name, version in floors.items():
+        pinned = rf"(?<![\w.]){name}=={re.escape(version)}(\.0)*(?![\w.])"
+        assert re.search(pinned, floor_steps), (name, version)
+        assert f"{name} >= {version}" in readme, (name, version)
+    assert '-m pytest tests -q -m "not slow"' in floor_steps
 
 
 def with_smoke(arguments: list[str]) -> list[str]:

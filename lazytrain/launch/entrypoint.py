@@ -323,6 +323,13 @@ def _check_init_checkpoint(cfg) -> None:
                 f"train.resume=true: {last} (named in last_checkpoint) is not a checkpoint: {reason}. Delete it "
                 "and write the name of an earlier checkpoint into last_checkpoint, or start afresh."
             )
+    if path and "://" in str(path) and not resumed:
+        from lazytrain.modeling.weights import prefetch_init_weights
+
+        # Downloaded once per machine here, before any rank starts (the ranks then read the cached file); no
+        # internet: one line naming the URL, where to put the file, and the keys to use instead.
+        prefetch_init_weights(str(path))
+        return
     if path and "://" not in str(path) and os.path.isfile(str(path)) and not resumed:
         reason = get_non_checkpoint_reason(str(path))
         if reason:
