@@ -16,6 +16,7 @@ CONFIG = os.path.join(REPO, "conf", "rfs_maskrcnn_custom.py")
 SMOKE = [
     *smoke_overrides(short_edge=64, max_size=96),
     "train.device=cpu",
+    'train.init_checkpoint=""',  # random init: the recipe's ImageNet weights would be downloaded
     "train.checkpointer.period=1",
     FEW_DETECTIONS,
 ]
