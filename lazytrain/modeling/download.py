@@ -155,9 +155,12 @@ def _has_hash(path: str, hash_prefix: str | None) -> bool:
     if hash_prefix is None:
         return True
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+    except FileNotFoundError:  # a wrong file removed by another process meanwhile: as if never there
+        return False
     return digest.hexdigest().startswith(hash_prefix)
 
 
