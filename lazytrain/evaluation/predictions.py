@@ -72,12 +72,47 @@ def _lossless_float(tensor: torch.Tensor) -> np.ndarray:
 
 
 def encode_masks(masks: Any) -> tuple[tuple[int, int], list[str]]:
-    """((height, width), compressed RLE counts per mask) of [N, H, W] 0/1 masks, as pycocotools encodes them."""
-    array = np.asfortranarray(
-        torch.as_tensor(masks).detach().cpu().numpy().astype(np.uint8).transpose(1, 2, 0)
-    )
-    rles = mask_util.encode(array)
-    return (int(array.shape[0]), int(array.shape[1])), [rle["counts"].decode("ascii") for rle in rles]
+    """((height, width), compressed RLE counts of each mask) of [N, H, W] 0/1 masks: the RLEs pycocotools'
+    ``encode`` gives, found inside each mask's bounding box.
+
+    ``encode`` wants the masks column-major, and transposing 300 full-size masks was most of `process`'s time
+    (0.6-0.9 s per 640 x 480 LVIS image on the project machine, against ~0.08 s this way): a detection's mask
+    covers a small part of the image, so its runs are found in the rows and columns it touches, shifted to
+    the image, and compressed by pycocotools.
+    """
+    masks = torch.as_tensor(masks).detach().cpu().to(torch.uint8)
+    count, height, width = masks.shape
+    if not count:
+        return (height, width), []
+    columns, rows = masks.amax(dim=1).numpy(), masks.amax(dim=2).numpy()  # what each mask touches
+    pixels = masks.numpy()
+    runs = [_column_major_runs(pixels[i], columns[i], rows[i]) for i in range(count)]
+    rles = mask_util.frPyObjects([{"size": [height, width], "counts": r} for r in runs], height, width)
+    return (height, width), [rle["counts"].decode("ascii") for rle in rles]
+
+
+def _column_major_runs(mask: np.ndarray, columns: np.ndarray, rows: np.ndarray) -> list[int]:
+    """Uncompressed COCO RLE counts of one [H, W] mask (alternate runs of 0s and 1s in column-major order, the
+    first of 0s), from its bounding box; `columns` and `rows` say which of them hold a pixel."""
+    height, width = mask.shape
+    xs, ys = np.flatnonzero(columns), np.flatnonzero(rows)
+    if not len(xs):
+        return [height * width]
+    x0, x1, y0, y1 = int(xs[0]), int(xs[-1]) + 1, int(ys[0]), int(ys[-1]) + 1
+    inside = np.zeros((x1 - x0, y1 - y0 + 2), dtype=np.int8)  # the box's columns with a 0 above and below
+    inside[:, 1:-1] = mask[y0:y1, x0:x1].T != 0
+    step = np.diff(inside, axis=1)
+    column, row = np.nonzero(step == 1)  # in column-major order, as np.nonzero goes row by row of `step`
+    starts = (x0 + column) * height + y0 + row
+    column, row = np.nonzero(step == -1)
+    ends = (x0 + column) * height + y0 + row
+    # A run down to the bottom of a column and one from the top of the next are one run in column-major order.
+    joined = starts[1:] == ends[:-1]
+    starts = np.concatenate([starts[:1], starts[1:][~joined]])
+    ends = np.concatenate([ends[:-1][~joined], ends[-1:]])
+    bounds = np.concatenate([[0], np.stack([starts, ends], axis=1).ravel(), [height * width]])
+    counts = np.diff(bounds)
+    return (counts if counts[-1] else counts[:-1]).tolist()  # no empty run of 0s after a mask's last pixel
 
 
 def pack_instances(

@@ -4,12 +4,14 @@ import pickle
 import tracemalloc
 
 import numpy as np
+import pycocotools.mask as mask_util
 import pytest
 import torch
 from pytest import param
 
 from lazytrain.evaluation.predictions import (
     DetectionTable,
+    encode_masks,
     get_coco_entries,
     pack_instances,
     write_coco_results,
@@ -114,3 +116,44 @@ def test_an_image_takes_little_more_than_its_rles():
     assert (len(pickle.dumps(as_dicts)) - rle_bytes) / 300 > 80
     assert (_unpickled_bytes(pickle.dumps(kept)) - rle_bytes) / 300 < 120
     assert (_unpickled_bytes(pickle.dumps(as_dicts)) - rle_bytes) / 300 > 600
+
+
+def _encoded_by_pycocotools(masks: torch.Tensor) -> list[str]:
+    array = np.asfortranarray(masks.numpy().astype(np.uint8).transpose(1, 2, 0))
+    return [rle["counts"].decode("ascii") for rle in mask_util.encode(array)]
+
+
+def _edge_masks(height=7, width=5):
+    masks = torch.zeros(10, height, width, dtype=torch.uint8)
+    masks[1] = 1  # everything: one run of 1s from the first pixel to the last
+    masks[2, :, 1:3] = 1  # two full columns: a run across the column boundary
+    masks[3, 4:, 1] = masks[3, :3, 2] = 1  # bottom of a column, then top of the next
+    masks[4, -1, -1] = 1  # the last pixel only
+    masks[5, 0, 0] = 1  # the first pixel only
+    masks[6, 2:5, 1:4] = 1  # a box inside
+    masks[6, 3, 2] = 0  # with a hole
+    masks[7, :, 0] = masks[7, :, -1] = 1  # first and last columns
+    masks[8, 0, :] = masks[8, -1, :] = 1  # first and last rows
+    return masks  # masks[0] and [9] are empty
+
+
+@pytest.mark.parametrize(
+    "masks",
+    [
+        param(_edge_masks(), id="edges"),
+        param(
+            torch.from_numpy(np.random.default_rng(0).random((300, 9, 6)) < 0.4).to(torch.uint8), id="noise"
+        ),
+        param(torch.from_numpy(np.random.default_rng(1).random((40, 12, 11)) < 0.9), id="bool"),
+        param(_instances(60, height=48, width=64)["masks"], id="boxes"),
+        param(_instances(20, height=30, width=40)["masks"].transpose(1, 2), id="not-contiguous"),
+    ],
+)
+def test_masks_are_encoded_as_pycocotools_encodes_them(masks):
+    size, counts = encode_masks(masks)
+    assert size == tuple(masks.shape[1:])
+    assert counts == _encoded_by_pycocotools(masks)
+
+
+def test_no_masks_encode_to_nothing():
+    assert encode_masks(torch.zeros(0, 4, 6, dtype=torch.uint8)) == ((4, 6), [])
