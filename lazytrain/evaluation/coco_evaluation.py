@@ -206,7 +206,7 @@ class COCOEvaluator(DatasetEvaluator):
         if self.output_dir:
             os.makedirs(self.output_dir, exist_ok=True)
             path = os.path.join(self.output_dir, f"{self._prefix}_instances_results.json")
-            with open(path, "w") as f:
+            with open(path, "wb") as f:
                 written = write_coco_results(f, predictions)
             logger.info("Wrote %d predictions to %s", written, path)
         if not per_image:

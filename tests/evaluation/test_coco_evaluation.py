@@ -234,7 +234,7 @@ def test_results_equal_one_run_on_one_dict_per_detection(tmp_path, monkeypatch, 
     category_ids = sorted(c["id"] for c in data["categories"])
     entries = reference_entries(inputs, outputs, category_ids, max_dets_per_image if lvis else None)
     written = (tmp_path / "out" / f"{'lvis' if lvis else 'coco'}_instances_results.json").read_text()
-    assert written == json.dumps(entries)
+    assert json.loads(written) == entries
     image_ids = sorted(image["id"] for image in data["images"])
     for task in ("bbox", "segm"):
         max_dets = [7] if lvis else [1, 10, 100]
