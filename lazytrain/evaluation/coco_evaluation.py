@@ -1,9 +1,9 @@
 """COCO-style instance evaluation (box and mask AP) on faster-coco-eval, with pycocotools as a cross-check.
 
-`COCOEvaluator` turns model outputs into COCO result entries as they arrive (boxes to XYWH, masks to RLE,
-contiguous classes to the json's category ids), gathers them on the main process and runs the COCO
-protocol on the ground-truth json. `LVISEvaluator` (lvis_evaluation.py) reuses it with the federated LVIS
-protocol. Results are AP x 100; a metric that cannot be computed (no ground truth in that range) is NaN.
+`COCOEvaluator` keeps model outputs compactly as they arrive (`predictions.ImagePredictions`: boxes, scores,
+the json's category ids, masks as RLE), gathers them on the main process and runs the COCO protocol on the
+ground-truth json, a chunk of categories at a time. `LVISEvaluator` (lvis_evaluation.py) reuses it with the
+federated LVIS protocol. Results are AP x 100; a metric that cannot be computed (no ground truth in that range) is NaN.
 """
 
 from __future__ import annotations
