@@ -49,6 +49,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from lazytrain.data.catalog import MetadataCatalog  # noqa: E402
 from lazytrain.evaluation import LVISEvaluator, coco_evaluation  # noqa: E402
+from lazytrain.evaluation.predictions import ImagePredictions, pack_instances  # noqa: E402
 from lazytrain.utils import comm  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +65,7 @@ def load_categories(counts_file: str, num_categories: int) -> list[dict]:
         with open(counts_file) as f:
             categories = json.load(f)[:num_categories]
         return [{key: c[key] for key in ("id", "name", "frequency", "image_count")} for c in categories]
+    print(f"{counts_file} not found: {num_categories} categories with made-up image counts")
     rng = np.random.default_rng(0)
     counts = np.exp(rng.uniform(0, np.log(10000), num_categories)).astype(int) + 1
     return [
@@ -182,12 +184,11 @@ def make_outputs(
 
 def stored_prediction(
     evaluator: LVISEvaluator, image_id: int, instances: dict[str, torch.Tensor], rles: list[dict]
-) -> Any:
+) -> ImagePredictions:
     """What `evaluator.process` keeps for this image, with `rles` as the encoded masks."""
-    entries = coco_evaluation.instances_to_coco_json(instances, image_id, evaluator.get_category_ids())
-    for entry, rle in zip(entries, rles):
-        entry["segmentation"] = {"size": rle["size"], "counts": rle["counts"].decode("ascii")}
-    return {"image_id": int(image_id), "instances": entries, "has_masks": True}
+    kept = pack_instances(instances, image_id, evaluator.get_category_ids())
+    size = (int(rles[0]["size"][0]), int(rles[0]["size"][1])) if rles else None
+    return kept._replace(mask_size=size, mask_counts=[rle["counts"].decode("ascii") for rle in rles])
 
 
 def check_against_process(
@@ -243,24 +244,29 @@ def deep_size(obj: Any, seen: set[int] | None = None) -> int:
 
 
 class Phases:
-    """Rows of (phase, seconds, RSS after, peak RSS during); wraps functions so that each call is a phase."""
+    """Per phase: calls, seconds, CPU seconds (all threads), RSS after, peak RSS; calls of the same phase under
+    the same parent (loadRes of each category chunk) add up. Wraps functions so that each call is a phase."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[str, float, float, float]] = []
-        self.depth = 0
+        self.rows: dict[tuple[Any, str], list[Any]] = {}  # in the order phases first start
+        self.stack: list[tuple[Any, str]] = []
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        if self.depth == 0:  # a nested phase (loadRes inside a task) reports the peak since its parent began
+        if not self.stack:  # a nested phase (loadRes inside a task) reports the peak since its parent began
             reset_peak()
-        self.depth += 1
-        row, start = len(self.rows), time.perf_counter()
-        self.rows.append((name, float("nan"), float("nan"), float("nan")))  # rows in the order phases start
+        key = (self.stack[-1] if self.stack else None, name)
+        row = self.rows.setdefault(key, ["  " * len(self.stack) + name, 0, 0.0, 0.0, 0.0, 0.0])
+        self.stack.append(key)
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
-            self.depth -= 1
-            self.rows[row] = (name, time.perf_counter() - start, read_status("VmRSS"), read_status("VmHWM"))
+            self.stack.pop()
+            row[1] += 1
+            row[2] += time.perf_counter() - start
+            row[3] += time.process_time() - cpu
+            row[4], row[5] = read_status("VmRSS"), max(row[5], read_status("VmHWM"))
 
     def wrap(self, owner: Any, attribute: str, name: Callable[..., str] | str) -> None:
         original = getattr(owner, attribute)
@@ -277,13 +283,14 @@ def instrument(phases: Phases) -> None:
     from faster_coco_eval import COCO, COCOeval_faster
 
     phases.wrap(comm, "gather", "gather (pickle, send, unpickle)")
-    phases.wrap(coco_evaluation.json, "dump", "write lvis_instances_results.json")
+    phases.wrap(coco_evaluation, "write_coco_results", "write lvis_instances_results.json")
     phases.wrap(LVISEvaluator, "_load_ground_truth", "load ground truth")
-    phases.wrap(LVISEvaluator, "_evaluate_task", lambda self, gt, results, task, ids: f"{task}: total")
-    phases.wrap(COCO, "loadRes", "  loadRes")
-    phases.wrap(COCOeval_faster, "evaluate", "  evaluate")
-    phases.wrap(COCOeval_faster, "accumulate", "  accumulate")
-    phases.wrap(COCOeval_faster, "summarize", "  summarize")
+    phases.wrap(coco_evaluation, "DetectionTable", "detections as flat arrays")
+    phases.wrap(LVISEvaluator, "_evaluate_task", lambda self, gt, table, task, ids: f"{task}: total")
+    phases.wrap(COCO, "loadRes", "loadRes")
+    phases.wrap(COCOeval_faster, "evaluate", "evaluate")
+    phases.wrap(COCOeval_faster, "accumulate", "accumulate")
+    phases.wrap(COCOeval_faster, "summarize", "summarize")
 
 
 # ---------------------------------------------------------------------------------------------- one rank
@@ -314,6 +321,7 @@ def measure_rank(rank: int, world_size: int, args: argparse.Namespace, json_file
     evaluator = LVISEvaluator(DATASET_NAME, max_dets_per_image=args.detections, output_dir=output_dir)
     evaluator.reset()
     rng = np.random.default_rng(args.seed + 1000 + rank)
+    checker = LVISEvaluator(DATASET_NAME, max_dets_per_image=args.detections)  # its own list of predictions
     rss_start, start, process_seconds = read_status("VmRSS"), time.perf_counter(), []
     for index, image in enumerate(images):
         instances, rles = make_outputs(
@@ -321,7 +329,7 @@ def measure_rank(rank: int, world_size: int, args: argparse.Namespace, json_file
         )
         kept = stored_prediction(evaluator, image["id"], instances, rles)
         if rank == 0 and index < args.check_images:
-            process_seconds.append(check_against_process(evaluator, image, instances, rles, kept))
+            process_seconds.append(check_against_process(checker, image, instances, rles, kept))
         evaluator._predictions.append(kept)
     build_seconds = time.perf_counter() - start
     del by_image
@@ -332,12 +340,12 @@ def measure_rank(rank: int, world_size: int, args: argparse.Namespace, json_file
     if rank == 0:
         phases = Phases()
         instrument(phases)
-        rss_before, start = read_status("VmRSS"), time.perf_counter()
+        rss_before, start, cpu = read_status("VmRSS"), time.perf_counter(), time.process_time()
         results = evaluator.evaluate()
-        total = ("evaluate() on rank 0, all", time.perf_counter() - start, read_status("VmRSS"),
-                 max(row[3] for row in phases.rows))  # fmt: skip
-        phases.rows.insert(0, total)
-        report(args, world_size, sizes, build_seconds, process_seconds, rss_before, phases, results)
+        peak = max(row[5] for row in phases.rows.values())
+        total = ["evaluate() on rank 0, all", 1, time.perf_counter() - start, time.process_time() - cpu]
+        rows = [total + [read_status("VmRSS"), peak], *phases.rows.values()]
+        report(args, world_size, sizes, build_seconds, process_seconds, rss_before, rows, results)
     else:
         evaluator.evaluate()
 
@@ -349,7 +357,7 @@ def report(
     build_seconds: float,
     process_seconds: list[float],
     rss_before: float,
-    phases: Phases,
+    rows: list[list[Any]],
     results: dict,
 ) -> None:
     images = sum(s[0] for s in sizes)
@@ -366,17 +374,17 @@ def report(
           f"{objects / GB:.2f} | {objects / detections:.0f} |")  # fmt: skip
     print(f"| rank 0's own shard: RSS growth while building it | {sizes[0][3]:.2f} | "
           f"{sizes[0][3] * GB / (sizes[0][0] * args.detections):.0f} |")  # fmt: skip
-    gather_rss = next(row[2] for row in phases.rows if row[0].startswith("gather"))
+    gather_rss = next(row[4] for row in rows if row[0].startswith("gather"))
     print(f"| unpickled by the gather on rank 0 (RSS growth) | {gather_rss - rss_before:.2f} | "
           f"{(gather_rss - rss_before) * GB / detections:.0f} |")  # fmt: skip
     print(f"| RSS of rank 0 before evaluate() | {rss_before:.2f} | |")
     print(f"\nrank 0 built its {sizes[0][0]} images in {build_seconds:.1f} s (synthetic RLEs); ", end="")
     if process_seconds:
         print(f"real process() on decoded masks: {np.mean(process_seconds):.2f} s / image")
-    print("\n| phase on rank 0 | seconds | RSS after, GB | peak RSS during, GB |")
-    print("|---|---|---|---|")
-    for name, seconds, rss, peak in phases.rows:
-        print(f"| {name} | {seconds:.1f} | {rss:.2f} | {peak:.2f} |")
+    print("\n| phase on rank 0 | calls | seconds | CPU seconds | RSS after, GB | peak RSS during, GB |")
+    print("|---|---|---|---|---|---|")
+    for name, calls, seconds, cpu, rss, peak in rows:
+        print(f"| {name} | {calls} | {seconds:.1f} | {cpu:.1f} | {rss:.2f} | {peak:.2f} |")
     print("\nmetrics:", {task: {k: round(v, 3) for k, v in m.items()} for task, m in results.items()})
 
 

@@ -268,21 +268,33 @@ class _PackingCollate:
 
 class _BatchReceiver:
     """Main-process side of `_PackingCollate` for one ``iter()``: keeps the workers' ring slots and copies each
-    batch out of its slot, then rebuilds the batch as views of that copy."""
+    batch out of its slot (into pinned memory when `pin_memory`), then rebuilds the batch as views of that copy.
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, pin_memory: bool = False) -> None:
         self.slots: dict[tuple[int, int], torch.Tensor] = {}
+        self.pin_memory = pin_memory
 
     def __call__(self, packed: _PackedBatch) -> Any:
         if packed.slot is None:
-            buffer = packed.storage
+            source = packed.storage
         else:
             key = (packed.worker, packed.slot)
             if packed.storage is not None:
                 self.slots[key] = packed.storage
-            # numpy copies in this thread; a torch copy this size would wake OpenMP threads, which spin on the
-            # cores the workers need
-            buffer = torch.from_numpy(self.slots[key][: packed.nbytes].numpy().copy())
+            source = self.slots[key]
+        if packed.slot is None and not self.pin_memory:
+            buffer = source  # a segment of its own, not reused by the worker: no copy needed
+        else:
+            # The one copy out of the worker's memory goes straight into pinned memory when asked (torch's own
+            # pin_memory would copy the shared segments a second time). numpy copies in this thread; a torch
+            # copy this size would wake OpenMP threads, which spin on the cores the workers need.
+            buffer = (
+                _pinned_empty(packed.nbytes)
+                if self.pin_memory
+                else torch.empty(packed.nbytes, dtype=torch.uint8)
+            )
+            buffer.numpy()[:] = source[: packed.nbytes].numpy()
 
         def restore(slot: _TensorSlot) -> torch.Tensor:
             offset, dtype, shape = packed.layout[slot.index]
@@ -290,6 +302,41 @@ class _BatchReceiver:
             return buffer[offset : offset + size].view(dtype).view(shape)
 
         return _map_structure(packed.skeleton, restore, _TensorSlot)
+
+
+def _pinned_empty(nbytes: int) -> torch.Tensor:
+    """Uninitialised page-locked bytes (from torch's caching host allocator, which reuses freed blocks)."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+def _pin(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.pin_memory()
+
+
+def _resolve_pin_memory(pin_memory: bool | str | torch.device, component: str) -> bool:
+    """Whether a loader pins its batches: `pin_memory` is a bool or the device the batches are for (the recipes
+    pass ``${train.device}``: pin for ``cuda``). Never without CUDA, where pinning is impossible (torch's
+    DataLoader would only warn).
+
+    Args:
+        pin_memory: True, False, or a device such as ``"cuda"``, ``"cuda:1"``, ``"cpu"``.
+        component: the builder's name, for errors.
+    """
+    if isinstance(pin_memory, bool):
+        wanted = pin_memory
+    elif isinstance(pin_memory, (str, torch.device)):
+        try:
+            wanted = torch.device(pin_memory).type == "cuda"
+        except RuntimeError as e:
+            raise ValueError(
+                f"{component}(pin_memory=) must be a bool or a device such as 'cuda' or 'cpu'; got {pin_memory!r}"
+            ) from e
+    else:
+        raise TypeError(
+            f"{component}(pin_memory=) must be a bool or a device such as 'cuda' or 'cpu'; got "
+            f"{type(pin_memory).__name__} {pin_memory!r}"
+        )
+    return wanted and torch.cuda.is_available()
 
 
 def worker_context() -> multiprocessing.context.BaseContext | None:
@@ -322,7 +369,9 @@ class TrainLoader:
     started at iteration 0 or in a resumed run.
     Workers run the mapper and `collate_fn`, and send each batch's tensors packed in one shared buffer (a
     reused ring slot); the batch the consumer gets holds views of the main process's own copy of it, so it
-    stays valid however long the consumer keeps it.
+    stays valid however long the consumer keeps it. With `pin_memory` that copy is page-locked (without
+    workers, each tensor of the batch is copied into pinned memory), so the model's non-blocking copies to
+    the GPU overlap with its work.
     To change how batches are formed, wrap this loader or pass another ``sampler``/``collate_fn`` to
     `build_detection_train_loader`.
 
@@ -331,13 +380,21 @@ class TrainLoader:
         batch_sampler: the grouped batch sampler.
         num_workers: worker processes (0: map in the main process).
         collate_fn: batch list -> what the model takes.
+        pin_memory: put the tensors of each batch in page-locked memory (needs CUDA).
     """
 
     def __init__(
-        self, dataset: Dataset, batch_sampler: GroupedBatchSampler, num_workers: int, collate_fn: Callable
+        self,
+        dataset: Dataset,
+        batch_sampler: GroupedBatchSampler,
+        num_workers: int,
+        collate_fn: Callable,
+        *,
+        pin_memory: bool = False,
     ) -> None:
         self.dataset, self.batch_sampler = dataset, batch_sampler
         self.num_workers, self.collate_fn = num_workers, collate_fn
+        self.pin_memory = pin_memory
         self._state = batch_sampler.start_state
 
     def _data_loader(self) -> DataLoader:
@@ -376,12 +433,15 @@ class TrainLoader:
                 gc.unfreeze()
         else:
             batches = iter(self._data_loader())
-        receive = _BatchReceiver()
+        receive = _BatchReceiver(self.pin_memory)
         try:
             for batch in batches:
                 state = snapshots.popleft()  # in-order loading: the snapshot taken when this batch was formed
                 self._state = state
-                yield receive(batch) if self.num_workers > 0 else batch
+                if self.num_workers > 0:
+                    yield receive(batch)
+                else:
+                    yield _map_structure(batch, _pin, torch.Tensor) if self.pin_memory else batch
         except LazytrainError as e:
             # From a worker it comes wrapped with the worker's traceback as its text: keep the message only.
             raise LazytrainError(str(e).rsplit("LazytrainError: ", 1)[-1]) from None
@@ -435,6 +495,7 @@ def build_detection_train_loader(
     num_workers: int = 0,
     seed: int | None = None,
     collate_fn: Callable | None = None,
+    pin_memory: bool | str | torch.device = False,
 ) -> TrainLoader:
     """An infinite, resumable train loader yielding lists of mapped records.
 
@@ -450,9 +511,13 @@ def build_detection_train_loader(
         seed: base of the per-sample augmentation seeds (and of the default sampler); None draws a random seed
             shared by all ranks (the resumed state carries it).
         collate_fn: batch list -> model input; default keeps the list.
+        pin_memory: put each batch's tensors in page-locked host memory, from which the model's non-blocking
+            copies to the GPU overlap with its work: True, False, or the device the batches are for (the
+            recipes pass ``${train.device}``, so ``cuda`` pins and ``cpu`` does not). Ignored without CUDA.
     """
     from lazytrain.utils import comm
 
+    pin = _resolve_pin_memory(pin_memory, "build_detection_train_loader")
     world_size, rank = comm.get_world_size(), comm.get_rank()
     if total_batch_size <= 0 or total_batch_size % world_size != 0:
         raise ValueError(
@@ -474,7 +539,9 @@ def build_detection_train_loader(
     batch_sampler = GroupedBatchSampler(
         sampler, total_batch_size // world_size, groups, seed=seed, rank=rank, world_size=world_size
     )
-    return TrainLoader(dataset, batch_sampler, num_workers, collate_fn or trivial_batch_collator)
+    return TrainLoader(
+        dataset, batch_sampler, num_workers, collate_fn or trivial_batch_collator, pin_memory=pin
+    )
 
 
 def build_detection_test_loader(
@@ -484,6 +551,7 @@ def build_detection_test_loader(
     sampler: Sampler | None = None,
     batch_size: int = 1,
     num_workers: int = 0,
+    pin_memory: bool | str | torch.device = False,
 ) -> DataLoader:
     """A finite loader over every image exactly once across ranks (contiguous `InferenceSampler` shards).
 
@@ -495,7 +563,9 @@ def build_detection_test_loader(
         sampler: defaults to `InferenceSampler(len(dataset))`.
         batch_size: images per batch (per process).
         num_workers: data-loader worker processes.
+        pin_memory: as in `build_detection_train_loader` (torch's DataLoader pins the batches).
     """
+    pin = _resolve_pin_memory(pin_memory, "build_detection_test_loader")
     if isinstance(dataset, (list, tuple)):
         dataset = DatasetFromList(dataset, copy=False)
     if mapper is not None:
@@ -508,4 +578,5 @@ def build_detection_test_loader(
         num_workers=num_workers,
         collate_fn=trivial_batch_collator,
         multiprocessing_context=worker_context() if num_workers > 0 else None,
+        pin_memory=pin,
     )

@@ -1,9 +1,9 @@
 """COCO-style instance evaluation (box and mask AP) on faster-coco-eval, with pycocotools as a cross-check.
 
-`COCOEvaluator` turns model outputs into COCO result entries as they arrive (boxes to XYWH, masks to RLE,
-contiguous classes to the json's category ids), gathers them on the main process and runs the COCO
-protocol on the ground-truth json. `LVISEvaluator` (lvis_evaluation.py) reuses it with the federated LVIS
-protocol. Results are AP x 100; a metric that cannot be computed (no ground truth in that range) is NaN.
+`COCOEvaluator` keeps model outputs compactly as they arrive (`predictions.ImagePredictions`: boxes, scores,
+the json's category ids, masks as RLE), gathers them on the main process and runs the COCO protocol on the
+ground-truth json, a chunk of categories at a time. `LVISEvaluator` (lvis_evaluation.py) reuses it with the
+federated LVIS protocol. Results are AP x 100; a metric that cannot be computed (no ground truth in that range) is NaN.
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import json
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,14 @@ import pycocotools.mask as mask_util
 import torch
 
 from lazytrain.evaluation.evaluator import DatasetEvaluator
+from lazytrain.evaluation.predictions import (
+    ENTRY_FIELDS,
+    DetectionTable,
+    ImagePredictions,
+    get_coco_entries,
+    pack_instances,
+    write_coco_results,
+)
 from lazytrain.utils import comm
 from lazytrain.utils.logger import create_small_table
 from lazytrain.utils.preemption import abandon_on_stop
@@ -43,6 +50,9 @@ _COCO_METRICS = {
     "APl": "AP_large",
 }
 _LVIS_METRICS = {**_COCO_METRICS, "APr": "APr", "APc": "APc", "APf": "APf"}
+# (image, category) pairs the COCO API is given at once: faster-coco-eval keeps ~1 kB per pair while it
+# evaluates (a record per area range), whether or not the pair has detections; 1M pairs is ~1 GB.
+_MAX_PAIRS_PER_CHUNK = 1_000_000
 
 
 def instances_to_coco_json(
@@ -63,32 +73,7 @@ def instances_to_coco_json(
     Raises:
         ValueError: a class is outside ``0 .. len(category_ids) - 1``.
     """
-    boxes = torch.as_tensor(instances["boxes"]).detach().cpu().double().reshape(-1, 4)
-    scores = torch.as_tensor(instances["scores"]).detach().cpu().tolist()
-    classes = torch.as_tensor(instances["classes"]).detach().cpu().long().tolist()
-    if not classes:
-        return []
-    outside = [c for c in classes if not 0 <= c < len(category_ids)]
-    if outside:
-        raise ValueError(
-            f"prediction for image {image_id} has class {outside[0]}, outside the data set's "
-            f"{len(category_ids)} categories (contiguous ids 0..{len(category_ids) - 1}). Does the model's "
-            "num_classes match the evaluated data set?"
-        )
-    boxes[:, 2:] -= boxes[:, :2]
-    entries = [
-        {"image_id": int(image_id), "category_id": int(category_ids[c]), "bbox": box, "score": float(s)}
-        for c, box, s in zip(classes, boxes.tolist(), scores)
-    ]
-    masks = instances.get("masks")
-    if masks is not None:
-        array = np.asfortranarray(
-            torch.as_tensor(masks).detach().cpu().numpy().astype(np.uint8).transpose(1, 2, 0)
-        )
-        for entry, rle in zip(entries, mask_util.encode(array)):
-            rle["counts"] = rle["counts"].decode("ascii")
-            entry["segmentation"] = rle
-    return entries
+    return get_coco_entries(pack_instances(instances, image_id, category_ids))
 
 
 def _nan_if_missing(value: float) -> float:
@@ -202,10 +187,7 @@ class COCOEvaluator(DatasetEvaluator):
                 # LVIS caps detections per image over all categories (not per category like COCO).
                 keep = torch.as_tensor(instances["scores"]).topk(self.max_dets_per_image).indices
                 instances = {key: value[keep] for key, value in instances.items()}
-            entries = instances_to_coco_json(instances, record["image_id"], category_ids)
-            self._predictions.append(
-                {"image_id": int(record["image_id"]), "instances": entries, "has_masks": "masks" in instances}
-            )
+            self._predictions.append(pack_instances(instances, record["image_id"], category_ids))
 
     def evaluate(self) -> dict[str, Any]:
         gathered = comm.gather(self._predictions, dst=0)
@@ -215,28 +197,28 @@ class COCOEvaluator(DatasetEvaluator):
         with abandon_on_stop():
             return self._evaluate_gathered(gathered)
 
-    def _evaluate_gathered(self, gathered: list[list[dict[str, Any]]]) -> dict[str, Any]:
-        per_image: dict[int, dict[str, Any]] = {}
+    def _evaluate_gathered(self, gathered: list[list[ImagePredictions]]) -> dict[str, Any]:
+        per_image: dict[int, ImagePredictions] = {}
         for part in gathered:
             for prediction in part:
-                per_image.setdefault(prediction["image_id"], prediction)
-        results = [entry for prediction in per_image.values() for entry in prediction["instances"]]
+                per_image.setdefault(prediction.image_id, prediction)
+        predictions = list(per_image.values())
         if self.output_dir:
             os.makedirs(self.output_dir, exist_ok=True)
             path = os.path.join(self.output_dir, f"{self._prefix}_instances_results.json")
-            with open(path, "w") as f:
-                json.dump(results, f)
-            logger.info("Wrote %d predictions to %s", len(results), path)
+            with open(path, "wb") as f:
+                written = write_coco_results(f, predictions)
+            logger.info("Wrote %d predictions to %s", written, path)
         if not per_image:
             logger.warning("%s received no images; returning no metrics.", type(self).__name__)
             return {}
-        if not results:
+        has_masks = all(prediction.has_masks for prediction in predictions)
+        if not any(prediction.num_detections for prediction in predictions):
             # A model that detects nothing has AP 0 (and a sweep's summary row must not be blank).
             logger.warning(
                 "%s received no predictions (%d images processed): every metric is 0.",
                 type(self).__name__, len(per_image),
             )  # fmt: skip
-            has_masks = all(prediction["has_masks"] for prediction in per_image.values())
             return {
                 task: dict.fromkeys(self._metrics, 0.0) for task in self.tasks if task != "segm" or has_masks
             }
@@ -247,7 +229,7 @@ class COCOEvaluator(DatasetEvaluator):
                 f"{type(self).__name__}: predictions for image ids {unknown[:5]} that are not in {self.json_file}; "
                 "is the evaluator reading the same data set as the test loader?"
             )
-        has_masks = all(prediction["has_masks"] for prediction in per_image.values())
+        table = DetectionTable(predictions)
         metrics: dict[str, dict[str, float]] = {}
         per_category: dict[str, list[float]] = {}
         for task in self.tasks:
@@ -255,7 +237,7 @@ class COCOEvaluator(DatasetEvaluator):
                 logger.warning("%s: outputs carry no masks; skipping segm.", type(self).__name__)
                 continue
             metrics[task], per_category[task] = self._evaluate_task(
-                ground_truth, results, task, sorted(per_image)
+                ground_truth, table, task, sorted(per_image)
             )
             if not self._lvis_style:  # LVIS's own evaluation reports the buckets
                 metrics[task].update(self._frequency_bucket_metrics(ground_truth, per_category[task]))
@@ -268,42 +250,104 @@ class COCOEvaluator(DatasetEvaluator):
 
     # ------------------------------------------------------------------ COCO API
     def _evaluate_task(
-        self, ground_truth: Any, results: list[dict[str, Any]], task: str, image_ids: list[int]
+        self, ground_truth: Any, table: DetectionTable, task: str, image_ids: list[int]
     ) -> tuple[dict[str, float], list[float]]:
+        """Metrics and per-category AP of one task, the COCO API run on a chunk of categories at a time.
+
+        Each category's precision and recall depend only on its own detections and ground truth, so the
+        chunks' arrays, side by side, are those of one run over every category, and the library's own
+        summary of them gives the same metrics. What a chunk costs is bounded: the COCO API keeps a record
+        per (image, category, area range) and a result dict per detection, which for LVIS val in one go
+        took more memory than rank 0 holds otherwise (docs/benchmarks.md).
+        """
         # One geometry per entry: with both, the COCO API takes instance areas (S/M/L) from the box.
-        drop = "segmentation" if task == "bbox" else "bbox"
-        task_results = [{k: v for k, v in entry.items() if k != drop} for entry in results]
+        fields = [field for field in ENTRY_FIELDS if field != ("segmentation" if task == "bbox" else "bbox")]
         max_dets = [self.max_dets_per_image] if self._lvis_style else [1, 10, self.max_dets_per_image]
-        with contextlib.redirect_stdout(io.StringIO()):
-            detections = ground_truth.loadRes(task_results)
-            if self.backend == "pycocotools":
-                from pycocotools.cocoeval import COCOeval
-
-                coco_eval = COCOeval(ground_truth, detections, task)
-            else:
-                from faster_coco_eval import COCOeval_faster
-
-                coco_eval = COCOeval_faster(
-                    ground_truth, detections, task, lvis_style=self._lvis_style, print_function=logger.debug
+        category_ids = sorted(int(c) for c in ground_truth.getCatIds())
+        summary = self._create_coco_eval(ground_truth, None, task)
+        params = summary.params
+        params.imgIds, params.catIds, params.maxDets = image_ids, category_ids, max_dets
+        precision, recall = [], []
+        for chunk, indices, chunk_image_ids in self._category_chunks(
+            ground_truth, table, category_ids, image_ids
+        ):
+            if not chunk_image_ids:  # no ground truth and no detection of these categories: nothing to score
+                shape = (len(params.iouThrs), len(chunk), len(params.areaRng), len(max_dets))
+                precision.append(np.full((shape[0], len(params.recThrs), *shape[1:]), -1.0))
+                recall.append(np.full(shape, -1.0))
+                continue
+            with contextlib.redirect_stdout(io.StringIO()):
+                coco_eval = self._create_coco_eval(
+                    ground_truth, ground_truth.loadRes(table.get_entries(indices, fields)), task
                 )
-            coco_eval.params.imgIds = image_ids
-            coco_eval.params.maxDets = max_dets
-            coco_eval.evaluate()
-            coco_eval.accumulate()
-            coco_eval.summarize()
+                coco_eval.params.imgIds, coco_eval.params.catIds = chunk_image_ids, chunk
+                coco_eval.params.maxDets = max_dets
+                coco_eval.evaluate()
+                coco_eval.accumulate()
+            precision.append(np.asarray(coco_eval.eval["precision"]))
+            recall.append(np.asarray(coco_eval.eval["recall"]))
+            del coco_eval  # its records and result dicts go before the next chunk builds its own
+        summary.eval = {
+            "precision": np.concatenate(precision, axis=2),
+            "recall": np.concatenate(recall, axis=1),
+        }
+        if self._lvis_style:  # the r/c/f category groups of APr/APc/APf, as the library's evaluate sets them
+            summary.freq_groups = summary._prepare_freq_group()
+        with contextlib.redirect_stdout(io.StringIO()):
+            summary.summarize()
         if self.backend == "pycocotools":
-            stats = dict(zip(_COCO_METRICS.values(), coco_eval.stats[:6]))
+            stats = dict(zip(_COCO_METRICS.values(), summary.stats[:6]))
         else:
-            stats = coco_eval.stats_as_dict
+            stats = summary.stats_as_dict
         metrics = {name: _nan_if_missing(stats[label]) for name, label in self._metrics.items()}
         # precision: [IoU thresholds, recall thresholds, categories, area ranges, max dets]
-        precision = np.asarray(coco_eval.eval["precision"])[:, :, :, 0, -1]
         per_category = []
-        for index in range(precision.shape[2]):
-            values = precision[:, :, index]
+        for values in np.moveaxis(summary.eval["precision"][:, :, :, 0, -1], 2, 0):
             values = values[values > -1]
             per_category.append(float(values.mean()) * 100.0 if values.size else float("nan"))
         return metrics, per_category
+
+    def _create_coco_eval(self, ground_truth: Any, detections: Any, task: str) -> Any:
+        if self.backend == "pycocotools":
+            from pycocotools.cocoeval import COCOeval
+
+            return COCOeval(ground_truth, detections, task)
+        from faster_coco_eval import COCOeval_faster
+
+        return COCOeval_faster(
+            ground_truth, detections, task, lvis_style=self._lvis_style, print_function=logger.debug
+        )
+
+    def _category_chunks(
+        self, ground_truth: Any, table: DetectionTable, category_ids: list[int], image_ids: list[int]
+    ) -> Iterator[tuple[list[int], np.ndarray, list[int]]]:
+        """(categories, their detections' numbers in table order, images with ground truth or detections of
+        them) per chunk of at most ``_MAX_PAIRS_PER_CHUNK / len(image_ids)`` categories.
+
+        An image with neither ground truth nor detections of a category adds nothing to that category's
+        precision, so a chunk evaluates only the images that have some. In the federated protocol the
+        detections it ignores (of a category neither annotated nor listed as negative in their image) are
+        left out here rather than dropped by the library after it has built their result dicts. pycocotools,
+        the reference, evaluates everything in one run as given.
+        """
+        if self.backend == "pycocotools":
+            yield category_ids, np.arange(len(table)), image_ids
+            return
+        categories = np.asarray(category_ids, dtype=np.int64)
+        position, scored = _find(categories, table.category_ids)
+        if self._lvis_style:
+            scored &= _is_scored_by_federated_protocol(ground_truth, table, categories, image_ids)
+        order = np.flatnonzero(scored)
+        order = order[np.argsort(position[order], kind="stable")]
+        per_chunk = max(_MAX_PAIRS_PER_CHUNK // len(image_ids), 1)
+        starts = list(range(0, len(categories), per_chunk))
+        bounds = np.searchsorted(position[order], [*starts, len(categories)])
+        evaluated = set(image_ids)
+        for index, start in enumerate(starts):
+            chunk = category_ids[start : start + per_chunk]
+            indices = np.sort(order[bounds[index] : bounds[index + 1]])
+            with_ground_truth = {i for c in chunk for i in ground_truth.catToImgs.get(c, ())} & evaluated
+            yield chunk, indices, sorted(with_ground_truth.union(table.image_ids[indices].tolist()))
 
     def _frequency_bucket_metrics(self, ground_truth: Any, per_category: list[float]) -> dict[str, float]:
         """APr/APc/APf as LVIS defines them (the mean AP of the bucket's categories that have ground truth),
@@ -372,3 +416,29 @@ def _complete_annotations(ground_truth: Any) -> None:
 
 def _format_ap(value: float) -> str:
     return "nan" if math.isnan(value) else f"{value:.2f}"
+
+
+def _find(sorted_values: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(position of each of `values` in `sorted_values`, whether it is there)."""
+    position = np.searchsorted(sorted_values, values)
+    inside = position < len(sorted_values)
+    found = np.zeros(len(values), dtype=bool)
+    found[inside] = sorted_values[position[inside]] == values[inside]
+    return position, found
+
+
+def _is_scored_by_federated_protocol(
+    ground_truth: Any, table: DetectionTable, categories: np.ndarray, image_ids: list[int]
+) -> np.ndarray:
+    """Per detection: is its category annotated in its image or listed in the image's ``neg_category_ids``
+    (the LVIS rule, as faster-coco-eval's ``lvis_style`` applies it)?"""
+    keys = []
+    for index, image_id in enumerate(image_ids):
+        listed = {annotation["category_id"] for annotation in ground_truth.imgToAnns.get(image_id, ())}
+        listed.update(ground_truth.imgs[image_id].get("neg_category_ids") or ())
+        position, found = _find(categories, np.array(sorted(listed), dtype=np.int64))
+        keys.append(index * len(categories) + position[found])
+    image_position, _ = _find(np.asarray(image_ids, dtype=np.int64), table.image_ids)
+    category_position, _ = _find(categories, table.category_ids)
+    allowed = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+    return np.isin(image_position * len(categories) + category_position, allowed)

@@ -243,22 +243,29 @@ class RCNN(GeneralizedRCNN):
                 "RCNN: training inputs need 'instances' (boxes, classes[, masks]); the mapper must be built "
                 "with is_train=True."
             )
-        boxes = torch.as_tensor(instances["boxes"], dtype=torch.float32).to(device).reshape(-1, 4)
-        target = {"boxes": boxes, "labels": torch.as_tensor(instances["classes"]).to(device).long() + 1}
+        boxes = torch.as_tensor(instances["boxes"], dtype=torch.float32).reshape(-1, 4)
+        target = {"boxes": boxes, "labels": torch.as_tensor(instances["classes"])}
         if self.roi_heads.has_mask():
             if "masks" not in instances:
                 raise ValueError(
                     "RCNN: this model has a mask head but 'instances' has no 'masks'; build the mapper with "
                     "use_instance_mask=True (or drop the mask head)."
                 )
-            target["masks"] = torch.as_tensor(instances["masks"]).to(device)
-        # torchvision rejects empty boxes; augmentations (crops) can produce them.
+            target["masks"] = torch.as_tensor(instances["masks"])
+        # torchvision rejects empty boxes; augmentations (crops) can produce them. Checked where the loader
+        # put the boxes (host memory), so that reading the answer does not wait for the GPU.
         keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
         if not bool(keep.all()):
             log_first_n(
                 logging.WARNING, "RCNN: dropped ground-truth boxes with zero width or height.", name=__name__
             )
             target = {key: value[keep] for key, value in target.items()}
+        # From pinned memory (`build_detection_train_loader(pin_memory=...)`) these copies run alongside the
+        # GPU's work; from pageable memory they are ordinary copies. On the CPU they return the tensors as is.
+        target = {key: value.to(device, non_blocking=True) for key, value in target.items()}
+        target["labels"] = (
+            target["labels"].long() + 1
+        )  # on the device: the copy stays from the loader's memory
         return target
 
     def _to_original_size(

@@ -31,6 +31,7 @@ dataloader = dict(
         aspect_ratio_grouping=True,
         num_workers=4,
         seed="${train.seed}",
+        pin_memory="${train.device}",  # page-locked batches when training on cuda (non-blocking copies)
     ),
     test=L(build_detection_test_loader)(
         dataset=L(get_detection_dataset_dicts)(names="coco_2017_val", filter_empty=False),
@@ -38,6 +39,7 @@ dataloader = dict(
             is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=800, max_size=1333)]
         ),
         num_workers=4,
+        pin_memory="${train.device}",
     ),
     evaluator=L(COCOEvaluator)(
         dataset_name="coco_2017_val", max_dets_per_image=100, output_dir="${train.output_dir}"

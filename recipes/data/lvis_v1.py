@@ -34,6 +34,7 @@ dataloader = dict(
         aspect_ratio_grouping=True,
         num_workers=4,
         seed="${train.seed}",
+        pin_memory="${train.device}",  # page-locked batches when training on cuda (non-blocking copies)
     ),
     test=L(build_detection_test_loader)(
         dataset=L(get_detection_dataset_dicts)(names="lvis_v1_val", filter_empty=False),
@@ -41,6 +42,7 @@ dataloader = dict(
             is_train=False, augmentations=[L(ResizeShortestEdge)(short_edge_length=800, max_size=1333)]
         ),
         num_workers=4,
+        pin_memory="${train.device}",
     ),
     evaluator=L(LVISEvaluator)(
         dataset_name="lvis_v1_val", max_dets_per_image=300, output_dir="${train.output_dir}"

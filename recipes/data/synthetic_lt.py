@@ -36,6 +36,7 @@ dataloader = dict(
         aspect_ratio_grouping=True,
         num_workers=1,
         seed="${train.seed}",
+        pin_memory="${train.device}",  # page-locked batches when training on cuda (non-blocking copies)
     ),
     test=L(build_detection_test_loader)(
         dataset=L(get_detection_dataset_dicts)(names="synthetic_lt_val", filter_empty=False),
@@ -46,6 +47,7 @@ dataloader = dict(
         # (inference 31 s -> 25 s on 250 images). With images of mixed sizes (CLUTTERED_STYLE) use 1.
         batch_size=4,
         num_workers=1,
+        pin_memory="${train.device}",
     ),
     evaluator=L(LVISEvaluator)(dataset_name="synthetic_lt_val", output_dir="${train.output_dir}"),
 )

@@ -2,6 +2,7 @@ import json
 import logging
 import math
 
+import numpy as np
 import pytest
 import torch
 from pytest import param
@@ -167,3 +168,88 @@ def test_missing_json_is_an_error():
     with pytest.raises(ValueError, match="no ground-truth json"):
         COCOEvaluator("test_coco_evaluation_unregistered")
     MetadataCatalog.remove("test_coco_evaluation_unregistered")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Predictions kept compactly and evaluated a category chunk at a time give the results of one run over
+# everything on one result dict per detection (tests/evaluation/reference.py).
+
+
+def _long_tail_case(tmp_path, seed=4):
+    """LVIS-style json with an unused category and some images without negative lists; outputs with jitter,
+    false positives of random classes and tied scores."""
+    data = make_ground_truth(num_images=10, seed=seed, lvis=True)
+    data["categories"].append({"id": 12, "name": "unused", "frequency": "r", "image_count": 2})
+    for image in data["images"][::2]:
+        image["neg_category_ids"] = []  # federated: detections of unannotated categories are ignored here
+    inputs, outputs = ground_truth_as_outputs(data, noise=2.0, seed=seed)
+    rng = np.random.default_rng(seed)
+    for record, output in zip(inputs, outputs):
+        instances, count = output["instances"], 5
+        height, width = record["height"], record["width"]
+        x0, y0 = rng.uniform(0, width / 2, count), rng.uniform(0, height / 2, count)
+        x1, y1 = x0 + rng.uniform(4, width / 2, count), y0 + rng.uniform(4, height / 2, count)
+        masks = torch.zeros(count, height, width, dtype=torch.uint8)
+        for i in range(count):
+            masks[i, int(y0[i]) : int(y1[i]), int(x0[i]) : int(x1[i])] = 1
+        extra = {
+            "boxes": torch.from_numpy(np.stack([x0, y0, x1, y1], axis=1)).float(),
+            "scores": torch.from_numpy(np.round(rng.uniform(0.1, 1.0, count), 1)).float(),  # ties
+            "classes": torch.from_numpy(rng.integers(0, len(CATEGORY_IDS), count)),
+            "masks": masks,
+        }
+        instances["scores"] = instances["scores"].mul(10).round().div(10)
+        for key in instances:
+            instances[key] = torch.cat([instances[key], extra[key]])
+    return data, write_json(data, tmp_path / "gt.json"), inputs, outputs
+
+
+class _RecordingPerCategory:
+    """Mixin: keep the unrounded per-category AP the evaluator writes to its table."""
+
+    def _write_per_category_table(self, ground_truth, per_category):
+        self.per_category = per_category
+        super()._write_per_category_table(ground_truth, per_category)
+
+
+@pytest.mark.parametrize("lvis", [param(True, id="federated"), param(False, id="exhaustive")])
+@pytest.mark.parametrize(
+    "pairs_per_chunk",
+    [param(1, id="one-category-per-chunk"), param(25, id="two-categories"), param(None, id="one-chunk")],
+)
+def test_results_equal_one_run_on_one_dict_per_detection(tmp_path, monkeypatch, lvis, pairs_per_chunk):
+    from lazytrain.evaluation import LVISEvaluator, coco_evaluation
+    from tests.evaluation.reference import reference_entries, reference_evaluation
+
+    data, json_file, inputs, outputs = _long_tail_case(tmp_path)
+    if pairs_per_chunk is not None:
+        monkeypatch.setattr(coco_evaluation, "_MAX_PAIRS_PER_CHUNK", pairs_per_chunk)
+    base = LVISEvaluator if lvis else COCOEvaluator
+    max_dets_per_image = 7 if lvis else 100  # LVIS: keeps the 7 best of 7 to 10 per image
+    evaluator = type("Recording", (_RecordingPerCategory, base), {})(
+        json_file=json_file, output_dir=str(tmp_path / "out"), max_dets_per_image=max_dets_per_image
+    )
+    results = _run(evaluator, inputs, outputs, batch=3)
+
+    category_ids = sorted(c["id"] for c in data["categories"])
+    entries = reference_entries(inputs, outputs, category_ids, max_dets_per_image if lvis else None)
+    written = (tmp_path / "out" / f"{'lvis' if lvis else 'coco'}_instances_results.json").read_text()
+    assert json.loads(written) == entries
+    image_ids = sorted(image["id"] for image in data["images"])
+    for task in ("bbox", "segm"):
+        max_dets = [7] if lvis else [1, 10, 100]
+        stats, per_category = reference_evaluation(json_file, entries, task, image_ids, max_dets, lvis)
+        labels = coco_evaluation._LVIS_METRICS if lvis else coco_evaluation._COCO_METRICS
+        expected = {name: coco_evaluation._nan_if_missing(stats[label]) for name, label in labels.items()}
+        got = {name: results[task][name] for name in expected}
+        assert _same(got, expected), (task, got, expected)
+        assert _same(evaluator.per_category[task], per_category), task
+        assert math.isnan(per_category[-1])  # the unused category: no ground truth, no detections
+    assert 10 < results["bbox"]["AP"] < 90  # imperfect detections, or the comparison means little
+
+
+def _same(a, b) -> bool:
+    """Equal, NaN equal to NaN (dicts or lists of floats)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and _same(list(a.values()), list(b.values()))
+    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))

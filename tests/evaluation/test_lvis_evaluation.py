@@ -80,7 +80,7 @@ def test_detections_are_capped_per_image_over_all_categories(lvis):
     inputs, outputs = ground_truth_as_outputs(data)
     evaluator = LVISEvaluator(json_file=json_file, max_dets_per_image=1)
     evaluator.process(inputs, outputs)
-    assert all(len(prediction["instances"]) <= 1 for prediction in evaluator._predictions)
+    assert [prediction.num_detections for prediction in evaluator._predictions] == [1] * len(inputs)
 
 
 def test_frequencies_come_from_image_counts_or_metadata(lvis, tmp_path):
