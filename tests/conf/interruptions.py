@@ -67,4 +67,5 @@ def interrupt_final_evaluation(trainer, signum: int, seconds_per_image: float = 
             _kill_job(signum)
         time.sleep(seconds_per_image)
 
-    trainer.model.register_forward_pre_hook(before_forward)
+    # The model itself, not its DDP wrapper: evaluation runs the unwrapped model.
+    getattr(trainer.model, "module", trainer.model).register_forward_pre_hook(before_forward)

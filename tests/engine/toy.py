@@ -226,7 +226,8 @@ def signal_during_evaluation(trainer, iteration: int, signum: int) -> None:
             os.kill(os.getpid(), signum)
 
     sent: list[bool] = []
-    trainer.model.register_forward_pre_hook(before_forward)
+    # The model itself, not its DDP wrapper: evaluation runs the unwrapped model.
+    getattr(trainer.model, "module", trainer.model).register_forward_pre_hook(before_forward)
 
 
 def fail_at(trainer, iteration: int) -> None:
