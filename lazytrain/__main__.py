@@ -1,6 +1,6 @@
-"""`python -m lazytrain CONFIG [overrides]`: see `lazytrain.launch.entrypoint`."""
+"""`python -m lazytrain CONFIG [overrides]`: see `lazytrain.program.entrypoint`."""
 
-from lazytrain.launch.entrypoint import main
+from lazytrain.program.entrypoint import main
 
 if __name__ == "__main__":
     main()

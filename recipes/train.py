@@ -1,6 +1,6 @@
 """Run settings, the trainer and the default hooks (a named mapping in run order).
 
-The trainer and hooks are config nodes like the model. The default program (`lazytrain.engine.defaults`)
+The trainer and hooks are config nodes like the model. The default program (`lazytrain.program.default`)
 builds model, optimizer and train loader once and injects them: ``instantiate(train.trainer, model=...,
 data_loader=..., optimizer=...)``; it attaches ``trainer.checkpointer`` and ``trainer.test_function``; hooks
 reach all of these through ``self.trainer`` and hold only plain values here, so this block saves to YAML.
@@ -17,7 +17,7 @@ before ``writer`` so the final evaluation reaches ``metrics.json``. ``resume=Tru
 
 from lazytrain.config import LazyCall as L
 from lazytrain.engine import hooks
-from lazytrain.engine.run_report import PlotWriter
+from lazytrain.engine.plot_writer import PlotWriter
 from lazytrain.engine.train_loop import SimpleTrainer
 
 train = dict(

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from lazytrain.config import LazyConfig, instantiate  # noqa: E402
 from lazytrain.engine.checkpoint import Checkpointer  # noqa: E402
-from lazytrain.engine.defaults import _build_optimizer, seed_all_rng  # noqa: E402
+from lazytrain.program.default import _build_optimizer, seed_all_rng  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

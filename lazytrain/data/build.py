@@ -342,8 +342,8 @@ def _resolve_pin_memory(pin_memory: bool | str | torch.device, component: str) -
 def worker_context() -> multiprocessing.context.BaseContext | None:
     """The start method of data-loader workers: fork on Linux, the platform default elsewhere.
 
-    The entrypoint makes "spawn" the global start method (per-rank processes must not inherit CUDA or gloo
-    state), and torch's DataLoader follows the global method. Spawned workers re-import torch and unpickle the
+    `lazytrain.launch.launch` makes "spawn" the global start method (per-rank processes must not inherit CUDA
+    or gloo state), and torch's DataLoader follows the global method. Spawned workers re-import torch and unpickle the
     dataset: ~5 s before the first batch of every loader (each evaluation included), and no copy-on-write
     sharing of the serialized records. Workers never touch CUDA, so forking them is safe.
     """

@@ -1,7 +1,9 @@
 """The engine: the hook-driven trainer, standard hooks, checkpointing and the default programs.
 
 Modules: `train_loop` (HookBase, TrainerBase, SimpleTrainer), `hooks`, `checkpoint` (Checkpointer),
-`lr_schedule` (LR multipliers), `optimizer` (param groups), `defaults` (default_setup, do_train, do_test, run).
+`lr_schedule` (LR multipliers), `optimizer` (param groups), `plot_writer` (curves.png, ap_by_frequency.png).
+The default programs (default_setup, do_train, do_test, run) read the whole config and live in
+`lazytrain.program`; ``from lazytrain.engine import run`` still works.
 
 How a config declares the trainer and hooks (see ``recipes/train.py``): ``train.trainer =
 L(SimpleTrainer)(...)`` and ``train.hooks`` a named mapping in run order. The default program injects
@@ -10,7 +12,6 @@ L(SimpleTrainer)(...)`` and ``train.hooks`` a named mapping in run order. The de
 """
 
 from lazytrain.engine.checkpoint import Checkpointer
-from lazytrain.engine.defaults import default_setup, do_test, do_train, run
 from lazytrain.engine.hooks import (
     BestCheckpointer,
     CallbackHook,
@@ -41,8 +42,15 @@ __all__ = [
     "TrainerBase",
     "WarmupCosineMultiplier",
     "WarmupMultiStepMultiplier",
-    "default_setup",
-    "do_test",
-    "do_train",
-    "run",
 ]
+
+_PROGRAM_NAMES = ("default_setup", "do_test", "do_train", "run")
+
+
+def __getattr__(name: str):
+    # Imported on first use: the program layer sits above the engine (docs/architecture.md, "Layers").
+    if name in _PROGRAM_NAMES:
+        from lazytrain.program import default
+
+        return getattr(default, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

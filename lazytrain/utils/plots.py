@@ -3,7 +3,7 @@ training (the long-tail picture).
 
 matplotlib (a default dependency; without it runs only lose their plots) is imported when a plot is made and
 renders with the Agg backend, so plots work on machines without a display. Runs write their plots through
-`lazytrain.engine.run_report`; ``scripts/plot_*.py`` are thin wrappers.
+`lazytrain.engine.plot_writer`; ``scripts/plot_*.py`` are thin wrappers.
 """
 
 from __future__ import annotations

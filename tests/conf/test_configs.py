@@ -12,10 +12,10 @@ import torch
 from torchvision.models import resnet50
 
 from lazytrain.config import LazyConfig, validate
-from lazytrain.data.datasets.builtin import find_missing_data
-from lazytrain.data.datasets.preflight import find_json_dataset_problems
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
-from lazytrain.engine.defaults import INJECTED_ARGUMENTS, run
+from lazytrain.program.default import INJECTED_ARGUMENTS, run
+from lazytrain.program.preflight.builtin_data import find_missing_data
+from lazytrain.program.preflight.json_data import find_json_dataset_problems
 from tests.smoke import FEW_DETECTIONS, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -417,7 +417,7 @@ def test_workers_are_forked_even_when_spawn_is_the_global_start_method(monkeypat
 
     monkeypatch.setitem(PARENT_STATE, "set_after_import", 1234)
     previous = multiprocessing.get_start_method(allow_none=True)
-    multiprocessing.set_start_method("spawn", force=True)  # what the entrypoint does
+    multiprocessing.set_start_method("spawn", force=True)  # what launching several processes does
     try:
         train = build_detection_train_loader(
             make_records(8), mapper=parent_state_mapper, total_batch_size=2, num_workers=1, seed=0

@@ -85,7 +85,7 @@ def test_missing_builtin_data_names_path_and_env(tmp_path, monkeypatch):
 def test_preflight_names_missing_builtin_data(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
-    from lazytrain.data.datasets.builtin import find_missing_data
+    from lazytrain.program.preflight.builtin_data import find_missing_data
 
     monkeypatch.setenv("LAZYTRAIN_DATASETS", str(tmp_path))
     target = "lazytrain.data.build.get_detection_dataset_dicts"

@@ -11,9 +11,9 @@ from lazytrain.config import LazyConfig, instantiate
 from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
 from lazytrain.data.datasets.custom import bin_categories, get_image_count_limits, register_json_dataset
 from lazytrain.data.datasets.json_summary import summarize_json
-from lazytrain.data.datasets.preflight import find_json_dataset_problems
 from lazytrain.data.mappers import DatasetMapper
 from lazytrain.evaluation import LongTailEvaluator
+from lazytrain.program.preflight.json_data import find_json_dataset_problems
 from tests.data.custom_fixtures import CATEGORIES, VARIANTS, load, perfect_outputs, rewrite, write_export
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from lazytrain.data.datasets import json_summary
-from lazytrain.data.datasets.preflight import find_json_dataset_problems
+from lazytrain.program.preflight.json_data import find_json_dataset_problems
 from tests.data.custom_fixtures import rewrite, write_export
 from tests.data.test_custom import REPO, custom_config
 

@@ -9,7 +9,7 @@ from pytest import param
 
 from lazytrain.config import LazyCall as L
 from lazytrain.config import LazyConfig
-from lazytrain.engine.defaults import INJECTED_ARGUMENTS, do_train, run
+from lazytrain.program.default import INJECTED_ARGUMENTS, do_train, run
 from tests.engine import toy
 
 

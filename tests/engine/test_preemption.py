@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lazytrain.engine.checkpoint import Checkpointer
-from lazytrain.engine.defaults import run
+from lazytrain.program.default import run
 from tests.engine import toy
 from tests.engine.conftest import TOY_CONFIG
 
@@ -207,7 +207,7 @@ def test_random_sigkill_soak_always_leaves_a_loadable_checkpoint_and_resumes_exa
     code = (
         "import sys, torch; torch.set_num_threads(1)\n"
         "from lazytrain.config import LazyConfig\n"
-        "from lazytrain.engine.defaults import run\n"
+        "from lazytrain.program.default import run\n"
         f"cfg = LazyConfig.load({TOY_CONFIG!r})\n"
         f"cfg.train.output_dir = {str(run_dir)!r}\n"
         "LazyConfig.apply_overrides(cfg, sys.argv[1:])\n"

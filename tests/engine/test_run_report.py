@@ -18,7 +18,7 @@ from PIL import Image
 
 from lazytrain.config import LazyConfig
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
-from lazytrain.engine import run_report
+from lazytrain.engine import plot_writer as run_report
 from lazytrain.utils.plots import build_ap_by_frequency_figure, build_metrics_figure
 from lazytrain.utils.run_dirs import read_metrics, read_per_category_ap
 from tests.smoke import smoke_overrides
@@ -151,7 +151,7 @@ def test_missing_matplotlib_gives_one_warning_and_no_file(tmp_path, monkeypatch)
     records = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append
-    logger = logging.getLogger("lazytrain.engine.run_report")
+    logger = logging.getLogger("lazytrain.engine.plot_writer")
     logger.addHandler(handler)
     try:
         assert run_report.write_run_plots(str(tmp_path)) == []
@@ -214,7 +214,7 @@ def test_old_run_directory_plots_with_the_script(tmp_path):
 def test_full_config_goes_to_log_file_and_to_the_console_only_when_verbose(tmp_path, verbose):
     from omegaconf import OmegaConf
 
-    from lazytrain.engine.defaults import default_setup
+    from lazytrain.program.default import default_setup
 
     cfg = OmegaConf.create({"train": {"output_dir": str(tmp_path), "seed": 0, "verbose": verbose}})
     default_setup(cfg)

@@ -3,7 +3,7 @@
 from omegaconf import OmegaConf
 
 from lazytrain.config import LazyConfig
-from lazytrain.engine.defaults import default_setup
+from lazytrain.program.default import default_setup
 
 
 def test_saved_config_points_paths_derived_from_output_dir_at_the_new_run(tmp_path):

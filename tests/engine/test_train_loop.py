@@ -11,10 +11,10 @@ from pytest import param
 from lazytrain.config import LazyCall as L
 from lazytrain.config import LazyConfig, instantiate
 from lazytrain.engine.checkpoint import Checkpointer
-from lazytrain.engine.defaults import do_train, run
 from lazytrain.engine.hooks import CallbackHook, EvalHook, LRScheduler, PeriodicCheckpointer
 from lazytrain.engine.lr_schedule import WarmupMultiStepMultiplier
 from lazytrain.engine.train_loop import SimpleTrainer
+from lazytrain.program.default import do_train, run
 from tests.engine import toy
 from tests.engine.conftest import TOY_CONFIG
 
@@ -81,7 +81,7 @@ def _run_toy_subprocess(output_dir, overrides, expect_kill=False):
     code = (
         "import sys, torch; torch.set_num_threads(1)\n"
         "from lazytrain.config import LazyConfig\n"
-        "from lazytrain.engine.defaults import run\n"
+        "from lazytrain.program.default import run\n"
         f"cfg = LazyConfig.load({TOY_CONFIG!r})\n"
         f"cfg.train.output_dir = {str(output_dir)!r}\n"
         "LazyConfig.apply_overrides(cfg, sys.argv[1:])\n"
@@ -121,7 +121,7 @@ def test_sigkill_and_resume_gives_bit_identical_weights(toy_cfg, tmp_path):
 def test_resume_without_checkpoint_warns_and_starts_fresh(toy_cfg, caplog):
     toy_cfg.train.resume = True
     toy_cfg.train.max_iter = 3
-    with caplog.at_level("WARNING", logger="lazytrain.engine.defaults"):
+    with caplog.at_level("WARNING", logger="lazytrain.program.default"):
         do_train(toy_cfg)
     assert "has no last_checkpoint: starting from scratch" in caplog.text
     assert os.path.exists(os.path.join(toy_cfg.train.output_dir, "model_final.pth"))

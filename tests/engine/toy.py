@@ -181,7 +181,7 @@ def ddp_main(cfg_container: dict) -> None:
     """Per-rank program of the two-process test."""
     from omegaconf import OmegaConf
 
-    from lazytrain.engine.defaults import run
+    from lazytrain.program.default import run
 
     torch.set_num_threads(1)
     run(OmegaConf.create(cfg_container))

@@ -78,8 +78,8 @@ def test_a_sweep_over_data_files_passes_the_override_check_and_leaves_them_to_ea
     from omegaconf import OmegaConf
 
     from lazytrain.config import LazyConfig
-    from lazytrain.data.datasets.preflight import find_json_dataset_problems
-    from lazytrain.launch.entrypoint import _precheck_overrides
+    from lazytrain.program.preflight.command_line import apply_plain_overrides
+    from lazytrain.program.preflight.json_data import find_json_dataset_problems
 
     cfg = OmegaConf.create(OmegaConf.to_container(LazyConfig.load(CONFIG)))
     sweep = [
@@ -89,7 +89,7 @@ def test_a_sweep_over_data_files_passes_the_override_check_and_leaves_them_to_ea
         "data.val.json=v.json",
         "data.val.images=x",
     ]
-    checked = _precheck_overrides(cfg, sweep)  # a mandatory (???) key may be swept
+    checked = apply_plain_overrides(cfg, sweep)  # a mandatory (???) key may be swept
     assert checked.data.train.images == "x" and OmegaConf.is_missing(checked.data.train, "json")
     assert find_json_dataset_problems(checked, skip_unset=True) == [
         "data.val.json=v.json: no such file; pass the path of the COCO/LVIS json (data.val.json=PATH)."

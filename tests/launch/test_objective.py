@@ -10,7 +10,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from lazytrain.errors import ConfigError
-from lazytrain.launch.objective import (
+from lazytrain.program.objective import (
     FailedJobValue,
     check_objective,
     check_search,
@@ -21,7 +21,7 @@ from tests.launch.test_entrypoint import ENGINE_TOY, TOY, lazytrain
 
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
 
-DEFAULT_MAIN = "lazytrain.engine.defaults.run"
+DEFAULT_MAIN = "lazytrain.program.default.run"
 
 
 def test_objective_value_is_read_from_nested_results():

@@ -7,7 +7,7 @@ import os
 import pytest
 from PIL import Image
 
-from lazytrain.launch.summary import write_summary, write_summary_plot
+from lazytrain.program.sweep_summary import write_summary, write_summary_plot
 
 
 def make_job(sweep_dir, job, overrides, metrics, status="ok", seconds=12.5):

@@ -19,7 +19,7 @@ from lazytrain.data.datasets.coco import load_coco_json
 from lazytrain.data.datasets.lvis import load_lvis_json
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 
-__all__ = ["SYNTHETIC_LT_OPTIONS", "find_missing_data", "get_datasets_root", "register_all"]
+__all__ = ["SYNTHETIC_LT_OPTIONS", "get_datasets_root", "register_all"]
 
 SYNTHETIC_LT_OPTIONS: dict[str, Any] = {}
 """Keyword arguments for `generate_synthetic_lt` when ``synthetic_lt_*`` is generated on first use (tests
@@ -72,60 +72,3 @@ def register_all() -> None:
             if name not in DatasetCatalog:
                 DatasetCatalog.register(name, loader)
                 MetadataCatalog.get(name).set(evaluator_type=evaluator_type)
-
-
-def _required_files(name: str) -> list[str]:
-    root = get_datasets_root()
-    split = name.rsplit("_", 1)[-1]
-    if name.startswith("lvis_v1_"):
-        return [
-            os.path.join(root, "lvis", f"lvis_v1_{split}.json"),
-            os.path.join(root, "coco", "train2017"),  # LVIS v1 val also uses COCO train2017 images
-            os.path.join(root, "coco", "val2017"),
-        ]
-    if name.startswith("coco_2017_"):
-        return [
-            os.path.join(root, "coco", "annotations", f"instances_{split}2017.json"),
-            os.path.join(root, "coco", f"{split}2017"),
-        ]
-    return []  # synthetic_lt is generated on first use; user data sets are checked when loaded
-
-
-def _dataset_names(node) -> list[str]:
-    from omegaconf import DictConfig, ListConfig
-
-    names = []
-    if isinstance(node, DictConfig):
-        target = node.get("_target_", "") if "_target_" in node else ""
-        if isinstance(target, str) and target.endswith("get_detection_dataset_dicts"):
-            value = node.get("names")
-            if isinstance(value, (str, ListConfig)):  # not a registering call (json data sets)
-                names += [value] if isinstance(value, str) else list(value)
-        if (
-            isinstance(target, str)
-            and target.endswith("Evaluator")
-            and isinstance(node.get("dataset_name"), str)
-        ):
-            names.append(node.get("dataset_name"))
-        for key in node:
-            names += _dataset_names(node._get_node(key))
-    elif isinstance(node, ListConfig):
-        for item in node:
-            names += _dataset_names(item)
-    return names
-
-
-def find_missing_data(cfg) -> list[str]:
-    """One message per built-in data set the config uses whose files are missing (checked before any
-    process is spawned)."""
-    missing = []
-    for name in dict.fromkeys(_dataset_names(cfg)):
-        absent = [p for p in _required_files(name) if not os.path.exists(p)]
-        if absent:
-            missing.append(
-                f"data set '{name}' is not on disk; looked for: {', '.join(absent)}. Set LAZYTRAIN_DATASETS to the "
-                "folder holding coco/ (train2017/, val2017/, annotations/) and lvis/ (lvis_v1_train.json, "
-                "lvis_v1_val.json), see README 'Real data'. To try lazytrain without downloads, run the demo on "
-                "the embedded data set: python -m lazytrain conf/rfs_maskrcnn_demo.py"
-            )
-    return missing

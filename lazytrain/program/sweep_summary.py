@@ -17,7 +17,13 @@ import os
 import time
 from typing import Any
 
+from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
+
+from lazytrain.engine.plot_writer import write_sweep_plots
+from lazytrain.program.objective import FailedJobValue
+from lazytrain.utils.plots import plot_sweep
+from lazytrain.utils.run_dirs import get_sweep_points, get_swept_key
 
 __all__ = [
     "SweepSummaryCallback",
@@ -30,8 +36,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 _STATUS_FILE = "lazytrain_job.json"
-# Set at the end of each multirun (in the process that ran the sweep); the entrypoint exits non-zero on it.
-failed_jobs_of_last_sweep = 0
 
 
 def read_final_metrics(output_dir: str) -> dict[str, float]:
@@ -206,9 +210,6 @@ def write_summary_plot(sweep_dir: str, rows: list[dict[str, Any]]) -> str | None
     Returns:
         The image path, or None (logged) when there is nothing to draw or matplotlib is not installed.
     """
-    from lazytrain.utils.plots import plot_sweep
-    from lazytrain.utils.run_dirs import get_sweep_points, get_swept_key
-
     run_dirs = [os.path.join(sweep_dir, row["job"]) for row in rows if row["status"] == "ok"]
     x_key = get_swept_key([row["override_list"] for row in rows])
     points = get_sweep_points(run_dirs, x_key) if x_key else {}
@@ -239,16 +240,20 @@ def _count_failures(config, rows: list[dict[str, Any]]) -> int:
 
 
 class SweepSummaryCallback(Callback):
-    """Records each job's status and wall time; at the end of a multirun writes and prints the summary."""
+    """Records each job's status and wall time; at the end of a multirun writes and prints the summary.
+
+    Args:
+        result_file: where to write ``{"failed_jobs": N}`` at the end of a multirun, for the process that
+            started Hydra (the entrypoint exits non-zero on failed jobs); "" writes none.
+    """
+
+    def __init__(self, result_file: str = "") -> None:
+        self.result_file = result_file
 
     def on_job_start(self, config, **kwargs: Any) -> None:
         self._start = time.perf_counter()
 
     def on_job_end(self, config, job_return, **kwargs: Any) -> None:
-        from hydra.core.utils import JobStatus
-
-        from lazytrain.launch.objective import FailedJobValue
-
         output_dir = config.hydra.runtime.output_dir
         failed = job_return.status != JobStatus.COMPLETED or isinstance(
             job_return.return_value, FailedJobValue
@@ -259,7 +264,6 @@ class SweepSummaryCallback(Callback):
             json.dump({"status": status, "seconds": round(seconds, 1)}, f)
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
-        global failed_jobs_of_last_sweep
         sweep_dir = config.hydra.sweep.dir
         if os.path.isdir(sweep_dir):
             table, rows = write_summary(sweep_dir)
@@ -268,7 +272,10 @@ class SweepSummaryCallback(Callback):
                 write_summary_plot(sweep_dir, rows)
             except Exception as e:  # a picture must not fail a sweep whose jobs and tables are done
                 logger.warning("No summary.png: plotting failed: %s: %s", type(e).__name__, e)
-            failed_jobs_of_last_sweep = _count_failures(config, rows)
-            from lazytrain.engine.run_report import write_sweep_plots
-
+            self._write_result(_count_failures(config, rows))
             write_sweep_plots(sweep_dir)  # per-category AP of every job in one ap_by_frequency.png
+
+    def _write_result(self, failed_jobs: int) -> None:
+        if self.result_file:
+            with open(self.result_file, "w") as f:
+                json.dump({"failed_jobs": failed_jobs}, f)

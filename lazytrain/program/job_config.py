@@ -1,11 +1,10 @@
-"""Checks the command line runs before Hydra and before any rank starts, so that bad input ends in one line
-naming the culprit (a `ConfigError`) instead of a traceback from deep inside, and nothing is written."""
+"""A Hydra job's config made ready for the ranks: interpolations the ranks cannot resolve are resolved here
+(``${hydra:...}``, ``${now:...}``), and a requeued SLURM job resumes. `prepare_job_config` does both."""
 
 from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 
 from omegaconf import DictConfig, ListConfig
@@ -13,33 +12,15 @@ from omegaconf.errors import InterpolationResolutionError
 
 from lazytrain.errors import ConfigError
 
-__all__ = ["check_launch_values", "check_output_dirs", "resolve_values", "resume_if_requeued"]
+__all__ = ["prepare_job_config", "resolve_values", "resume_if_requeued"]
 
-logger = logging.getLogger("lazytrain.launch")
+logger = logging.getLogger(__name__)
 
 
-def check_output_dirs(overrides: list[str]) -> None:
-    """Fail before Hydra does (with a traceback) when the run or sweep directory cannot be created.
-
-    A value with interpolations (Hydra's default ``outputs/${now:...}``) is checked up to its fixed prefix.
-    """
-    given = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in overrides if "=" in o}
-    for key in ("hydra.run.dir", "hydra.sweep.dir"):
-        value = given.get(key, "outputs/" if key == "hydra.run.dir" else "multirun/")
-        path = os.path.abspath(value.split("${", 1)[0] or ".")
-        ancestor = path
-        while not os.path.exists(ancestor):
-            ancestor = os.path.dirname(ancestor)
-        try:
-            if not os.path.isdir(ancestor):
-                raise NotADirectoryError(f"{ancestor} is a file")
-            os.rmdir(tempfile.mkdtemp(prefix=".lazytrain-check-", dir=ancestor))
-        except OSError as e:
-            reason = e.strerror or str(e)
-            raise ConfigError(
-                f"{key}={value}: cannot create a directory under {ancestor} ({reason}); choose a writable place, "
-                f"e.g. {key}=./outputs/my_run."
-            ) from None
+def prepare_job_config(cfg: DictConfig) -> None:
+    """Resolve `cfg`'s values in place and make a requeued SLURM job resume (see the two functions)."""
+    resolve_values(cfg)
+    resume_if_requeued(cfg)
 
 
 def resolve_values(cfg: DictConfig) -> None:
@@ -87,26 +68,6 @@ def _unresolvable(node: DictConfig | ListConfig, prefix: str = "") -> Iterator[t
                 yield path, str(child._value())
         elif isinstance(child, (DictConfig, ListConfig)):
             yield from _unresolvable(child, path + ".")
-
-
-def check_launch_values(launch_cfg: DictConfig) -> None:
-    """Process counts and the machine rank must be usable before anything is spawned."""
-    for key in ("num_processes", "num_machines"):
-        value = launch_cfg.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"launch.{key}={value}: must be an integer >= 1.")
-    from lazytrain.launch.launch import parse_timeout
-
-    try:
-        if launch_cfg.get("timeout") is not None:
-            parse_timeout(launch_cfg.timeout)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    rank, machines = launch_cfg.get("machine_rank"), launch_cfg.num_machines
-    if not isinstance(rank, int) or not 0 <= rank < machines:
-        raise ConfigError(
-            f"launch.machine_rank={rank}: must be in [0, launch.num_machines - 1] = [0, {machines - 1}]."
-        )
 
 
 def resume_if_requeued(cfg: DictConfig) -> None:

@@ -1,0 +1,312 @@
+"""The default programs: `default_setup`, `do_train`, `do_test` and `run`, as plain functions.
+
+They read the detectron2 lazy-config keys: ``model``, ``optimizer`` (its ``params`` node is built from the
+model), ``lr_multiplier``, ``dataloader.{train,test,evaluator}`` and ``train`` (run settings,
+``train.trainer`` and the named hook mapping ``train.hooks``).
+
+How the pieces meet (issue 9): the program builds each shared object exactly once, in this order: model (moved
+to ``train.device``, wrapped in DDP when the world size is > 1), optimizer, train loader. It then calls
+``instantiate(cfg.train.trainer, model=..., data_loader=..., optimizer=...)`` (the program injects these three
+arguments; see `INJECTED_ARGUMENTS`), builds the `Checkpointer` (which holds the trainer, so the trainer state
+is checkpointed) and attaches it and the evaluation function to the trainer, then instantiates
+``train.hooks`` and registers them in mapping order. Hooks reach the shared objects through ``self.trainer``;
+their configs hold only plain values and interpolations, so they save to YAML and take overrides.
+
+To customise more than the config allows, copy `do_train` into your own module and point ``launch.main`` at
+a function calling it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from lazytrain.config import LazyConfig, instantiate
+from lazytrain.engine.checkpoint import Checkpointer
+from lazytrain.engine.hooks import flatten_results
+from lazytrain.engine.plot_writer import write_run_plots
+from lazytrain.program.run_report import log_run_header, log_run_summary
+from lazytrain.utils import comm
+from lazytrain.utils.env import collect_env_info
+from lazytrain.utils.events import EventStorage, JSONWriter
+from lazytrain.utils.logger import setup_logger
+
+__all__ = [
+    "INJECTED_ARGUMENTS",
+    "build_model",
+    "default_setup",
+    "do_test",
+    "do_train",
+    "get_resume_file",
+    "load_init_checkpoint",
+    "run",
+    "seed_all_rng",
+]
+
+logger = logging.getLogger(__name__)
+
+# Arguments the program passes at instantiation time (config validation must not report them missing).
+INJECTED_ARGUMENTS = {
+    "train.trainer": ("model", "data_loader", "optimizer"),
+    "optimizer": ("params",),
+    "optimizer.params": ("model",),
+}
+
+
+def seed_all_rng(seed: int) -> None:
+    """Seed the python, numpy and torch (CPU and CUDA) random number generators with `seed`."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def default_setup(cfg: DictConfig) -> None:
+    """Prepare this rank: logging, environment info, config dump to ``output_dir/config.yaml``, seeding.
+
+    Each rank seeds ``train.seed + rank``; a negative ``train.seed`` draws one random seed on rank 0, shared
+    by all ranks (then also offset by the rank).
+
+    Args:
+        cfg: the whole config (reads ``train.output_dir`` and ``train.seed``).
+    """
+    output_dir = cfg.train.output_dir
+    rank = comm.get_rank()
+    if comm.is_main_process() and output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+    # The console gets a short header (run_report); these long dumps go to log.txt unless train.verbose.
+    verbose = bool(cfg.train.get("verbose", False))
+    setup_logger(
+        output_dir or None, distributed_rank=rank, console_level=logging.DEBUG if verbose else logging.INFO
+    )
+    logger.debug("Rank %d of world size %d", rank, comm.get_world_size())
+    logger.debug("Environment:\n%s", collect_env_info())
+    logger.debug("Full config:\n%s", OmegaConf.to_yaml(cfg, resolve=False))
+
+    if comm.is_main_process() and output_dir:
+        path = os.path.join(output_dir, "config.yaml")
+        saved = cfg.copy()
+        # Fed back as CONFIG, the saved file must write to its new run's directory, not over this one: paths
+        # that were resolved from train.output_dir (evaluator, writer hook, ...) point at it again.
+        _point_at_output_dir(saved, str(output_dir))
+        saved.train.output_dir = "./output"
+        LazyConfig.save(saved, path)
+        logger.debug("Config saved to %s", path)
+
+    seed = int(cfg.train.get("seed", 0))
+    if seed < 0:
+        seed = comm.shared_random_seed()
+    seed_all_rng(seed + rank)
+    logger.debug("Seeded the random number generators with %d (train.seed + rank)", seed + rank)
+
+
+def _point_at_output_dir(node: DictConfig | ListConfig, output_dir: str) -> None:
+    """Replace, in place, every string equal to `output_dir` or under it by ``${train.output_dir}[/rest]``."""
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for key in list(keys):
+        child = node._get_node(key)
+        if isinstance(child, (DictConfig, ListConfig)):
+            _point_at_output_dir(child, output_dir)
+            continue
+        value = child._value()
+        if isinstance(value, str) and (value == output_dir or value.startswith(output_dir.rstrip("/") + "/")):
+            node[key] = "${train.output_dir}" + value[len(output_dir) :]
+
+
+def build_model(cfg: DictConfig) -> torch.nn.Module:
+    """Instantiate ``cfg.model`` and move it to ``train.device`` (``cuda`` means this rank's local GPU)."""
+    model = instantiate(cfg.model)
+    device = cfg.train.get("device", "cpu")
+    if device == "cuda":
+        # The GPU `launch` chose for this rank (cuda:{local rank}, or cuda:0 for a process bound to one GPU).
+        device = f"cuda:{torch.cuda.current_device()}"
+    return model.to(device)
+
+
+def _wrap_ddp(cfg: DictConfig, model: torch.nn.Module) -> torch.nn.Module:
+    if comm.get_world_size() == 1:
+        return model
+    ddp = cfg.train.get("ddp", {})
+    device_ids = [next(model.parameters()).device.index] if next(model.parameters()).is_cuda else None
+    with warnings.catch_warnings():
+        # torch >= 2.14 deprecates broadcast_buffers but says to keep using broadcast_buffers=False (rank-local
+        # BN statistics, detectron2's default) until its replacement exists; the warning would only be noise.
+        warnings.filterwarnings(
+            "ignore", message=".*broadcast_buffers.*is deprecated", category=FutureWarning
+        )
+        return torch.nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            find_unused_parameters=ddp.get("find_unused_parameters", False),
+            broadcast_buffers=ddp.get("broadcast_buffers", False),
+            gradient_as_bucket_view=ddp.get("gradient_as_bucket_view", True),
+        )
+
+
+def _unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def _build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    # ``optimizer.params`` is a lazy call (e.g. get_default_optimizer_params) completed with the model;
+    # without one, all parameters go in one group.
+    params = cfg.optimizer.get("params")
+    if OmegaConf.is_dict(params) and "_target_" in params:
+        params = instantiate(params, model=model)
+    elif params is None:
+        params = model.parameters()
+    return instantiate(cfg.optimizer, params=params)
+
+
+def load_init_checkpoint(cfg: DictConfig, model: torch.nn.Module) -> None:
+    """Load ``train.init_checkpoint`` weights into `model`, non-strictly (lazytrain checkpoints, torchvision
+    detection or ImageNet ResNet files; see `lazytrain.modeling.weights.load_init_weights`)."""
+    from lazytrain.modeling.weights import load_init_weights
+
+    load_init_weights(
+        _unwrap_ddp(model),
+        cfg.train.init_checkpoint,
+        allow_unsafe=bool(cfg.train.get("allow_unsafe_checkpoint", False)),
+    )
+
+
+def do_test(cfg: DictConfig, model: torch.nn.Module) -> dict:
+    """Evaluate `model` on ``dataloader.test`` with ``dataloader.evaluator``.
+
+    Returns:
+        Nested results ``{task: {metric: float}}`` on the main process, ``{}`` on the others (and when the
+        config has no test loader or evaluator).
+    """
+    if "evaluator" not in cfg.dataloader or "test" not in cfg.dataloader:
+        logger.warning("No dataloader.test / dataloader.evaluator in the config: nothing to evaluate.")
+        return {}
+    from lazytrain.evaluation import inference_on_dataset
+
+    # The test loader is built first: it may generate the data set the evaluator reads on first use.
+    loader = instantiate(cfg.dataloader.test)
+    evaluator = instantiate(cfg.dataloader.evaluator)
+    return inference_on_dataset(model, loader, evaluator)
+
+
+def do_train(cfg: DictConfig) -> dict:
+    """Build everything once, resume or load initial weights, and train.
+
+    ``train.resume=true`` continues from ``output_dir/last_checkpoint`` (weights, optimizer, trainer and hook
+    state, data position, RNG states); when there is none, it logs a warning and starts from
+    ``train.init_checkpoint`` (or random init), so the same command both starts and resumes a job.
+
+    Returns:
+        The results of the last evaluation (``{}`` without an eval hook).
+    """
+    # Model: on its device and wrapped in DDP before the optimizer and trainer see it.
+    model = build_model(cfg)
+    logger.debug("Model:\n%s", model)
+    model = _wrap_ddp(cfg, model)
+    optimizer = _build_optimizer(cfg, _unwrap_ddp(model))
+    train_loader = instantiate(cfg.dataloader.train)
+
+    # Trainer from the config with the shared objects injected; the checkpointer holds model, optimizer and
+    # the trainer itself (iteration, hook states, grad scaler, data position, RNG states).
+    trainer = instantiate(cfg.train.trainer, model=model, data_loader=train_loader, optimizer=optimizer)
+    trainer.checkpointer = Checkpointer(
+        model,
+        cfg.train.output_dir,
+        allow_unsafe=bool(cfg.train.get("allow_unsafe_checkpoint", False)),
+        optimizer=optimizer,
+        trainer=trainer,
+    )
+    # Evaluation runs the model itself: a DDP forward may broadcast buffers (a collective) in every call, and
+    # ranks evaluate different numbers of batches.
+    trainer.test_function = functools.partial(do_test, cfg, _unwrap_ddp(model))
+
+    # Hooks: a named mapping in run order; registered before resuming so their states load by name.
+    hooks = instantiate(cfg.train.hooks) if cfg.train.get("hooks") else {}
+    trainer.register_hooks(hooks)
+
+    # Resume everything, or start from train.init_checkpoint (weights only).
+    start_iter = 0
+    resume = bool(cfg.train.get("resume", False))
+    resume_file = get_resume_file(trainer.checkpointer) if resume else ""
+    if resume_file:
+        extra = trainer.checkpointer.load(resume_file)
+        start_iter = extra.get("iteration", -1) + 1
+        logger.info("Resuming from iteration %d", start_iter)
+    else:
+        if resume:
+            logger.warning(
+                "train.resume=true but %s has no last_checkpoint: starting from scratch%s.",
+                cfg.train.output_dir,
+                f" with {cfg.train.init_checkpoint}" if cfg.train.get("init_checkpoint") else "",
+            )
+        if cfg.train.get("init_checkpoint"):
+            load_init_checkpoint(cfg, model)
+
+    log_run_header(cfg, trainer)
+    start = time.perf_counter()
+    trainer.train(start_iter, cfg.train.max_iter)
+    log_run_summary(cfg, trainer, time.perf_counter() - start)
+    return trainer.last_eval_results
+
+
+def get_resume_file(checkpointer: Checkpointer) -> str:
+    """The checkpoint every rank resumes from: rank 0 reads ``last_checkpoint`` and decides for all ("" for
+    none), so that a lagging shared file system cannot make ranks resume from different iterations.
+
+    Raises:
+        ConfigError: on every rank, when some rank cannot read the chosen file (output dir not shared).
+    """
+    from lazytrain.errors import ConfigError, mark_agreed
+
+    chosen = checkpointer.get_checkpoint_file() if checkpointer.has_checkpoint() else ""
+    chosen = comm.broadcast_object(chosen)
+    readable = comm.all_gather(not chosen or os.path.isfile(chosen))
+    missing = [rank for rank, ok in enumerate(readable) if not ok]
+    if missing:
+        raise mark_agreed(
+            ConfigError(
+                f"train.resume=true: rank 0 resumes from {chosen} (its last_checkpoint), but rank(s) "
+                f"{', '.join(map(str, missing))} cannot read that file. train.output_dir must be on a file "
+                "system that every machine of the job shares."
+            )
+        )
+    return chosen
+
+
+def _evaluate_only(cfg: DictConfig) -> dict:
+    model = build_model(cfg)
+    if cfg.train.get("init_checkpoint"):
+        load_init_checkpoint(cfg, model)
+    else:
+        logger.warning(
+            "train.eval_only=true without train.init_checkpoint: evaluating randomly initialised weights."
+        )
+    results = do_test(cfg, model)
+
+    # Same metrics.json format as training runs (the sweep summary reads the final metrics from it).
+    if comm.is_main_process() and cfg.train.output_dir and results:
+        with EventStorage(0) as storage:
+            storage.put_scalars(**flatten_results(results), smoothing_hint=False)
+            writer = JSONWriter(os.path.join(cfg.train.output_dir, "metrics.json"))
+            writer.write()
+            writer.close()
+        write_run_plots(cfg.train.output_dir)
+    return results
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """The per-rank program: `default_setup`, then evaluation only (``train.eval_only``) or training.
+
+    Runs in every rank after the process group is up. Returns the final evaluation results (nested dict).
+    """
+    default_setup(cfg)
+    if cfg.train.get("eval_only", False):
+        return _evaluate_only(cfg)
+    return do_train(cfg)

@@ -1,0 +1,248 @@
+"""What a run tells its user: a short header before the first step and a closing summary (final metrics,
+time, the files written and the commands to resume or evaluate). The plots in the run directory come from
+`lazytrain.engine.plot_writer`.
+
+The console shows the header and the summary; the full config, the environment and the model's repr go to
+``log.txt`` only (DEBUG level), and ``train.verbose=true`` prints them on the console too. Everything here
+logs on the main process only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import logging
+import math
+import os
+import shlex
+from collections import Counter
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lazytrain.engine.plot_writer import (
+    AP_BY_FREQUENCY_FILE,
+    CURVES_FILE,
+    RecordsSummary,
+    get_train_records,
+    summarize_records,
+)
+from lazytrain.utils import comm, run_dirs
+
+__all__ = ["COMMAND_ENV", "format_run_header", "format_run_summary", "log_run_header", "log_run_summary"]
+
+logger = logging.getLogger(__name__)
+
+# The entrypoint puts the command line here, so that ranks (spawned or not) can show it in the header.
+COMMAND_ENV = "LAZYTRAIN_COMMAND"
+_BUCKET_NAMES = {"r": "rare", "c": "common", "f": "frequent"}
+
+
+# ------------------------------------------------------------------------------------------------- header
+
+
+def _get_train_dataset_names(cfg: DictConfig) -> list[str]:
+    """``dataloader.train.dataset.names`` as a list; a registering call (e.g. ``register_json_dataset``)
+    gives its ``name`` argument."""
+    names = OmegaConf.select(cfg, "dataloader.train.dataset.names", default=None)
+    if OmegaConf.is_dict(names):
+        names = names.get("name")
+    if names is None:
+        return []
+    return [str(name) for name in names] if OmegaConf.is_list(names) else [str(names)]
+
+
+def _describe_data(cfg: DictConfig, summary: RecordsSummary | None) -> str:
+    from lazytrain.data.catalog import MetadataCatalog
+    from lazytrain.data.datasets.lvis import frequency_of_image_count
+
+    names = _get_train_dataset_names(cfg)
+    label = ", ".join(names) or "train set"
+    if summary is None:
+        return label
+    # The data set's own buckets when registered (they follow its thresholds), else LVIS's from the counts.
+    metadata = MetadataCatalog.get(names[0]) if len(names) == 1 else None
+    frequency = metadata.get("class_frequency") if metadata is not None else None
+    if frequency:
+        buckets = Counter(frequency)
+    else:
+        buckets = Counter(frequency_of_image_count(n) for n in summary.image_counts.values())
+    categories = sum(buckets.values())
+    per_bucket = ", ".join(f"{_BUCKET_NAMES[b]} {buckets[b]}" for b in "rcf")
+    return (
+        f"{label}: {summary.images} images, {summary.instances} instances, {categories} categories "
+        f"({per_bucket})"
+    )
+
+
+def _describe_sampler(cfg: DictConfig, data_loader: Any) -> tuple[str, float | None]:
+    """The sampler line and the expected number of images per epoch (None when unknown)."""
+    sampler = getattr(getattr(data_loader, "batch_sampler", None), "sampler", None)
+    factors = getattr(sampler, "repeat_factors", None)
+    if factors is not None:
+        threshold = OmegaConf.select(cfg, "dataloader.train.sampler.repeat_thresh", default="?")
+        epoch = float(factors.sum(dtype=float))
+        return (
+            f"{type(sampler).__name__}: t={threshold}, {int((factors > 1).sum())} of {len(factors)} images "
+            f"repeated (max x{float(factors.max()):.1f}), expected epoch {epoch:.0f} images"
+        ), epoch
+    size = getattr(sampler, "size", None)
+    name = type(sampler).__name__ if sampler is not None else "unknown sampler"
+    return (f"{name}: epoch {size} images" if size else name), size
+
+
+def _describe_schedule(cfg: DictConfig, epoch: float | None) -> str:
+    train = cfg.train
+    batch = OmegaConf.select(cfg, "dataloader.train.total_batch_size", default=None)
+    text = f"{train.max_iter} iterations"
+    if batch:
+        text += f" x {batch} images"
+        if epoch:
+            text += f" ({train.max_iter * batch / epoch:.2f} epochs)"
+    optimizer = OmegaConf.select(cfg, "optimizer._target_", default="")
+    lr = OmegaConf.select(cfg, "optimizer.lr", default=None)
+    if optimizer:
+        text += f"; {str(optimizer).rsplit('.', 1)[-1]} lr {lr}"
+    multiplier = OmegaConf.select(cfg, "lr_multiplier._target_", default="")
+    if multiplier:
+        warmup = OmegaConf.select(cfg, "lr_multiplier.warmup_iters", default=None)
+        text += f" x {str(multiplier).rsplit('.', 1)[-1]}" + (f" (warmup {warmup})" if warmup else "")
+    has_eval = "eval" in (train.get("hooks") or {})
+    eval_period = int(train.get("eval_period", 0) or 0)
+    if has_eval:
+        text += f"; eval every {eval_period} and at the end" if eval_period > 0 else "; eval at the end"
+    period = OmegaConf.select(cfg, "train.checkpointer.period", default=None)
+    return text + (f"; checkpoint every {period}" if period else "")
+
+
+def format_run_header(cfg: DictConfig, trainer: Any, summary: RecordsSummary | None = None) -> str:
+    """The lines shown before the first step: command, output, processes, data, sampler, model, schedule.
+
+    Args:
+        cfg: the run's config.
+        trainer: the built trainer (reads ``model`` and ``data_loader``).
+        summary: counts of the train records (`summarize_records`); None leaves them out.
+    """
+    output_dir = str(cfg.train.output_dir)
+    parameters = sum(p.numel() for p in trainer.model.parameters())
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    sampler, epoch = _describe_sampler(cfg, trainer.data_loader)
+    world_size = comm.get_world_size()
+    lines = []
+    if os.environ.get(COMMAND_ENV):
+        lines.append(f"  command   {os.environ[COMMAND_ENV]}")
+    lines += [
+        f"  output    {output_dir} (full config, environment and model in log.txt; train.verbose=true "
+        "prints them here)",
+        f"  world     {world_size} process{'es' if world_size > 1 else ''} on {cfg.train.get('device', 'cpu')}, "
+        f"seed {cfg.train.get('seed', 0)}",
+        f"  data      {_describe_data(cfg, summary)}",
+        f"  sampler   {sampler}",
+        f"  model     {type(_unwrap(trainer.model)).__name__}: {parameters / 1e6:.1f}M parameters "
+        f"({trainable / 1e6:.1f}M trainable)",
+        f"  schedule  {_describe_schedule(cfg, epoch)}",
+    ]
+    return "Run:\n" + "\n".join(lines)
+
+
+def _unwrap(model: Any) -> Any:
+    return getattr(model, "module", model)
+
+
+def log_run_header(cfg: DictConfig, trainer: Any) -> None:
+    """Log `format_run_header` on the main process, after one pass over the train records to count them
+    (each record unpickled once: 8.5 s for 100k LVIS-like records with 1.2M annotations, measured on a busy
+    2-core machine; negligible for the demo's 1000)."""
+    if not comm.is_main_process():
+        return
+    records = get_train_records(trainer.data_loader)
+    summary = summarize_records(records) if records is not None else None
+    logger.info(format_run_header(cfg, trainer, summary))
+
+
+# ------------------------------------------------------------------------------------------------ summary
+
+_FILES = (  # (file name, what it holds), in the order the summary lists them
+    ("metrics.json", "losses, learning rate and evaluations, one JSON line per logged iteration"),
+    ("lvis_per_category_ap.csv", "AP per category with its frequency bucket and train images (also .md)"),
+    ("coco_per_category_ap.csv", "AP per category (also .md)"),
+    ("model_final.pth", "final weights (last_checkpoint names the newest checkpoint)"),
+    ("model_best.pth", "weights of the best evaluation"),
+    ("config.yaml", "the full config; runs again as CONFIG"),
+    (CURVES_FILE, "losses, learning rate and AP over iterations"),
+    (AP_BY_FREQUENCY_FILE, "AP per category against its train images, rare/common/frequent"),
+    ("log.txt", "the full log, with the config, environment and model"),
+)
+
+
+def _format_metrics(results: dict) -> list[str]:
+    """A small aligned table: one row per task (mask first), AP then APr/APc/APf (or AP50/AP75)."""
+    tasks = sorted((t for t in results if isinstance(results[t], dict)), key=lambda t: (t != "segm", t))
+    if not tasks:
+        return ["  no evaluation results"]
+    names = run_dirs.DEFAULT_EVAL_METRICS if "APr" in results[tasks[0]] else ("AP", "AP50", "AP75")
+    rows = [["", *names]]
+    for task in tasks:
+        label = {"segm": "mask", "bbox": "box"}.get(task, task)
+        rows.append([label, *(_format_value(results[task].get(name)) for name in names)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(names) + 1)]
+    return ["  " + "  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
+
+
+def _format_value(value: Any) -> str:
+    if value is None:
+        return "-"
+    return "nan" if math.isnan(float(value)) else f"{float(value):.1f}"
+
+
+def _seconds_per_iteration(trainer: Any) -> float | None:
+    """Mean step time after the first 3 steps (the `IterationTimer` warm-up), from the event storage."""
+    storage = getattr(trainer, "storage", None)
+    if storage is None or "time" not in storage.histories():
+        return None
+    times = [value for value, _ in storage.history("time").values()]
+    counted = times[3:] if len(times) > 3 else times
+    return sum(counted) / len(counted) if counted else None
+
+
+def format_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> str:
+    """The closing block: final metrics, wall time and s/it, the files in the run directory, what next.
+
+    Args:
+        cfg: the run's config.
+        trainer: the trainer after `train` (reads ``iter``, ``start_iter``, ``storage``, ``last_eval_results``).
+        seconds: wall time of training and its evaluations.
+    """
+    output_dir = str(cfg.train.output_dir)
+    per_iteration = _seconds_per_iteration(trainer)
+    speed = f", {per_iteration:.2f} s/it" if per_iteration else ""
+    steps = trainer.iter - trainer.start_iter
+    lines = [
+        f"Done: {steps} iterations in {datetime.timedelta(seconds=round(seconds))} (wall time, with "
+        f"evaluation){speed}. Final evaluation (AP x100):",
+        *_format_metrics(trainer.last_eval_results or {}),
+        f"Files in {output_dir}:",
+    ]
+    present = [(name, text) for name, text in _FILES if os.path.isfile(os.path.join(output_dir, name))]
+    periodic = sorted(glob.glob(os.path.join(output_dir, "model_[0-9]*.pth")))
+    if periodic:  # after model_final.pth
+        at = next((i + 1 for i, (name, _) in enumerate(present) if name == "model_final.pth"), len(present))
+        names = os.path.basename(periodic[-1]) + (
+            f" (and {len(periodic) - 1} older)" if len(periodic) > 1 else ""
+        )
+        present.insert(at, (names, "periodic checkpoint"))
+    width = max((len(name) for name, _ in present), default=0)
+    lines += [f"  {name.ljust(width)}  {text}" for name, text in present]
+    config = shlex.quote(os.path.join(output_dir, "config.yaml"))
+    weights = shlex.quote(os.path.join(output_dir, "model_final.pth"))
+    lines += [
+        f"Resume:    python -m lazytrain {config} hydra.run.dir={shlex.quote(output_dir)} train.resume=true",
+        f"Evaluate:  python -m lazytrain {config} train.eval_only=true train.init_checkpoint={weights}",
+    ]
+    return "\n".join(lines)
+
+
+def log_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> None:
+    """Log `format_run_summary` on the main process."""
+    if comm.is_main_process() and cfg.train.get("output_dir"):
+        logger.info(format_run_summary(cfg, trainer, seconds))
