@@ -23,6 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from lazytrain.config import tree
 from lazytrain.config.lazy import RESERVED_KEYS, locate
 from lazytrain.errors import ConfigError
 
@@ -42,11 +43,6 @@ def _join(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-def _full_key(node: Any) -> str:
-    key = node._get_full_key(None)
-    return str(key) if key is not None else ""
-
-
 class _Builder:
     """One `instantiate` call: walks the config and remembers what it built."""
 
@@ -60,11 +56,11 @@ class _Builder:
         being the referenced node's), else its resolved value."""
         child_path = _join(path, key)
         try:
-            child = node._get_node(key)
-            if child._is_interpolation():
-                child = child._dereference_node()
-                if isinstance(child, (DictConfig, ListConfig)) and _full_key(child):
-                    child_path = _full_key(child)
+            child = tree.child(node, key)
+            if tree.is_interpolation(child):
+                child = tree.dereference(child)
+                if isinstance(child, (DictConfig, ListConfig)) and tree.full_key(child):
+                    child_path = tree.full_key(child)
             if isinstance(child, (DictConfig, ListConfig)):
                 return child, child_path
             return node[key], child_path
@@ -75,7 +71,7 @@ class _Builder:
         """Build any config value: lazy calls become objects, containers are walked."""
         if not isinstance(node, (DictConfig, ListConfig)):
             return node
-        if node._is_none():
+        if tree.is_none(node):
             return None
         if isinstance(node, DictConfig) and "_target_" in node:
             return self.build_call(node, path, convert)
@@ -97,8 +93,8 @@ class _Builder:
         """Build a lazy-call node once; `extra` (top-level kwargs) makes a one-off call that is not cached."""
         if not extra and id(node) in self.built:
             return self.built[id(node)][1]
-        raw_target = node._get_node("_target_")
-        target_name = "<lazy target>" if isinstance(raw_target, DictConfig) else raw_target._value()
+        raw_target = tree.child(node, "_target_")
+        target_name = "<lazy target>" if isinstance(raw_target, DictConfig) else tree.raw_value(raw_target)
         try:
             result = self.call(node, path, convert, dict(extra or {}))
         except InstantiationError:
@@ -182,7 +178,7 @@ def instantiate(cfg: Any, /, **kwargs: Any) -> Any:
         cfg = OmegaConf.create(cfg, flags={"allow_objects": True})
     builder = _Builder()
     if isinstance(cfg, DictConfig) and "_target_" in cfg:
-        return builder.build_call(cfg, _full_key(cfg), _DEFAULT_CONVERT, kwargs)
+        return builder.build_call(cfg, tree.full_key(cfg), _DEFAULT_CONVERT, kwargs)
     convert = str(kwargs.pop("_convert_", _DEFAULT_CONVERT))
     if kwargs:
         raise TypeError(
@@ -191,4 +187,4 @@ def instantiate(cfg: Any, /, **kwargs: Any) -> Any:
         )
     if convert not in CONVERT_MODES:
         raise ValueError(f"instantiate(_convert_=) must be one of {CONVERT_MODES}; got {convert!r}")
-    return builder.build(cfg, _full_key(cfg) if OmegaConf.is_config(cfg) else "", convert)
+    return builder.build(cfg, tree.full_key(cfg) if OmegaConf.is_config(cfg) else "", convert)

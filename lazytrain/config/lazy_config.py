@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from lazytrain.config import tree
 from lazytrain.config.lazy import to_config_value
 from lazytrain.config.loading import execute_config_file, public_values
 from lazytrain.config.overrides import apply_overrides
@@ -43,20 +43,16 @@ _SafeLoader.yaml_implicit_resolvers = {
 _SafeLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_PATTERN, list("-+0123456789."))
 
 
-def _check_representable(node: Any, path: str) -> None:
+def _check_representable(cfg: DictConfig) -> None:
     """Raise naming the key path of the first value YAML cannot represent."""
-    if isinstance(node, DictConfig):
-        for key in node.keys():
-            _check_representable(node._get_node(key), f"{path}.{key}" if path else str(key))
-    elif isinstance(node, ListConfig):
-        for index in range(len(node)):
-            _check_representable(node._get_node(index), f"{path}[{index}]")
-    else:
-        value = node._value()
+    for entry in tree.walk(cfg):
+        if isinstance(entry.node, (DictConfig, ListConfig)):
+            continue  # its children come next in the walk
+        value = tree.raw_value(entry.node)
         if not isinstance(value, _YAML_SCALARS):
             raise ConfigError(
-                f"LazyConfig.save: '{path}' holds {value!r} (type {type(value).__name__}), which YAML cannot "
-                "represent. Describe it with LazyCall(...) in the config instead of a built object."
+                f"LazyConfig.save: '{entry.path}' holds {value!r} (type {type(value).__name__}), which YAML "
+                "cannot represent. Describe it with LazyCall(...) in the config instead of a built object."
             )
 
 
@@ -128,7 +124,7 @@ class LazyConfig:
         """
         if not isinstance(cfg, DictConfig):  # a plain dict: its values convert as LazyCall arguments do
             cfg = OmegaConf.create({str(k): to_config_value(v, name=str(k)) for k, v in cfg.items()})
-        _check_representable(cfg, "")
+        _check_representable(cfg)
         text = VERSION_HEADER.format(version=CONFIG_VERSION) + OmegaConf.to_yaml(cfg, resolve=False)
         path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -15,23 +15,16 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from lazytrain.config import tree
 from lazytrain.errors import ConfigError
 
 __all__ = ["apply_overrides", "iter_key_paths", "suggest_keys"]
 
 
 def iter_key_paths(node: Any, prefix: str = "") -> Iterator[str]:
-    """Every dotted key path in a config, without resolving interpolations."""
-    if isinstance(node, DictConfig):
-        for key in node.keys():
-            path = f"{prefix}.{key}" if prefix else str(key)
-            yield path
-            yield from iter_key_paths(node._get_node(key), path)
-    elif isinstance(node, ListConfig):
-        for index in range(len(node)):
-            path = f"{prefix}.{index}" if prefix else str(index)
-            yield path
-            yield from iter_key_paths(node._get_node(index), path)
+    """Every dotted key path in a config (``a.b.2.c``), without resolving interpolations."""
+    for entry in tree.walk(node, prefix, join=tree.dotted_path):
+        yield entry.path
 
 
 def suggest_keys(cfg: DictConfig, key: str, limit: int = 3) -> list[str]:
@@ -52,8 +45,9 @@ def _did_you_mean(cfg: DictConfig, key: str) -> str:
 
 
 def _not_a_node(key: str, inside: str, node: Any, part: str) -> ConfigError:
+    value = tree.raw_value(node)
     return ConfigError(
-        f"override '{key}': '{inside}' holds a plain value ({type(node._value()).__name__} {node._value()!r}), "
+        f"override '{key}': '{inside}' holds a plain value ({type(value).__name__} {value!r}), "
         f"not a config node, so it has no key '{part}'. Override '{inside}' itself (e.g. {inside}=VALUE)."
     )
 
@@ -61,9 +55,9 @@ def _not_a_node(key: str, inside: str, node: Any, part: str) -> ConfigError:
 def _child(node: Any, part: str) -> Any:
     """The child node named `part`, or None when `node` is a container without it."""
     if isinstance(node, DictConfig):  # keys(), not `in`: a mandatory value (???) is a key but not `in` it
-        return node._get_node(part) if part in node.keys() else None
+        return tree.child(node, part) if part in node.keys() else None
     if part.isdigit() and int(part) < len(node):
-        return node._get_node(int(part))
+        return tree.child(node, int(part))
     return None
 
 
@@ -78,13 +72,13 @@ def _find(cfg: DictConfig, key: str) -> tuple[Any, str, bool]:
         node = _child(node, part)
         if node is None:
             return None, last, False
-        if node._is_interpolation():
+        if tree.is_interpolation(node):
             # Writing through a reference would silently replace it (and un-share a node built once).
             inside = ".".join(parents[: depth + 1])
             rest = ".".join([*parents[depth + 1 :], last])
-            target = node._dereference_node()._get_full_key(None)
+            target = tree.full_key(tree.dereference(node))
             raise ConfigError(
-                f"override '{key}': '{inside}' is an interpolation ({node._value()}) of '{target}'. Override "
+                f"override '{key}': '{inside}' is an interpolation ({tree.raw_value(node)}) of '{target}'. Override "
                 f"'{target}.{rest}' to change the shared value, or replace '{inside}' as a whole."
             )
     if not isinstance(node, (DictConfig, ListConfig)):
@@ -95,7 +89,7 @@ def _find(cfg: DictConfig, key: str) -> tuple[Any, str, bool]:
 def _set(cfg: DictConfig, key: str, value: Any) -> None:
     parent, last, exists = _find(cfg, key)
     if exists and isinstance(value, dict):
-        current = parent._get_node(int(last) if isinstance(parent, ListConfig) else last)
+        current = tree.child(parent, int(last) if isinstance(parent, ListConfig) else last)
         if isinstance(current, DictConfig):
             current.merge_with(value)
             return

@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
+from lazytrain.config import tree
 from lazytrain.config.lazy import get_dotted_path, locate
 from lazytrain.errors import ConfigError
 
@@ -51,40 +52,41 @@ class _Renderer:
 
     def value(self, node: Any, indent: int) -> str:
         if isinstance(node, DictConfig):
-            if node._is_none():
+            if tree.is_none(node):
                 return "None"
             return self.call(node, indent) if "_target_" in node else self.mapping(node, indent)
         if isinstance(node, ListConfig):
-            if node._is_none():
+            if tree.is_none(node):
                 return "None"
-            items = [self.value(node._get_node(i), indent + 1) for i in range(len(node))]
+            items = [self.value(item, indent + 1) for _, item in tree.children(node)]
             return _block("[", items, "]", indent)
-        value = node._value() if hasattr(node, "_value") else node
+        value = tree.raw_value(node)
         if isinstance(value, float) and not math.isfinite(value):
             return f"float('{value}')"
         return repr(value)
 
     def mapping(self, node: DictConfig, indent: int) -> str:
-        items = [f"{key!r}: {self.value(node._get_node(key), indent + 1)}" for key in node.keys()]
+        items = [f"{key!r}: {self.value(child, indent + 1)}" for key, child in tree.children(node)]
         return _block("{", items, "}", indent)
 
     def call(self, node: DictConfig, indent: int) -> str:
-        raw_target = node._get_node("_target_")
-        if isinstance(raw_target, DictConfig):
-            target = self.value(raw_target, indent)
-        elif raw_target._is_interpolation() or not isinstance(raw_target._value(), str):
-            target = repr(raw_target._value())
+        target_node = tree.child(node, "_target_")
+        raw_target = tree.raw_value(target_node)
+        if isinstance(target_node, DictConfig):  # a lazy target: a call whose result is called
+            target = self.value(target_node, indent)
+        elif tree.is_interpolation(target_node) or not isinstance(raw_target, str):
+            target = repr(raw_target)
         else:
-            target = self.target_name(raw_target._value())
+            target = self.target_name(raw_target)
         items = []
         if "_args_" in node:
-            args = node._get_node("_args_")
-            items += [self.value(args._get_node(i), indent + 1) for i in range(len(args))]
+            args = tree.child(node, "_args_")
+            items += [self.value(tree.child(args, i), indent + 1) for i in range(len(args))]
         named, unnamed = [], []
-        for key in node.keys():
+        for key, child in tree.children(node):
             if key in ("_target_", "_args_"):
                 continue
-            rendered = self.value(node._get_node(key), indent + 1)
+            rendered = self.value(child, indent + 1)
             if _is_name(key):
                 named.append(f"{key}={rendered}")
             else:
@@ -104,8 +106,8 @@ def render_python(cfg: DictConfig, prefix: str = "") -> str:
     """
     renderer = _Renderer()
     body = []
-    for key in cfg.keys():
-        rendered = renderer.value(cfg._get_node(key), 0)
+    for key, node in tree.children(cfg):
+        rendered = renderer.value(node, 0)
         name = f"{prefix}{key}"
         # A top-level key that is not a Python name is still a module-level value once set via globals().
         body.append(f"{name} = {rendered}" if _is_name(name) else f"globals()[{name!r}] = {rendered}")

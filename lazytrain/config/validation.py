@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
+from lazytrain.config import tree
 from lazytrain.config.instantiate import CONVERT_MODES
 from lazytrain.config.lazy import RESERVED_KEYS, locate
 from lazytrain.errors import ConfigError
@@ -28,6 +29,7 @@ __all__ = ["find_problems", "validate"]
 _SIMPLE_TYPES = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
 _SIMPLE_NAMES = {"int": int, "float": float, "str": str, "bool": bool}
 _REFERENCE = re.compile(r"^\$\{\.*[\w\-\[\]]+(?:\.[\w\-\[\]]+)*\}$")
+_NOT_LITERAL = object()  # `_literal` of a key that is absent or an interpolation
 
 
 def _join(path: str, key: Any) -> str:
@@ -44,9 +46,9 @@ def _signature(target: Any) -> inspect.Signature | None:
 
 
 def _type_problem(param: inspect.Parameter, node: Any) -> str | None:
-    if isinstance(node, (DictConfig, ListConfig)) or node._is_interpolation() or node._is_missing():
+    if isinstance(node, (DictConfig, ListConfig)) or tree.is_interpolation(node) or tree.is_missing(node):
         return None
-    value = node._value()
+    value = tree.raw_value(node)
     annotation = _SIMPLE_NAMES.get(param.annotation, param.annotation)
     if value is None or annotation not in _SIMPLE_TYPES:
         return None
@@ -57,24 +59,32 @@ def _type_problem(param: inspect.Parameter, node: Any) -> str | None:
     return None
 
 
+def _literal(node: DictConfig, key: str) -> Any:
+    """The value written for `key`; `_NOT_LITERAL` when absent or an interpolation (known once resolved)."""
+    if key not in node:
+        return _NOT_LITERAL
+    raw = tree.child(node, key)
+    return _NOT_LITERAL if tree.is_interpolation(raw) else tree.raw_value(raw)
+
+
 def _check_settings(node: DictConfig, path: str, problems: list[str]) -> None:
     """Hydra's call settings hold values `instantiate` accepts."""
     for key in ("_partial_", "_recursive_"):
-        raw = node._get_node(key) if key in node else None
-        if raw is not None and not raw._is_interpolation() and not isinstance(raw._value(), bool):
-            problems.append(f"{_join(path, key)}: must be true or false; got {raw._value()!r}.")
-    raw = node._get_node("_convert_") if "_convert_" in node else None
-    if raw is not None and not raw._is_interpolation() and raw._value() not in CONVERT_MODES:
+        raw = _literal(node, key)
+        if raw is not _NOT_LITERAL and not isinstance(raw, bool):
+            problems.append(f"{_join(path, key)}: must be true or false; got {raw!r}.")
+    raw = _literal(node, "_convert_")
+    if raw is not _NOT_LITERAL and raw not in CONVERT_MODES:
         problems.append(
-            f"{_join(path, '_convert_')}: must be one of {', '.join(CONVERT_MODES)}; got {raw._value()!r}."
+            f"{_join(path, '_convert_')}: must be one of {', '.join(CONVERT_MODES)}; got {raw!r}."
         )
 
 
 def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: list[str]) -> None:
-    raw = node._get_node("_target_")
-    if isinstance(raw, DictConfig) or raw._is_interpolation():
+    raw = tree.child(node, "_target_")
+    if isinstance(raw, DictConfig) or tree.is_interpolation(raw):
         return  # a lazy target is checked as its own node; its result's signature is unknown here
-    name = raw._value()
+    name = tree.raw_value(raw)
     try:
         target = locate(name)
     except ImportError as e:
@@ -92,7 +102,7 @@ def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: 
     given = [str(k) for k in node.keys() if k not in RESERVED_KEYS]
     for key in given:
         if key in params:
-            problem = _type_problem(params[key], node._get_node(key))
+            problem = _type_problem(params[key], tree.child(node, key))
             if problem:
                 problems.append(f"{_join(path, key)}: {name}({key}=) {problem}")
         elif not accepts_any:
@@ -103,7 +113,7 @@ def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: 
             )
     if node.get("_partial_", False):
         return
-    num_args = len(node._get_node("_args_")) if "_args_" in node else 0
+    num_args = len(tree.child(node, "_args_")) if "_args_" in node else 0
     provided = set(given) | set(injected)
     positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     takes_any = any(p.kind is p.VAR_POSITIONAL for p in params.values())
@@ -122,41 +132,46 @@ def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: 
 
 def _reference_problem(child: Any) -> str | None:
     """A plain reference interpolation (``${a.b}``, ``${..x}``) to a key that does not exist."""
-    text = child._value()
+    text = tree.raw_value(child)
     if not isinstance(text, str) or not _REFERENCE.match(text):
         return None  # resolvers (${oc.env:X}, ${hydra:...}) and string templates are not checked
     try:
-        child._dereference_node()
+        tree.dereference(child)
     except Exception as e:  # omegaconf raises several error types for a dangling reference
         return f"interpolation {text} does not resolve: {str(e).splitlines()[0]}"
     return None
 
 
-def _walk(node: Any, path: str, injected: Mapping[str, Iterable[str]], problems: list[str]) -> None:
-    if isinstance(node, DictConfig):
-        if node._is_none():
-            return
-        given_later = set(injected.get(path, ())) if "_target_" in node else set()
-        if "_target_" in node:
-            _check_call(node, path, given_later, problems)
-        keys: Iterable[Any] = node.keys()
-    elif isinstance(node, ListConfig):
-        if node._is_none():
-            return
-        given_later, keys = set(), range(len(node))
-    else:
-        return
-    for key in keys:
-        child, child_path = node._get_node(key), _join(path, key)
-        if child._is_missing():
-            if key not in given_later:
-                problems.append(f"{child_path}: mandatory value is missing (???). Set it: {child_path}=VALUE")
-        elif child._is_interpolation():
-            problem = _reference_problem(child)
+def _check_node(node: Any, path: str, injected: Mapping[str, Iterable[str]], problems: list[str]) -> None:
+    """Check `node` as a call when it is one; arguments a program injects at `path` count as given."""
+    if isinstance(node, DictConfig) and not tree.is_none(node) and "_target_" in node:
+        _check_call(node, path, set(injected.get(path, ())), problems)
+
+
+def _given_later(entry: tree.Entry, injected: Mapping[str, Iterable[str]]) -> set[str]:
+    """Argument names a program passes to the call holding `entry`, so it may leave them ``???``."""
+    if isinstance(entry.parent, DictConfig) and "_target_" in entry.parent:
+        return set(injected.get(entry.parent_path, ()))
+    return set()
+
+
+def _child_path(path: str, parent: Any, key: Any) -> str:
+    return _join(path, key)  # the same path format as every other message here
+
+
+def _walk(cfg: DictConfig, injected: Mapping[str, Iterable[str]], problems: list[str]) -> None:
+    _check_node(cfg, "", injected, problems)
+    for entry in tree.walk(cfg, join=_child_path):
+        if tree.is_missing(entry.node):
+            if entry.key not in _given_later(entry, injected):
+                path = entry.path
+                problems.append(f"{path}: mandatory value is missing (???). Set it: {path}=VALUE")
+        elif tree.is_interpolation(entry.node):
+            problem = _reference_problem(entry.node)
             if problem:
-                problems.append(f"{child_path}: {problem}")
-        else:
-            _walk(child, child_path, injected, problems)
+                problems.append(f"{entry.path}: {problem}")
+        else:  # `walk` goes on into its children next
+            _check_node(entry.node, entry.path, injected, problems)
 
 
 def find_problems(cfg: DictConfig, injected: Mapping[str, Iterable[str]] | None = None) -> list[str]:
@@ -168,7 +183,7 @@ def find_problems(cfg: DictConfig, injected: Mapping[str, Iterable[str]] | None 
             ``{"train.trainer": ["model", "optimizer", "data_loader"]}``), so they are not reported missing.
     """
     problems: list[str] = []
-    _walk(cfg, "", injected or {}, problems)
+    _walk(cfg, injected or {}, problems)
     return problems
 
 

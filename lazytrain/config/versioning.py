@@ -12,6 +12,8 @@ import re
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from lazytrain.config import tree
+
 __all__ = ["CONFIG_VERSION", "RENAMES", "VERSION_HEADER", "read_version", "upgrade_config"]
 
 logger = logging.getLogger(__name__)
@@ -38,12 +40,12 @@ def _pop_key(cfg: DictConfig, dotted: str) -> tuple[bool, object]:
     for part in parents:
         if not isinstance(node, DictConfig) or part not in node:
             return False, None
-        node = node._get_node(part)
+        node = tree.child(node, part)
     if not isinstance(node, DictConfig) or last not in node:
         return False, None
-    value = node._get_node(last)
+    value = tree.child(node, last)
     if not isinstance(value, (DictConfig, ListConfig)):
-        value = value._value()  # keeps an interpolation as its "${...}" string
+        value = tree.raw_value(value)  # keeps an interpolation as its "${...}" string
     node.pop(last)
     return True, value
 
