@@ -111,23 +111,62 @@ def inference_on_dataset(
     Returns:
         The evaluator's results on the main process (``{}`` on the others or without an evaluator).
     """
-    if evaluator is None:
-        evaluator = DatasetEvaluators([])
-    elif not isinstance(evaluator, DatasetEvaluator):
-        evaluator = DatasetEvaluators(evaluator)
+    evaluator = _as_evaluator(evaluator)
     evaluator.reset()
     num_batches = _length(data_loader)
     warmup = min(5, num_batches - 1) if num_batches else 0
-    num_images, model_time, timed_images = 0, 0.0, 0
     was_training = model.training
     start = time.perf_counter()
-    progress = tqdm(
+    progress = _progress_bar(num_batches)
+    try:
+        num_images, model_time, timed_images = _run_batches(
+            model, data_loader, evaluator, warmup, progress, start
+        )
+    finally:
+        progress.close()
+        model.train(was_training)
+    _agree_on_stop()
+    _log_inference_time(num_images, time.perf_counter() - start, model_time, timed_images, warmup)
+    results = evaluator.evaluate()
+    return results if results is not None else {}
+
+
+def _as_evaluator(evaluator: DatasetEvaluator | Sequence[DatasetEvaluator] | None) -> DatasetEvaluator:
+    if evaluator is None:
+        return DatasetEvaluators([])
+    if not isinstance(evaluator, DatasetEvaluator):
+        return DatasetEvaluators(evaluator)
+    return evaluator
+
+
+def _progress_bar(num_batches: int | None) -> tqdm:
+    """Batches done, images/s and ETA; shown on the main process only."""
+    return tqdm(
         total=num_batches,
         desc="inference",
         unit="batch",
         disable=not comm.is_main_process(),
         dynamic_ncols=True,
     )
+
+
+def _run_batches(
+    model: nn.Module,
+    data_loader: Iterable[list[dict[str, Any]]],
+    evaluator: DatasetEvaluator,
+    warmup: int,
+    progress: tqdm,
+    start: float,
+) -> tuple[int, float, int]:
+    """Put `model` in eval mode and feed it and `evaluator` every batch, in inference mode.
+
+    A stop request abandons the loop (the ranks agree on it afterwards, in `_agree_on_stop`).
+
+    Returns:
+        Images seen, model seconds after the first `warmup` batches, and the images those seconds cover;
+        counted up to where the loop stopped.
+    """
+    num_images, model_time, timed_images = 0, 0.0, 0
     try:
         model.eval()
         with torch.inference_mode(), abandon_on_stop():
@@ -145,17 +184,16 @@ def inference_on_dataset(
                 progress.update(1)
                 progress.set_postfix(img_s=f"{num_images / (time.perf_counter() - start):.2f}", refresh=False)
     except EvaluationStopped:
-        pass  # the ranks agree below
-    finally:
-        progress.close()
-        model.train(was_training)
-    _agree_on_stop()
-    total = time.perf_counter() - start
+        pass  # the ranks agree in `inference_on_dataset`, after the model's mode is restored
+    return num_images, model_time, timed_images
+
+
+def _log_inference_time(
+    num_images: int, total: float, model_time: float, timed_images: int, warmup: int
+) -> None:
     logger.info(
         "Inference on %d images took %s (%.4f s/image; model %.4f s/image after %d warm-up batches) on %d "
         "process(es)",
         num_images, datetime.timedelta(seconds=int(total)), total / max(num_images, 1),
         model_time / max(timed_images, 1), warmup, comm.get_world_size(),
     )  # fmt: skip
-    results = evaluator.evaluate()
-    return results if results is not None else {}

@@ -427,42 +427,61 @@ def launch(
     backend = _choose_backend(backend, use_gpu)
     env_info = get_env_rank_info()
     if is_rank_from_environment(env_info, num_gpus_per_machine):
-        logger.info("Process group from the environment: %s", env_info)
-        # A SLURM task's own CPUs (--cpus-per-task) are its share; torchrun's processes share the node's.
-        slurm_cpus = os.environ.get("SLURM_CPUS_PER_TASK", "") if "SLURM_PROCID" in os.environ else ""
-        return _run_in_group(
-            main_func,
-            args,
-            **env_info_for_group(env_info),
-            init_method="env://",
-            backend=backend,
-            timeout=timeout,
-            cpu_threads=get_cpu_threads(1, int(slurm_cpus))
-            if slurm_cpus.isdigit()
-            else get_cpu_threads(env_info["local_size"]),
-        )
+        return _run_as_launched_rank(main_func, args, env_info, backend, timeout)
     if env_info is not None:
-        # One task per node (srun --ntasks-per-node=1, submitit tasks_per_node=1): it spawns this node's ranks.
-        num_machines, machine_rank = env_info["num_nodes"], env_info["node_rank"]
-        dist_url = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-        logger.info(
-            "One task per node: spawning %d processes on node %d of %d",
-            num_gpus_per_machine,
-            machine_rank,
-            num_machines,
-        )
+        num_machines, machine_rank, dist_url = _spawn_from_task_per_node(env_info, num_gpus_per_machine)
     world_size = num_machines * num_gpus_per_machine
     if world_size <= 1:
         return main_func(*args)
+    dist_url = _resolve_dist_url(dist_url, num_machines, machine_rank)
+    return _spawn(main_func, args, num_gpus_per_machine, world_size, machine_rank, dist_url, backend, timeout)
+
+
+def _run_as_launched_rank(
+    main_func: Callable, args: tuple, env_info: dict[str, int], backend: str, timeout: timedelta
+) -> Any:
+    """This process is one rank of a job a launcher started (torchrun, several SLURM tasks per node)."""
+    logger.info("Process group from the environment: %s", env_info)
+    # A SLURM task's own CPUs (--cpus-per-task) are its share; torchrun's processes share the node's.
+    slurm_cpus = os.environ.get("SLURM_CPUS_PER_TASK", "") if "SLURM_PROCID" in os.environ else ""
+    return _run_in_group(
+        main_func,
+        args,
+        **env_info_for_group(env_info),
+        init_method="env://",
+        backend=backend,
+        timeout=timeout,
+        cpu_threads=get_cpu_threads(1, int(slurm_cpus))
+        if slurm_cpus.isdigit()
+        else get_cpu_threads(env_info["local_size"]),
+    )
+
+
+def _spawn_from_task_per_node(env_info: dict[str, int], num_gpus_per_machine: int) -> tuple[int, int, str]:
+    """Machines, this machine's rank and the rendezvous URL when each node's single task spawns its ranks."""
+    # One task per node (srun --ntasks-per-node=1, submitit tasks_per_node=1): it spawns this node's ranks.
+    num_machines, machine_rank = env_info["num_nodes"], env_info["node_rank"]
+    dist_url = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    logger.info(
+        "One task per node: spawning %d processes on node %d of %d",
+        num_gpus_per_machine,
+        machine_rank,
+        num_machines,
+    )
+    return num_machines, machine_rank, dist_url
+
+
+def _resolve_dist_url(dist_url: str | None, num_machines: int, machine_rank: int) -> str:
+    """`dist_url`, with "auto" (or None) replaced by a free local port; machine 0 checks its port is free."""
     if dist_url in (None, "auto"):
         if num_machines > 1:
             raise ValueError(
                 "launch: dist_url='auto' works on one machine only; give launch.dist_url=tcp://HOST:PORT of machine 0"
             )
-        dist_url = f"tcp://127.0.0.1:{find_free_port()}"
-    elif machine_rank == 0:
+        return f"tcp://127.0.0.1:{find_free_port()}"
+    if machine_rank == 0:
         _check_port_free(dist_url)
-    return _spawn(main_func, args, num_gpus_per_machine, world_size, machine_rank, dist_url, backend, timeout)
+    return dist_url
 
 
 def is_rank_from_environment(env_info: dict[str, int] | None, num_per_machine: int) -> bool:
@@ -488,26 +507,40 @@ def _spawn(main_func, args, num_per_machine, world_size, machine_rank, dist_url,
     stopped_by_signal = multiprocessing.get_context("spawn").Value("i", 0)
     handle, result_path = tempfile.mkstemp(prefix="lazytrain_result_", suffix=".pkl")
     os.close(handle)
+    worker_args = (
+        main_func,
+        args,
+        world_size,
+        num_per_machine,
+        machine_rank,
+        dist_url,
+        backend,
+        timeout,
+        stopped_by_signal,
+        result_path,
+        get_cpu_threads(num_per_machine),
+    )
     context = mp.start_processes(
-        _spawned_worker,
-        args=(
-            main_func,
-            args,
-            world_size,
-            num_per_machine,
-            machine_rank,
-            dist_url,
-            backend,
-            timeout,
-            stopped_by_signal,
-            result_path,
-            get_cpu_threads(num_per_machine),
-        ),
-        nprocs=num_per_machine,
-        start_method="spawn",
-        join=False,
+        _spawned_worker, args=worker_args, nprocs=num_per_machine, start_method="spawn", join=False
     )
     forwarder = _ForwardStopSignals(context.processes)
+    try:
+        _wait_for_ranks(context, forwarder, machine_rank, num_per_machine)
+    finally:
+        result = _load_result(result_path)
+    if stopped_by_signal.value:
+        # Ctrl-C in the parent reached the ranks as SIGTERM; report (and exit with) what the user sent.
+        raise _all_ranks_interrupted(forwarder.signum or stopped_by_signal.value, world_size)
+    return result
+
+
+def _wait_for_ranks(
+    context: Any, forwarder: _ForwardStopSignals, machine_rank: int, num_per_machine: int
+) -> None:
+    """Join the spawned ranks while `forwarder` passes stop signals on; a rank that raises or dies becomes a
+    `RankFailedError` naming it (the others are terminated)."""
+    import torch.multiprocessing as mp
+
     try:
         with forwarder:
             # join() with a timeout returns regularly, so a failed rank is noticed within a second; on
@@ -528,17 +561,14 @@ def _spawn(main_func, args, num_per_machine, world_size, machine_rank, dist_url,
     except BaseException:
         _terminate(context.processes)  # e.g. a second Ctrl-C in the parent: leave no orphan rank behind
         raise
-    finally:
-        result = _load_result(result_path)
-    if stopped_by_signal.value:
-        # Ctrl-C in the parent reached the ranks as SIGTERM; report (and exit with) what the user sent.
-        signum = forwarder.signum or stopped_by_signal.value
-        raise TrainingInterrupted(
-            signum,
-            f"Training stopped by {signal_name(signum)}: all {world_size} ranks saved a checkpoint and stopped at "
-            "the same iteration; run the same command with train.resume=true to continue.",
-        )
-    return result
+
+
+def _all_ranks_interrupted(signum: int, world_size: int) -> TrainingInterrupted:
+    return TrainingInterrupted(
+        signum,
+        f"Training stopped by {signal_name(signum)}: all {world_size} ranks saved a checkpoint and stopped at "
+        "the same iteration; run the same command with train.resume=true to continue.",
+    )
 
 
 class _ForwardStopSignals(StopRequest):

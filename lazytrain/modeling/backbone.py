@@ -104,6 +104,23 @@ def build_resnet_fpn_backbone(
         returned_layers: ResNet stages (1-4) that feed the FPN.
         fpn_norm: ``None`` (plain convs, as torchvision) or a name from `NORMS` for the FPN convs.
     """
+    _check_choices(depth, norm, fpn_norm, trainable_layers)
+    returned_layers = _checked_returned_layers(returned_layers)
+    body = _RESNETS[depth](weights=None, norm_layer=NORMS[norm])
+    _freeze_stages(body, trainable_layers)
+    # After construction `inplanes` is the width of layer4; each earlier stage has half the channels.
+    stage_channels = {k: body.inplanes // 2 ** (4 - k) for k in (1, 2, 3, 4)}
+    return BackboneWithFPN(
+        body,
+        return_layers={f"layer{k}": str(index) for index, k in enumerate(returned_layers)},
+        in_channels_list=[stage_channels[k] for k in returned_layers],
+        out_channels=out_channels,
+        extra_blocks=LastLevelMaxPool(),
+        norm_layer=NORMS[fpn_norm] if fpn_norm else None,
+    )
+
+
+def _check_choices(depth: int, norm: str, fpn_norm: str | None, trainable_layers: int) -> None:
     if depth not in _RESNETS:
         raise ValueError(
             f"build_resnet_fpn_backbone(depth=) must be one of {sorted(_RESNETS)}; got {depth!r}"
@@ -117,29 +134,17 @@ def build_resnet_fpn_backbone(
         raise ValueError(
             f"build_resnet_fpn_backbone(trainable_layers=) must be in [0, 5]; got {trainable_layers}"
         )
-    returned_layers = list(returned_layers)
-    if (
-        not returned_layers
-        or any(k not in (1, 2, 3, 4) for k in returned_layers)
-        or returned_layers != sorted(set(returned_layers))
-    ):
+
+
+def _checked_returned_layers(returned_layers: Sequence[int]) -> list[int]:
+    """`returned_layers` as a list, checked to be increasing stage numbers from 1-4."""
+    layers = list(returned_layers)
+    if not layers or any(k not in (1, 2, 3, 4) for k in layers) or layers != sorted(set(layers)):
         raise ValueError(
             "build_resnet_fpn_backbone(returned_layers=) must be increasing stage numbers from 1-4, e.g. "
-            f"[2, 3, 4]; got {returned_layers!r}"
+            f"[2, 3, 4]; got {layers!r}"
         )
-
-    body = _RESNETS[depth](weights=None, norm_layer=NORMS[norm])
-    _freeze_stages(body, trainable_layers)
-    # After construction `inplanes` is the width of layer4; each earlier stage has half the channels.
-    stage_channels = {k: body.inplanes // 2 ** (4 - k) for k in (1, 2, 3, 4)}
-    return BackboneWithFPN(
-        body,
-        return_layers={f"layer{k}": str(index) for index, k in enumerate(returned_layers)},
-        in_channels_list=[stage_channels[k] for k in returned_layers],
-        out_channels=out_channels,
-        extra_blocks=LastLevelMaxPool(),
-        norm_layer=NORMS[fpn_norm] if fpn_norm else None,
-    )
+    return layers
 
 
 def get_feature_map_names(backbone: nn.Module) -> list[str] | None:

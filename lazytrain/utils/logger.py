@@ -71,39 +71,55 @@ def setup_logger(
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
     if distributed_rank == 0 and not _has_handler(logger, "console"):
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setLevel(logging.INFO)
-        handler.setFormatter(
-            _ColorfulFormatter(
-                _FORMAT,
-                _DATE_FORMAT,
-                color=color and sys.stdout.isatty(),
-                root_name=name,
-                abbrev_name=abbrev_name if abbrev_name is not None else name,
-            )
-        )
-        handler._lazytrain_marker = "console"
-        logger.addHandler(handler)
+        _add_console_handler(logger, name, color, abbrev_name)
     for handler in logger.handlers:
         if console_level is not None and getattr(handler, "_lazytrain_marker", None) == "console":
             handler.setLevel(console_level)
     if output is not None:
-        path = output if output.endswith((".txt", ".log")) else os.path.join(output, "log.txt")
-        if distributed_rank > 0:
-            path = f"{path}.rank{distributed_rank}"
-        path = os.path.abspath(path)
-        if not _has_handler(logger, path):
-            # One log file at a time: the next job of a multirun must not write into the previous job's file.
-            for old in [h for h in logger.handlers if isinstance(h, logging.FileHandler)]:
-                old.close()
-                logger.removeHandler(old)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            handler = logging.FileHandler(path, mode="a")
-            handler.setLevel(logging.DEBUG)
-            handler.setFormatter(logging.Formatter(_FORMAT, _DATE_FORMAT))
-            handler._lazytrain_marker = path
-            logger.addHandler(handler)
+        _use_log_file(logger, _log_file_path(output, distributed_rank))
     return logger
+
+
+def _add_console_handler(logger: logging.Logger, name: str, color: bool, abbrev_name: str | None) -> None:
+    """An INFO handler on stdout, coloured when stdout is a terminal, showing `name` as `abbrev_name`."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(
+        _ColorfulFormatter(
+            _FORMAT,
+            _DATE_FORMAT,
+            color=color and sys.stdout.isatty(),
+            root_name=name,
+            abbrev_name=abbrev_name if abbrev_name is not None else name,
+        )
+    )
+    handler._lazytrain_marker = "console"
+    logger.addHandler(handler)
+
+
+def _log_file_path(output: str, distributed_rank: int) -> str:
+    """Absolute path of this rank's log file: `output` itself when it names a .txt/.log file, else
+    ``output/log.txt``; ranks > 0 add ``.rank{N}``."""
+    path = output if output.endswith((".txt", ".log")) else os.path.join(output, "log.txt")
+    if distributed_rank > 0:
+        path = f"{path}.rank{distributed_rank}"
+    return os.path.abspath(path)
+
+
+def _use_log_file(logger: logging.Logger, path: str) -> None:
+    """Log everything (DEBUG and up) to `path`, replacing any other log file of `logger`."""
+    if _has_handler(logger, path):
+        return
+    # One log file at a time: the next job of a multirun must not write into the previous job's file.
+    for old in [h for h in logger.handlers if isinstance(h, logging.FileHandler)]:
+        old.close()
+        logger.removeHandler(old)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    handler = logging.FileHandler(path, mode="a")
+    handler.setLevel(logging.DEBUG)
+    handler.setFormatter(logging.Formatter(_FORMAT, _DATE_FORMAT))
+    handler._lazytrain_marker = path
+    logger.addHandler(handler)
 
 
 _COUNTS: Counter = Counter()

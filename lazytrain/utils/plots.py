@@ -65,6 +65,26 @@ def build_metrics_figure(runs: dict[str, list[dict]], eval_metrics: Sequence[str
     Returns:
         The matplotlib Figure.
     """
+    panels, tasks = _metric_panels(runs, eval_metrics)
+    plt = _get_pyplot()
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.4 * rows), squeeze=False, sharex=True)
+    for axis, panel in zip(axes.flat, panels):
+        _draw_metric_panel(axis, panel, runs, tasks)
+    for axis in list(axes.flat)[len(panels) :]:
+        axis.axis("off")
+    for axis in axes[-1]:
+        axis.set_xlabel("iteration")
+        axis.xaxis.set_tick_params(labelbottom=True)
+    _lay_out_metrics_figure(figure, axes, runs)
+    return figure
+
+
+def _metric_panels(
+    runs: dict[str, list[dict]], eval_metrics: Sequence[str] | None
+) -> tuple[list[str], dict[str, list[str]]]:
+    """The panel names (losses, total_loss first; ``lr``; eval tasks) and each eval task's metric keys."""
     keys = {k for records in runs.values() for r in records for k in r}
     losses = sorted((k for k in keys if "loss" in k and "/" not in k), key=lambda k: (k != "total_loss", k))
     if eval_metrics is None:
@@ -80,40 +100,38 @@ def build_metrics_figure(runs: dict[str, list[dict]], eval_metrics: Sequence[str
         raise ValueError(
             f"plot_metrics: no loss, lr or eval metric found in {list(runs)}; is metrics.json empty?"
         )
-    plt = _get_pyplot()
-    columns = min(3, len(panels))
-    rows = math.ceil(len(panels) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.4 * rows), squeeze=False, sharex=True)
-    for axis, panel in zip(axes.flat, panels):
-        for index, (label, records) in enumerate(runs.items()):
-            if panel not in tasks:
-                axis.plot(*_series(records, panel), "-", color=f"C{index % 10}", label=label)
-                continue
-            for number, key in enumerate(tasks[panel]):  # eval metrics have a few points only: markers
-                marker = _MARKERS[number % len(_MARKERS)]
-                axis.plot(*_series(records, key), marker + "-", color=f"C{index % 10}", markersize=5)
-        if panel in tasks:
-            for number, key in enumerate(tasks[panel]):
-                axis.plot([], [], _MARKERS[number % len(_MARKERS)], color="0.3", label=key.rsplit("/", 1)[1])
-            axis.legend(fontsize="x-small", ncol=2)
-        axis.set_title(_TASK_LABELS.get(panel, panel))
-        axis.grid(alpha=0.3)
-    for axis in list(axes.flat)[len(panels) :]:
-        axis.axis("off")
-    for axis in axes[-1]:
-        axis.set_xlabel("iteration")
-        axis.xaxis.set_tick_params(labelbottom=True)
+    return panels, tasks
+
+
+def _draw_metric_panel(axis, panel: str, runs: dict[str, list[dict]], tasks: dict[str, list[str]]) -> None:
+    """One line per run: a curve for a loss or the lr; for an eval task, one marker per metric."""
+    for index, (label, records) in enumerate(runs.items()):
+        if panel not in tasks:
+            axis.plot(*_series(records, panel), "-", color=f"C{index % 10}", label=label)
+            continue
+        for number, key in enumerate(tasks[panel]):  # eval metrics have a few points only: markers
+            marker = _MARKERS[number % len(_MARKERS)]
+            axis.plot(*_series(records, key), marker + "-", color=f"C{index % 10}", markersize=5)
+    if panel in tasks:
+        for number, key in enumerate(tasks[panel]):
+            axis.plot([], [], _MARKERS[number % len(_MARKERS)], color="0.3", label=key.rsplit("/", 1)[1])
+        axis.legend(fontsize="x-small", ncol=2)
+    axis.set_title(_TASK_LABELS.get(panel, panel))
+    axis.grid(alpha=0.3)
+
+
+def _lay_out_metrics_figure(figure, axes: np.ndarray, runs: dict[str, list[dict]]) -> None:
+    """Title a single run's figure with its name; several runs get one legend of run names below the panels."""
     if len(runs) == 1:  # a single run needs no legend: its name is the title
         figure.suptitle(next(iter(runs)))
         figure.tight_layout()
-        return figure
+        return
     handles, labels = axes.flat[0].get_legend_handles_labels()
     legend_rows = math.ceil(len(labels) / 3)
     figure.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize="small")
     figure.tight_layout(
         rect=(0, (0.1 + 0.3 * legend_rows) / figure.get_figheight(), 1, 1)
     )  # room for the legend
-    return figure
 
 
 def _save_figure(plt, figure, out: str) -> str:

@@ -105,9 +105,23 @@ def records_from_coco_dict(data: dict, json_file: str, image_root: str) -> list[
     _check_top_level(data, json_file)
     categories = sorted(data["categories"], key=lambda c: c["id"])
     id_map = {c["id"]: i for i, c in enumerate(categories)}
+    records, by_id = _image_records(data["images"], json_file, image_root)
+    annotations = data.get("annotations") or []
+    _check_annotation_ids(annotations, json_file)
+    dropped = _attach_annotations(annotations, by_id, id_map, json_file)
+    if dropped:
+        summary = ", ".join(f"{count} {what}" for what, count in sorted(dropped.items()))
+        logger.warning("%s: dropped %s.", json_file, summary)
+    return records
+
+
+def _image_records(
+    images: list[dict], json_file: str, image_root: str
+) -> tuple[list[dict], dict[Any, list[dict]]]:
+    """One record per image, in file order, with an empty ``annotations`` list, and that list by image id."""
     records = []
-    by_id: dict[Any, list] = {}
-    for image in data["images"]:
+    by_id: dict[Any, list[dict]] = {}
+    for image in images:
         if "file_name" not in image:
             raise ValueError(f"{json_file}: image id {image.get('id')} has no 'file_name'.")
         annotations: list[dict] = []
@@ -121,22 +135,22 @@ def records_from_coco_dict(data: dict, json_file: str, image_root: str) -> list[
                 "annotations": annotations,
             }
         )
-    annotations = data.get("annotations") or []
-    _check_annotation_ids(annotations, json_file)
+    return records, by_id
+
+
+def _attach_annotations(
+    annotations: list[dict], by_id: dict[Any, list[dict]], id_map: dict[Any, int], json_file: str
+) -> Counter:
+    """Convert each annotation and append it to its image's list in `by_id`; returns what was dropped, counted
+    by reason (degenerate boxes, bad polygons)."""
     dropped: Counter = Counter()
     for ann in annotations:  # one pass; this loop is most of the loading time after json parsing
         target = by_id.get(ann["image_id"])
         if target is None:
-            raise ValueError(
-                f"{json_file}: annotation id {ann.get('id')} refers to image_id {ann['image_id']}, which is not in "
-                "'images'. Remove the annotation or add the image."
-            )
+            raise _unknown_image_error(ann, json_file)
         category = id_map.get(ann["category_id"])
         if category is None:
-            raise ValueError(
-                f"{json_file}: annotation id {ann.get('id')} has category_id {ann['category_id']}, which is not in "
-                "'categories'. Remove the annotation or add the category."
-            )
+            raise _unknown_category_error(ann, json_file)
         bbox = ann["bbox"]
         if bbox[2] <= 0 or bbox[3] <= 0:
             dropped["degenerate boxes (w or h <= 0)"] += 1
@@ -159,10 +173,21 @@ def records_from_coco_dict(data: dict, json_file: str, image_root: str) -> list[
         if segmentation is not None:
             record["segmentation"] = segmentation
         target.append(record)
-    if dropped:
-        summary = ", ".join(f"{count} {what}" for what, count in sorted(dropped.items()))
-        logger.warning("%s: dropped %s.", json_file, summary)
-    return records
+    return dropped
+
+
+def _unknown_image_error(ann: dict, json_file: str) -> ValueError:
+    return ValueError(
+        f"{json_file}: annotation id {ann.get('id')} refers to image_id {ann['image_id']}, which is not in "
+        "'images'. Remove the annotation or add the image."
+    )
+
+
+def _unknown_category_error(ann: dict, json_file: str) -> ValueError:
+    return ValueError(
+        f"{json_file}: annotation id {ann.get('id')} has category_id {ann['category_id']}, which is not in "
+        "'categories'. Remove the annotation or add the category."
+    )
 
 
 def set_coco_metadata(

@@ -527,9 +527,8 @@ def generate_synthetic_lt(
     """Write the data set into `root` unless it is already there: ``train/*.jpg``, ``val/*.jpg``,
     ``lvis_v1_train.json``, ``lvis_v1_val.json`` and the settings in ``synthetic_lt.json``.
 
-    Safe when several processes call it at once (e.g. every rank on first use): each writes into its own
-    temporary directory beside `root` and renames it into place; the rename is atomic, so `root` is either
-    absent or complete, and the processes that lose the race discard their copy and use the winner's.
+    Safe when several processes call it at once (e.g. every rank on first use): `root` appears atomically
+    and complete, and the processes that lose the race use the winner's copy (see `_reuse_or_generate`).
 
     Args:
         root: output directory (its parent is created if needed).
@@ -552,15 +551,7 @@ def generate_synthetic_lt(
         `root` as an absolute path.
     """
     root = os.path.abspath(root)
-    if min(size_range) < 32 or size_range[0] > size_range[1]:
-        raise ValueError(
-            f"generate_synthetic_lt(size_range=) must be (min, max) with 32 <= min <= max; got {size_range}"
-        )
-    if num_train < 1 or num_val < 1 or max_instances < 2:
-        raise ValueError(
-            "generate_synthetic_lt: num_train and num_val must be >= 1 and max_instances >= 2; got "
-            f"{num_train}, {num_val}, {max_instances}"
-        )
+    _check_arguments(num_train, num_val, size_range, max_instances)
     settings = {
         "version": _FORMAT_VERSION,
         "num_train": num_train,
@@ -575,6 +566,28 @@ def generate_synthetic_lt(
         "color_jitter": int(color_jitter),
         "max_rotation": float(max_rotation),
     }
+    return _reuse_or_generate(root, settings, workers)
+
+
+def _check_arguments(num_train: int, num_val: int, size_range: tuple[int, int], max_instances: int) -> None:
+    if min(size_range) < 32 or size_range[0] > size_range[1]:
+        raise ValueError(
+            f"generate_synthetic_lt(size_range=) must be (min, max) with 32 <= min <= max; got {size_range}"
+        )
+    if num_train < 1 or num_val < 1 or max_instances < 2:
+        raise ValueError(
+            "generate_synthetic_lt: num_train and num_val must be >= 1 and max_instances >= 2; got "
+            f"{num_train}, {num_val}, {max_instances}"
+        )
+
+
+def _reuse_or_generate(root: str, settings: dict, workers: int) -> str:
+    """Use the data set already at `root` (warning when it was made with other `settings`), or generate it.
+
+    Each caller writes into its own temporary directory beside `root` and renames it into place; the rename
+    is atomic, so `root` is either absent or complete, and the callers that lose the race discard their copy
+    and use the winner's.
+    """
     if is_complete(root):
         _check_settings(root, settings)
         return root
@@ -582,20 +595,26 @@ def generate_synthetic_lt(
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(root)}.tmp-", dir=parent)
     try:
+        num_train, num_val = settings["num_train"], settings["num_val"]
         logger.info("Generating synthetic_lt into %s (%d train, %d val images)", root, num_train, num_val)
-        _write_dataset(tmp, num_train, num_val, seed, settings, workers)
+        _write_dataset(tmp, num_train, num_val, settings["seed"], settings, workers)
         with open(os.path.join(tmp, MARKER), "w") as f:
             json.dump(settings, f)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
-        try:
-            os.rename(tmp, root)
-        except OSError as e:
-            if not is_complete(root):
-                raise OSError(
-                    f"generate_synthetic_lt: {root} exists but holds no complete data set (no lvis_v1_train.json "
-                    "and lvis_v1_val.json); delete it and retry"
-                ) from e
-            logger.info("Another process finished %s first; using its copy", root)
+        _rename_into_place(tmp, root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def _rename_into_place(tmp: str, root: str) -> None:
+    """Rename the finished `tmp` to `root`; losing the race to another process that finished first is fine."""
+    try:
+        os.rename(tmp, root)
+    except OSError as e:
+        if not is_complete(root):
+            raise OSError(
+                f"generate_synthetic_lt: {root} exists but holds no complete data set (no lvis_v1_train.json "
+                "and lvis_v1_val.json); delete it and retry"
+            ) from e
+        logger.info("Another process finished %s first; using its copy", root)
