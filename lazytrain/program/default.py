@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from lazytrain.config import LazyConfig, instantiate
+from lazytrain.config import LazyConfig, instantiate, tree
 from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.engine.hooks import flatten_results
 from lazytrain.engine.plot_writer import write_run_plots
@@ -108,17 +108,14 @@ def default_setup(cfg: DictConfig) -> None:
     logger.debug("Seeded the random number generators with %d (train.seed + rank)", seed + rank)
 
 
-def _point_at_output_dir(node: DictConfig | ListConfig, output_dir: str) -> None:
+def _point_at_output_dir(cfg: DictConfig, output_dir: str) -> None:
     """Replace, in place, every string equal to `output_dir` or under it by ``${train.output_dir}[/rest]``."""
-    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
-    for key in list(keys):
-        child = node._get_node(key)
-        if isinstance(child, (DictConfig, ListConfig)):
-            _point_at_output_dir(child, output_dir)
+    for entry in tree.walk(cfg):
+        value = tree.raw_value(entry.node)
+        if tree.has_children(entry.node) or not isinstance(value, str):
             continue
-        value = child._value()
-        if isinstance(value, str) and (value == output_dir or value.startswith(output_dir.rstrip("/") + "/")):
-            node[key] = "${train.output_dir}" + value[len(output_dir) :]
+        if value == output_dir or value.startswith(output_dir.rstrip("/") + "/"):
+            entry.parent[entry.key] = "${train.output_dir}" + value[len(output_dir) :]
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:

@@ -7,9 +7,10 @@ import logging
 import os
 from collections.abc import Iterator
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 from omegaconf.errors import InterpolationResolutionError
 
+from lazytrain.config import tree
 from lazytrain.errors import ConfigError
 
 __all__ = ["prepare_job_config", "resolve_values", "resume_if_requeued"]
@@ -41,33 +42,23 @@ def resolve_values(cfg: DictConfig) -> None:
         ) from None
 
 
-def _resolve_in_place(node: DictConfig | ListConfig) -> None:
-    """Replace every interpolation under `node` by its value, except those referring to a whole config node
+def _resolve_in_place(cfg: DictConfig) -> None:
+    """Replace every interpolation under `cfg` by its value, except those referring to a whole config node
     (``sampler.dataset_dicts: ${..dataset}``): `instantiate` builds such a node once and shares it, and a
     resolved copy would be built twice (the train annotations loaded twice)."""
-    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
-    for key in list(keys):
-        child = node._get_node(key)
-        if child._is_interpolation():
-            if not isinstance(child._dereference_node(), (DictConfig, ListConfig)):
-                node[key] = node[key]
-        elif isinstance(child, (DictConfig, ListConfig)):
-            _resolve_in_place(child)
+    for entry in tree.walk(cfg):
+        if tree.is_interpolation(entry.node) and not tree.points_at_container(entry.node):
+            entry.parent[entry.key] = entry.parent[entry.key]
 
 
-def _unresolvable(node: DictConfig | ListConfig, prefix: str = "") -> Iterator[tuple[str, str]]:
-    """(key path, raw value) of every interpolation under `node` that does not resolve."""
-    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
-    for key in keys:
-        child = node._get_node(key)
-        path = f"{prefix}{key}"
-        if child._is_interpolation():
+def _unresolvable(cfg: DictConfig) -> Iterator[tuple[str, str]]:
+    """(key path, raw value) of every interpolation under `cfg` that does not resolve."""
+    for entry in tree.walk(cfg, join=tree.dotted_path):
+        if tree.is_interpolation(entry.node):
             try:
-                node[key]
+                entry.parent[entry.key]
             except Exception:
-                yield path, str(child._value())
-        elif isinstance(child, (DictConfig, ListConfig)):
-            yield from _unresolvable(child, path + ".")
+                yield entry.path, str(tree.raw_value(entry.node))
 
 
 def resume_if_requeued(cfg: DictConfig) -> None:

@@ -8,6 +8,7 @@ import os
 
 from omegaconf import DictConfig, ListConfig
 
+from lazytrain.config import tree
 from lazytrain.data.datasets.builtin import get_datasets_root
 
 __all__ = ["find_missing_data"]
@@ -30,25 +31,27 @@ def _required_files(name: str) -> list[str]:
     return []  # synthetic_lt is generated on first use; user data sets are checked when loaded
 
 
-def _dataset_names(node) -> list[str]:
+def _dataset_names(cfg: DictConfig) -> list[str]:
+    """The names of the registered data sets `cfg` loads or evaluates on (json data sets registered by the
+    config itself are left out: they are checked by `json_data`)."""
     names = []
-    if isinstance(node, DictConfig):
-        target = node.get("_target_", "") if "_target_" in node else ""
-        if isinstance(target, str) and target.endswith("get_detection_dataset_dicts"):
-            value = node.get("names")
-            if isinstance(value, (str, ListConfig)):  # not a registering call (json data sets)
-                names += [value] if isinstance(value, str) else list(value)
-        if (
-            isinstance(target, str)
-            and target.endswith("Evaluator")
-            and isinstance(node.get("dataset_name"), str)
-        ):
-            names.append(node.get("dataset_name"))
-        for key in node:
-            names += _dataset_names(node._get_node(key))
-    elif isinstance(node, ListConfig):
-        for item in node:
-            names += _dataset_names(item)
+    for _, node in tree.nodes(cfg):
+        if isinstance(node, DictConfig) and tree.has_children(node):
+            names += _names_used_by(node)
+    return names
+
+
+def _names_used_by(node: DictConfig) -> list[str]:
+    target = node.get("_target_", "") if "_target_" in node else ""
+    if not isinstance(target, str):
+        return []
+    names = []
+    if target.endswith("get_detection_dataset_dicts"):
+        value = node.get("names")
+        if isinstance(value, (str, ListConfig)):  # not a registering call (json data sets)
+            names += [value] if isinstance(value, str) else list(value)
+    if target.endswith("Evaluator") and isinstance(node.get("dataset_name"), str):
+        names.append(node.get("dataset_name"))
     return names
 
 

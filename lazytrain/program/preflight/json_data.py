@@ -16,10 +16,11 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from lazytrain.config import LazyConfig
+from lazytrain.config import LazyConfig, tree
 from lazytrain.data.datasets.json_summary import JsonSummary, summarize_json
 
 __all__ = ["find_json_dataset_problems", "find_swept_json_dataset_problems", "get_json_dataset_keys"]
@@ -42,23 +43,19 @@ BOX_ONLY_HINT = (
 )
 
 
-def _register_nodes(node, path: str = "") -> list[tuple[str, DictConfig]]:
-    found = []
-    if isinstance(node, DictConfig):
-        target = node._get_node("_target_")._value() if "_target_" in node else None
-        if isinstance(target, str) and target.rsplit(".", 1)[-1] == _REGISTER:
-            found.append((path, node))
-        for key in node:
-            found += _register_nodes(node._get_node(key), f"{path}.{key}" if path else str(key))
-    elif isinstance(node, ListConfig):
-        for index in range(len(node)):
-            found += _register_nodes(node._get_node(index), f"{path}[{index}]")
-    return found
+def _register_nodes(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
+    """(key path, node) of every call of `register_json_dataset` in `cfg`."""
+    return [(path, node) for path, node in tree.nodes(cfg) if _registers(node)]
+
+
+def _registers(node: Any) -> bool:
+    target = tree.raw_target(node) if isinstance(node, DictConfig) else None
+    return isinstance(target, str) and target.rsplit(".", 1)[-1] == _REGISTER
 
 
 def _value(node: DictConfig, key: str, path: str) -> tuple[str | None, str]:
     """(value or None when unset, the key the user sets: the interpolated key, e.g. data.train.json)."""
-    raw = node._get_node(key)._value() if key in node else None
+    raw = tree.raw_value(tree.child(node, key)) if key in node else None
     match = re.fullmatch(r"\$\{([\w.]+)\}", raw) if isinstance(raw, str) else None
     user_key = match.group(1) if match else f"{path}.{key}"
     try:
