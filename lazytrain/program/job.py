@@ -25,13 +25,7 @@ from lazytrain.launch.parent_watch import watch_sweep_parent
 from lazytrain.modeling.weights import prefetch_init_weights
 from lazytrain.program.default import INJECTED_ARGUMENTS
 from lazytrain.program.job_config import prepare_job_config
-from lazytrain.program.objective import (
-    FailedJobValue,
-    check_objective,
-    get_objective_value,
-    list_metrics,
-    worst_value,
-)
+from lazytrain.program.objective import FailedJobValue, check_objective, get_job_value, worst_value
 from lazytrain.program.preflight import preflight, raise_problems
 from lazytrain.program.preflight.checkpoints import resumes_from_checkpoint
 from lazytrain.program.preflight.processes import get_processes_per_machine, uses_gpu
@@ -55,7 +49,7 @@ def run_hydra_job(cfg: DictConfig) -> Any:
     objective = check_objective(cfg.objective) if cfg.get("objective") is not None else None
     with watch_sweep_parent():
         try:
-            return _get_job_value(launch_job(cfg), objective)
+            return get_job_value(launch_job(cfg), objective)
         except TrainingInterrupted as e:
             # Preemption or Ctrl-C: the checkpoint is written; stop (a sweep too) with status 128 + signal.
             print(f"lazytrain: {e}", file=sys.stderr)
@@ -80,23 +74,6 @@ def _fail_job(error: Exception, objective: dict | None) -> FailedJobValue:
         logger.exception("Job %s failed", number, exc_info=error)
     reason = str(error) if known else f"{type(error).__name__}: {error}"
     return FailedJobValue(worst_value(objective["direction"]) if objective else float("nan"), reason)
-
-
-def _get_job_value(results: Any, objective: dict | None) -> Any:
-    """The objective metric of a finished job's results (its worst value, with a warning, when the results
-    lack it); the results themselves when the config has no objective."""
-    if objective is None:
-        return results
-    value = get_objective_value(results, objective["metric"])
-    if value is None:
-        logger.warning(
-            "objective.metric=%s is not in the job's final results (it has: %s); the job returns %s.",
-            objective["metric"],
-            ", ".join(list_metrics(results)) or "none, was there an evaluation?",
-            worst_value(objective["direction"]),
-        )
-        return worst_value(objective["direction"])
-    return value
 
 
 def launch_job(cfg: DictConfig) -> Any:

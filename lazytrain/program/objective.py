@@ -23,6 +23,7 @@ __all__ = [
     "DIRECTIONS",
     "FailedJobValue",
     "check_objective",
+    "get_job_value",
     "get_objective_value",
     "get_sweeper_direction_overrides",
     "worst_value",
@@ -181,3 +182,20 @@ def _has_eval_hook(hooks: Mapping) -> bool:
         if isinstance(located, type) and issubclass(located, EvalHook):
             return True
     return False
+
+
+def get_job_value(results: Any, objective: dict | None) -> Any:
+    """The objective metric of a finished job's results (its worst value, with a warning, when the results
+    lack it); the results themselves when the config has no objective."""
+    if objective is None:
+        return results
+    value = get_objective_value(results, objective["metric"])
+    if value is None:
+        logger.warning(
+            "objective.metric=%s is not in the job's final results (it has: %s); the job returns %s.",
+            objective["metric"],
+            ", ".join(list_metrics(results)) or "none, was there an evaluation?",
+            worst_value(objective["direction"]),
+        )
+        return worst_value(objective["direction"])
+    return value
