@@ -1,8 +1,9 @@
 """`DatasetCatalog` (name -> function returning records) and `MetadataCatalog` (name -> metadata).
 
 The built-in names (``coco_2017_{train,val}``, ``lvis_v1_{train,val}``, ``synthetic_lt_{train,val}``) are
-registered by `lazytrain.data.datasets.builtin` the first time either catalog is used, so importing this
-module is enough. Registration does no I/O: the files are found under ``$LAZYTRAIN_DATASETS`` when a data
+registered the first time either catalog is used, so importing this module is enough: ``lazytrain.data``,
+which Python imports first, hands them over (`register_on_first_use`). This module imports no loader, as
+the loaders use it. Registration does no I/O: the files are found under ``$LAZYTRAIN_DATASETS`` when a data
 set is loaded. Register your own data set with::
 
     DatasetCatalog.register("my_train", lambda: load_coco_json(json_file, image_root, "my_train"))
@@ -11,11 +12,11 @@ set is loaded. Register your own data set with::
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["DatasetCatalog", "Metadata", "MetadataCatalog", "UnknownDatasetError"]
+__all__ = ["DatasetCatalog", "Metadata", "MetadataCatalog", "UnknownDatasetError", "register_on_first_use"]
 
 
 class UnknownDatasetError(KeyError):
@@ -25,17 +26,29 @@ class UnknownDatasetError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-_builtin_registered = False
+_pending: list[tuple[str, Callable[[], list[dict]], str]] = []
+
+
+def register_on_first_use(datasets: Iterable[tuple[str, Callable[[], list[dict]], str]]) -> None:
+    """Register ``(name, loader, evaluator_type)`` data sets when either catalog is next used, not now.
+
+    A name already registered by then keeps its registration. ``import lazytrain.data`` hands over the
+    built-in data sets this way (`lazytrain.data.datasets.builtin.get_builtin_datasets`).
+    """
+    _pending.extend(datasets)
 
 
 def _ensure_builtin() -> None:
-    # Imported on first use rather than at import time: builtin imports the loaders, which import this module.
-    global _builtin_registered
-    if not _builtin_registered:
-        _builtin_registered = True
-        from lazytrain.data.datasets import builtin
-
-        builtin.register_all()
+    """Register what `register_on_first_use` left pending (on every use of a catalog; cheap once done)."""
+    if not _pending:
+        return
+    # Taken off the list first: `register` below calls this function again.
+    entries = list(_pending)
+    _pending.clear()
+    for name, loader, evaluator_type in entries:
+        if name not in DatasetCatalog:
+            DatasetCatalog.register(name, loader)
+            MetadataCatalog.get(name).set(evaluator_type=evaluator_type)
 
 
 class _DatasetCatalog:
