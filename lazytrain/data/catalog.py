@@ -38,7 +38,7 @@ def register_on_first_use(datasets: Iterable[tuple[str, Callable[[], list[dict]]
     _pending.extend(datasets)
 
 
-def _ensure_builtin() -> None:
+def _register_pending() -> None:
     """Register what `register_on_first_use` left pending (on every use of a catalog; cheap once done)."""
     if not _pending:
         return
@@ -64,7 +64,7 @@ class _DatasetCatalog:
             name: the data set name used in configs, e.g. ``"my_train"``.
             func: called on every `get`; cache inside it if loading is slow.
         """
-        _ensure_builtin()
+        _register_pending()
         if not callable(func):
             raise TypeError(f"DatasetCatalog.register(func=) must be callable; got {func!r}")
         if name in self._functions:
@@ -80,7 +80,7 @@ class _DatasetCatalog:
         Raises:
             UnknownDatasetError: `name` is not registered; the message lists the registered names, closest first.
         """
-        _ensure_builtin()
+        _register_pending()
         func = self._functions.get(name)
         if func is None:
             raise UnknownDatasetError(_unknown_name_message(name, self._functions))
@@ -88,16 +88,16 @@ class _DatasetCatalog:
 
     def list(self) -> list[str]:
         """The registered names, sorted."""
-        _ensure_builtin()
+        _register_pending()
         return sorted(self._functions)
 
     def remove(self, name: str) -> None:
         """Forget `name` (no error when it is not registered)."""
-        _ensure_builtin()
+        _register_pending()
         self._functions.pop(name, None)
 
     def __contains__(self, name: str) -> bool:
-        _ensure_builtin()
+        _register_pending()
         return name in self._functions
 
 
@@ -142,7 +142,7 @@ class _MetadataCatalog:
 
     def get(self, name: str) -> Metadata:
         """The metadata of `name`, created empty on first access (it fills in when the data set loads)."""
-        _ensure_builtin()
+        _register_pending()
         metadata = self._metadata.get(name)
         if metadata is None:
             metadata = self._metadata[name] = Metadata(name=name)
@@ -150,7 +150,7 @@ class _MetadataCatalog:
 
     def list(self) -> list[str]:
         """Names that have metadata, sorted."""
-        _ensure_builtin()
+        _register_pending()
         return sorted(self._metadata)
 
     def remove(self, name: str) -> None:
