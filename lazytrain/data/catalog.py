@@ -1,8 +1,9 @@
 """`DatasetCatalog` (name -> function returning records) and `MetadataCatalog` (name -> metadata).
 
 The built-in names (``coco_2017_{train,val}``, ``lvis_v1_{train,val}``, ``synthetic_lt_{train,val}``) are
-registered by `lazytrain.data.datasets.builtin` the first time either catalog is used, so importing this
-module is enough. Registration does no I/O: the files are found under ``$LAZYTRAIN_DATASETS`` when a data
+registered the first time either catalog is used, so importing this module is enough: ``lazytrain.data``,
+which Python imports first, hands them over (`register_on_first_use`). This module imports no loader, as
+the loaders use it. Registration does no I/O: the files are found under ``$LAZYTRAIN_DATASETS`` when a data
 set is loaded. Register your own data set with::
 
     DatasetCatalog.register("my_train", lambda: load_coco_json(json_file, image_root, "my_train"))
@@ -11,11 +12,11 @@ set is loaded. Register your own data set with::
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["DatasetCatalog", "Metadata", "MetadataCatalog", "UnknownDatasetError"]
+__all__ = ["DatasetCatalog", "Metadata", "MetadataCatalog", "UnknownDatasetError", "register_on_first_use"]
 
 
 class UnknownDatasetError(KeyError):
@@ -25,17 +26,29 @@ class UnknownDatasetError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-_builtin_registered = False
+_pending: list[tuple[str, Callable[[], list[dict]], str]] = []
 
 
-def _ensure_builtin() -> None:
-    # Imported on first use rather than at import time: builtin imports the loaders, which import this module.
-    global _builtin_registered
-    if not _builtin_registered:
-        _builtin_registered = True
-        from lazytrain.data.datasets import builtin
+def register_on_first_use(datasets: Iterable[tuple[str, Callable[[], list[dict]], str]]) -> None:
+    """Register ``(name, loader, evaluator_type)`` data sets when either catalog is next used, not now.
 
-        builtin.register_all()
+    A name already registered by then keeps its registration. ``import lazytrain.data`` hands over the
+    built-in data sets this way (`lazytrain.data.datasets.builtin.get_builtin_datasets`).
+    """
+    _pending.extend(datasets)
+
+
+def _register_pending() -> None:
+    """Register what `register_on_first_use` left pending (on every use of a catalog; cheap once done)."""
+    if not _pending:
+        return
+    # Taken off the list first: `register` below calls this function again.
+    entries = list(_pending)
+    _pending.clear()
+    for name, loader, evaluator_type in entries:
+        if name not in DatasetCatalog:
+            DatasetCatalog.register(name, loader)
+            MetadataCatalog.get(name).set(evaluator_type=evaluator_type)
 
 
 class _DatasetCatalog:
@@ -51,7 +64,7 @@ class _DatasetCatalog:
             name: the data set name used in configs, e.g. ``"my_train"``.
             func: called on every `get`; cache inside it if loading is slow.
         """
-        _ensure_builtin()
+        _register_pending()
         if not callable(func):
             raise TypeError(f"DatasetCatalog.register(func=) must be callable; got {func!r}")
         if name in self._functions:
@@ -67,7 +80,7 @@ class _DatasetCatalog:
         Raises:
             UnknownDatasetError: `name` is not registered; the message lists the registered names, closest first.
         """
-        _ensure_builtin()
+        _register_pending()
         func = self._functions.get(name)
         if func is None:
             raise UnknownDatasetError(_unknown_name_message(name, self._functions))
@@ -75,16 +88,16 @@ class _DatasetCatalog:
 
     def list(self) -> list[str]:
         """The registered names, sorted."""
-        _ensure_builtin()
+        _register_pending()
         return sorted(self._functions)
 
     def remove(self, name: str) -> None:
         """Forget `name` (no error when it is not registered)."""
-        _ensure_builtin()
+        _register_pending()
         self._functions.pop(name, None)
 
     def __contains__(self, name: str) -> bool:
-        _ensure_builtin()
+        _register_pending()
         return name in self._functions
 
 
@@ -129,7 +142,7 @@ class _MetadataCatalog:
 
     def get(self, name: str) -> Metadata:
         """The metadata of `name`, created empty on first access (it fills in when the data set loads)."""
-        _ensure_builtin()
+        _register_pending()
         metadata = self._metadata.get(name)
         if metadata is None:
             metadata = self._metadata[name] = Metadata(name=name)
@@ -137,7 +150,7 @@ class _MetadataCatalog:
 
     def list(self) -> list[str]:
         """Names that have metadata, sorted."""
-        _ensure_builtin()
+        _register_pending()
         return sorted(self._metadata)
 
     def remove(self, name: str) -> None:

@@ -30,8 +30,8 @@ from PIL import Image, ImageOps
 from pycocotools import mask as mask_util
 from torchvision import tv_tensors
 
-from lazytrain.data.datasets.coco import PathManager
 from lazytrain.data.transforms import Augmentation
+from lazytrain.utils.file_io import PathManager
 
 __all__ = ["DatasetMapper", "read_image"]
 

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
-import zipfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from iopath.common.file_io import PathManager as _PathManagerClass
 from torch.nn.parallel import DistributedDataParallel
 
 from lazytrain.utils import comm
+
+# Re-exported: these were defined here and are still imported from here. `Checkpointer.save` calls
+# `atomic_write` through this module's name, so replacing ``checkpoint.atomic_write`` reaches it (the
+# recipe kill/resume tests do, tests/conf/interruptions.py).
+from lazytrain.utils.file_io import PathManager, atomic_write, get_non_checkpoint_reason, load_torch_file
 
 __all__ = [
     "Checkpointer",
@@ -32,7 +34,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-PathManager = _PathManagerClass()
 
 
 @dataclass
@@ -89,90 +90,16 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
     return report
 
 
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, write) -> None:
-    """Call ``write(file)`` on a temporary file next to `path`, fsync it, then rename it to `path`."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    _fsync_dir(directory)
-
-
 def _remove_stale_temporary_files(directory: str) -> None:
-    """Delete what writes killed before their rename left behind (``.<name>.tmp<pid>``, a checkpoint's size
-    each); only rank 0 of one run writes into a directory, and its own write has just completed."""
+    """Delete what writes killed before their rename left behind (`atomic_write`'s ``.<name>.tmp<pid>``, a
+    checkpoint's size each); only rank 0 of one run writes into a directory, and its own write has just
+    completed."""
     for name in os.listdir(directory):
         if name.startswith(".") and ".pth.tmp" in name:
             try:
                 os.remove(os.path.join(directory, name))
             except OSError:
                 pass
-
-
-def get_non_checkpoint_reason(local_path: str) -> str | None:
-    """Why the file at `local_path` cannot be a torch checkpoint, judged from its first and last bytes (None
-    when it looks like one: a complete zip archive, as ``torch.save`` writes, or a pickle)."""
-    try:
-        with open(local_path, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        return f"cannot be read ({e.strerror})"
-    if head.startswith(b"PK\x03\x04"):
-        return None if zipfile.is_zipfile(local_path) else "a truncated or damaged torch file"
-    if head[:1] == b"\x80":  # pickle protocol 2+ (torch's legacy format, or any pickle)
-        return None
-    return "empty" if not head else "not a torch file (neither a zip archive nor a pickle)"
-
-
-def load_torch_file(path: str, local_path: str, *, allow_unsafe: bool, reader: str) -> Any:
-    """``torch.load`` on CPU, weights only unless `allow_unsafe`, with errors that say what the file is.
-
-    Raises:
-        CheckpointError: the file is not a checkpoint (not a torch file, truncated), or it needs arbitrary
-            unpickling and `allow_unsafe` is False. The message names `path` and `reader`.
-    """
-    from lazytrain.errors import CheckpointError
-
-    reason = get_non_checkpoint_reason(local_path)
-    if reason is not None:
-        raise CheckpointError(
-            f"{reader}: {path} is not a checkpoint: {reason}. Give a file written by lazytrain or torch.save (for "
-            "a resumed run, delete the damaged file and point last_checkpoint at an earlier one)."
-        )
-    try:
-        return torch.load(local_path, map_location="cpu", weights_only=not allow_unsafe)
-    except pickle.UnpicklingError as e:
-        raise CheckpointError(
-            f"{reader}: refused to load {path}: it needs arbitrary unpickling, which can run code "
-            f"({str(e).splitlines()[0]}). Only if you trust this file, load it with allow_unsafe=True "
-            "(train.allow_unsafe_checkpoint=true)."
-        ) from None
-    except (RuntimeError, EOFError) as e:
-        raise CheckpointError(
-            f"{reader}: {path} is not a readable checkpoint (truncated or corrupt): {str(e).splitlines()[0]}. "
-            "Use an earlier checkpoint; files named in last_checkpoint are always complete."
-        ) from None
 
 
 class Checkpointer:

@@ -185,7 +185,7 @@ class PeriodicCheckpointer(HookBase):
         if trainer.checkpointer is None:
             return
         # On a stop request (SIGTERM/SIGINT) this step is saved like a periodic one, so it is rotated too.
-        due = _is_period_end(trainer, self.period) or getattr(trainer, "stop_signal", 0)
+        due = _is_period_end(trainer, self.period) or trainer.stop_signal
         if due and trainer.iter + 1 < trainer.max_iter:
             name = f"{self.file_prefix}_{trainer.iter:07d}"
             # Recorded before saving, so the checkpoint's own copy of this list includes it.
@@ -320,7 +320,7 @@ class EvalHook(HookBase):
     def after_step(self) -> None:
         is_last = self.trainer.iter + 1 >= self.trainer.max_iter
         # Stopping on a signal (preemption) leaves no time for an evaluation: the resumed run goes on.
-        stopping = getattr(self.trainer, "stop_signal", 0)
+        stopping = self.trainer.stop_signal
         if _is_period_end(self.trainer, self.eval_period) and not (
             is_last and self.eval_after_train or stopping
         ):
@@ -380,7 +380,7 @@ class BestCheckpointer(HookBase):
 
     def after_step(self) -> None:
         # No evaluation ran at a stop (skipped or abandoned by the EvalHook).
-        if _is_period_end(self.trainer, self.eval_period) and not getattr(self.trainer, "stop_signal", 0):
+        if _is_period_end(self.trainer, self.eval_period) and not self.trainer.stop_signal:
             self._check()
 
     def after_train(self) -> None:

@@ -84,6 +84,10 @@ class TrainerBase:
     Subclasses implement `run_step`. Attributes the default program sets for hooks to use:
     ``checkpointer`` (a `Checkpointer` holding this trainer), ``test_function`` (``() -> results``) and
     ``last_eval_results`` (set by `EvalHook`).
+
+    Stopping early on a signal (SIGTERM/SIGINT, `lazytrain.utils.preemption`) is this class's state: every
+    rank must stop after the same step, so a rank's own request (``stop_request``) becomes ``stop_signal``
+    only once all ranks agreed on it, after each step (`_agree_on_stop`).
     """
 
     def __init__(self) -> None:
@@ -97,9 +101,15 @@ class TrainerBase:
         self.last_eval_results: dict = {}
         self._pending_rng_state: dict | None = None
         self._pending_storage_state: dict | None = None
-        self.stop_signal = 0  # set when all ranks agreed to stop early on a signal (see `train`)
-        self.stop_request: StopRequest | None = None  # this rank's signal, while `train` runs
-        self.step_stop_signal: int | None = None  # a signal all ranks agreed on within the step, if any
+        # This rank's stop request, entered by `train` (``signum``: the signal it received, 0 while none); None
+        # before the first `train`.
+        self.stop_request: StopRequest | None = None
+        # The signal all ranks agreed to stop on, 0 to go on. Set after every step (`_loop`), and by
+        # `EvalHook` when a signal abandons an evaluation; hooks read it to save, or to skip an evaluation.
+        self.stop_signal = 0
+        # What the step itself agreed on, when its own collective carried the stop requests (`SimpleTrainer`
+        # does, saving an all-reduce); None, reset before each step: `_agree_on_stop` asks the ranks.
+        self.step_stop_signal: int | None = None
 
     def register_hooks(self, hooks: Mapping[str, HookBase | None] | Iterable[HookBase | None]) -> None:
         """Register hooks (a name -> hook mapping or a list); ``None`` entries are skipped."""
@@ -139,12 +149,12 @@ class TrainerBase:
                 self._pending_storage_state = None
             # The after_train hooks run under the stop request too: a signal during the final evaluation
             # abandons it (`EvalHook`) instead of ending the process mid-write.
-            with StopRequest() as stop_request:
+            with StopRequest() as self.stop_request:
                 try:
                     self._call("before_train")
                     self._restore_rng_state()
                     if not self.stop_signal:  # an evaluation left pending by a stopped run was stopped again
-                        self._loop(start_iter, max_iter, stop_request)
+                        self._loop(start_iter, max_iter)
                 except LazytrainError as e:  # a known problem (bad data, say): its message says it all
                     logger.error("Training stopped at iteration %d: %s", self.iter, e)
                     raise
@@ -167,22 +177,24 @@ class TrainerBase:
         saved = " (checkpoint saved)" if self.checkpointer is not None else ""
         return f"Training stopped by {name} after iteration {self.iter}{saved}; {resume}"
 
-    def _loop(self, start_iter: int, max_iter: int, stop_request: StopRequest) -> None:
-        self.stop_request = stop_request
+    def _loop(self, start_iter: int, max_iter: int) -> None:
         for self.iter in range(start_iter, max_iter):
             self._call("before_step")
             self.step_stop_signal = None
             self.run_step()
-            # Every rank must stop after the same step (checkpointing is collective), so they agree first; a
-            # step that already agreed on it in its own all-reduce (SimpleTrainer) says so.
-            if self.step_stop_signal is None:
-                self.step_stop_signal = comm.max_over_ranks(stop_request.signum)
-            self.stop_signal = self.step_stop_signal
+            self.stop_signal = self._agree_on_stop()
             self._call("after_step")
             if self.stop_signal:
                 self._save_on_stop()
                 return
         self.iter = max_iter  # after_train sees iter == max_iter on a completed run
+
+    def _agree_on_stop(self) -> int:
+        """The signal all ranks stop on after this step (0: none). Every rank must stop after the same step
+        (checkpointing is collective), so they agree first, unless the step's own collective already did."""
+        if self.step_stop_signal is not None:
+            return self.step_stop_signal
+        return comm.max_over_ranks(self.stop_request.signum)
 
     def _save_on_stop(self) -> None:
         name = signal_name(self.stop_signal)
@@ -382,8 +394,8 @@ class SimpleTrainer(TrainerBase):
 
     def _agree_on_step(self, loss_dict: dict[str, torch.Tensor]) -> dict[str, float]:
         """All ranks agree on the step in one all-reduce, before the backward pass: the losses (averaged, for
-        the metrics), which ranks got a non-finite loss, and stop requests (`step_stop_signal`). Its
-        ``tolist()`` is the step's one wait for the device.
+        the metrics), which ranks got a non-finite loss, and stop requests (recorded in `step_stop_signal`,
+        so that the loop needs no other collective). Its ``tolist()`` is the step's one wait for the device.
 
         Raises:
             FloatingPointError: on every rank, with the same message, when any rank's loss is not finite.
@@ -454,8 +466,8 @@ class SimpleTrainer(TrainerBase):
         finally:
             self._close_data_iter()
 
-    def _loop(self, start_iter: int, max_iter: int, stop_request) -> None:
-        super()._loop(start_iter, max_iter, stop_request)
+    def _loop(self, start_iter: int, max_iter: int) -> None:
+        super()._loop(start_iter, max_iter)
         # The loader's workers are not needed by the after_train hooks: free their memory before the final
         # evaluation (and keep a stop signal sent to every process of the job from killing them mid-evaluation).
         self._close_data_iter()

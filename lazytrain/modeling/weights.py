@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from lazytrain.modeling.download import download_to_cache, is_url
+from lazytrain.utils.file_io import load_torch_file
 
 __all__ = [
     "WeightsReport",
@@ -147,8 +148,6 @@ def get_local_path(path: str) -> str:
 
 
 def _read_state_dict(path: str, allow_unsafe: bool) -> tuple[dict[str, torch.Tensor], str]:
-    from lazytrain.engine.checkpoint import load_torch_file
-
     data = load_torch_file(path, get_local_path(path), allow_unsafe=allow_unsafe, reader="load_init_weights")
     if not isinstance(data, Mapping):
         raise ValueError(f"load_init_weights: {path} holds a {type(data).__name__}, not a state dict.")

@@ -9,6 +9,7 @@ import os
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+import lazytrain.data  # noqa: F401  (registers the lazytrain.json_* resolvers a config may use)
 from lazytrain.config import LazyConfig
 
 __all__ = ["DEFAULT_MAIN", "LAUNCH_DEFAULTS", "add_hydra_settings", "load_primary_config"]

@@ -7,19 +7,22 @@ Layout:
     $LAZYTRAIN_DATASETS/coco/annotations/instances_{train,val}2017.json     -> coco_2017_{train,val}
     $LAZYTRAIN_DATASETS/lvis/lvis_v1_{train,val}.json (images from coco/)   -> lvis_v1_{train,val}
     $LAZYTRAIN_DATASETS/synthetic_lt/ (generated on first use)              -> synthetic_lt_{train,val}
+
+This module lists them (`get_builtin_datasets`) and does not use the catalog, which the loaders use:
+``import lazytrain.data`` hands the list to `lazytrain.data.catalog`, which registers it on first use.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from lazytrain.data.datasets.coco import load_coco_json
 from lazytrain.data.datasets.lvis import load_lvis_json
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 
-__all__ = ["SYNTHETIC_LT_OPTIONS", "get_datasets_root", "register_all"]
+__all__ = ["SYNTHETIC_LT_OPTIONS", "BuiltinDataset", "get_builtin_datasets", "get_datasets_root"]
 
 SYNTHETIC_LT_OPTIONS: dict[str, Any] = {}
 """Keyword arguments for `generate_synthetic_lt` when ``synthetic_lt_*`` is generated on first use (tests
@@ -59,16 +62,22 @@ def _synthetic_loader(split: str) -> Callable[[], list[dict]]:
     return load
 
 
-def register_all() -> None:
-    """Register every built-in name (called once by `lazytrain.data.catalog` on first use; no I/O)."""
-    from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
+class BuiltinDataset(NamedTuple):
+    """A built-in data set: its name, the function returning its records and its ``evaluator_type``."""
 
-    for split in ("train", "val"):
-        for name, loader, evaluator_type in (
-            (f"coco_2017_{split}", _coco_loader(split), "coco"),
-            (f"lvis_v1_{split}", _lvis_loader(split), "lvis"),
-            (f"synthetic_lt_{split}", _synthetic_loader(split), "lvis"),
-        ):
-            if name not in DatasetCatalog:
-                DatasetCatalog.register(name, loader)
-                MetadataCatalog.get(name).set(evaluator_type=evaluator_type)
+    name: str
+    loader: Callable[[], list[dict]]
+    evaluator_type: str
+
+
+def get_builtin_datasets() -> list[BuiltinDataset]:
+    """Every built-in data set, with its loader (no I/O here: a loader finds its files when called)."""
+    return [
+        dataset
+        for split in ("train", "val")
+        for dataset in (
+            BuiltinDataset(f"coco_2017_{split}", _coco_loader(split), "coco"),
+            BuiltinDataset(f"lvis_v1_{split}", _lvis_loader(split), "lvis"),
+            BuiltinDataset(f"synthetic_lt_{split}", _synthetic_loader(split), "lvis"),
+        )
+    ]

@@ -18,14 +18,12 @@ import os
 from collections import Counter
 from typing import Any
 
-from iopath.common.file_io import PathManager as _PathManagerClass
+# PathManager is re-exported (it was defined here): the one instance that reads every file.
+from lazytrain.utils.file_io import PathManager
 
 __all__ = ["PathManager", "load_coco_json", "read_json"]
 
 logger = logging.getLogger(__name__)
-
-PathManager = _PathManagerClass()
-"""The iopath path manager used to read annotation files and images (register handlers on it for URLs)."""
 
 DATA_LAYOUT = (
     "$LAZYTRAIN_DATASETS/coco/{train2017,val2017}/*.jpg, "

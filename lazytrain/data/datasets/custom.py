@@ -14,6 +14,14 @@ Records come from `load_lvis_json`, which reads both formats (LVIS's ``coco_url`
 ``frequency`` are used when present). The metadata adds what the long-tail evaluation needs: each category's
 train image count and r/c/f bucket (`bin_categories`) and the evaluation protocol (``federated`` when the json
 lists ``neg_category_ids``, else ``exhaustive``, COCO's).
+
+Importing this module registers two OmegaConf resolvers for configs on such a json (`register_json_resolvers`;
+``import lazytrain.data`` does it too, so a process that loads or launches a config has them):
+
+- ``${lazytrain.json_num_classes:PATH}``: the number of categories of a COCO/LVIS json (``model.num_classes``
+  of a recipe trained on a user's json);
+- ``${lazytrain.json_repeat_thresh:PATH}``: a Repeat Factor Sampling threshold for that json's train set,
+  `get_default_repeat_thresh` of its images with annotations.
 """
 
 from __future__ import annotations
@@ -23,8 +31,11 @@ import logging
 import os
 from collections.abc import Sequence
 
+from omegaconf import OmegaConf
+
 from lazytrain.data.datasets.json_summary import JsonSummary, summarize_json
 from lazytrain.data.datasets.lvis import load_lvis_json
+from lazytrain.errors import ConfigError
 
 __all__ = [
     "DEFAULT_FREQUENCY_THRESHOLDS",
@@ -32,6 +43,7 @@ __all__ = [
     "get_default_repeat_thresh",
     "get_image_count_limits",
     "register_json_dataset",
+    "register_json_resolvers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -160,3 +172,32 @@ def register_json_dataset(
     _set_metadata(name, spec)
     _registered[name] = spec
     return name
+
+
+def _summarize_for_config(json_file: str) -> JsonSummary:
+    try:
+        return summarize_json(str(json_file))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"reading {json_file} for a config value: {e}") from e
+
+
+def _json_num_classes(json_file: str) -> int:
+    return len(_summarize_for_config(json_file).categories)
+
+
+def _json_repeat_thresh(json_file: str) -> float:
+    return get_default_repeat_thresh(_summarize_for_config(json_file).images_with_annotations)
+
+
+def register_json_resolvers() -> None:
+    """Register ``lazytrain.json_num_classes`` and ``lazytrain.json_repeat_thresh`` (idempotent; done when
+    this module is imported)."""
+    for name, function in (
+        ("lazytrain.json_num_classes", _json_num_classes),
+        ("lazytrain.json_repeat_thresh", _json_repeat_thresh),
+    ):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, function)
+
+
+register_json_resolvers()
