@@ -1,0 +1,93 @@
+"""The two preflight entry points: `preflight(cfg)` gives every problem of a job at once, and
+`check_command_line` checks a user's json data sets with every value a grid sweep gives them, before Hydra
+creates the sweep directory."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from lazytrain.errors import ConfigError
+from lazytrain.program.default import INJECTED_ARGUMENTS
+from lazytrain.program.preflight import check_command_line, preflight
+from lazytrain.program.primary_config import DEFAULT_MAIN, load_primary_config
+from tests.data.custom_fixtures import write_export
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENGINE_TOY = os.path.join(REPO, "tests", "engine", "toy_config.py")
+CUSTOM = os.path.join(REPO, "conf", "rfs_maskrcnn_custom.py")
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    return write_export(str(tmp_path_factory.mktemp("export")))
+
+
+def test_preflight_returns_every_problem_of_a_job_at_once(tmp_path):
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.train.output_dir = str(tmp_path)
+    cfg.model._target_ = "tests.engine.toy.NoSuchModel"
+    cfg.launch.num_processes = 0
+    cfg.train.init_checkpoint = str(tmp_path / "missing.pth")
+    problems = preflight(cfg, INJECTED_ARGUMENTS)
+    assert len(problems) == 3, problems
+    assert problems[0].startswith("the config has 1 problem(s):\n  - model._target_")
+    assert problems[1] == "launch.num_processes=0: must be an integer >= 1."
+    assert problems[2].startswith(f"train.init_checkpoint={tmp_path / 'missing.pth'}: no such file.")
+
+
+def test_preflight_of_a_sound_job_finds_nothing(tmp_path):
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.train.output_dir = str(tmp_path)
+    assert preflight(cfg, INJECTED_ARGUMENTS) == []
+
+
+def test_preflight_checks_the_gpu_count_once_the_launch_values_are_sound(tmp_path):
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.train.output_dir = str(tmp_path)
+    cfg.launch.num_gpus = 2  # with train.device=cpu
+    assert preflight(cfg, INJECTED_ARGUMENTS) == [
+        "launch.num_gpus=2 but train.device is not cuda; set train.device=cuda, or use launch.num_processes=N "
+        "for N CPU processes."
+    ]
+
+
+def _data_overrides(export: dict[str, str], train_json: str) -> list[str]:
+    given = {**export, "data.train.json": train_json}
+    return [f"{key}={value}" for key, value in given.items()]
+
+
+def test_every_value_of_a_grid_sweep_over_a_data_file_is_checked(export, tmp_path):
+    cfg = load_primary_config(CUSTOM)
+    good = export["data.train.json"]
+    copy = str(tmp_path / "copy.json")
+    shutil.copy(good, copy)
+    assert check_command_line(cfg, ["-m", *_data_overrides(export, f"{good},{copy}")], DEFAULT_MAIN) == []
+    missing = str(tmp_path / "missing.json")
+    with pytest.raises(ConfigError) as error:
+        check_command_line(cfg, ["-m", *_data_overrides(export, f"{good},{missing}")], DEFAULT_MAIN)
+    assert str(error.value) == (
+        "the data set files have problems:\n"
+        f"  data.train.json={missing}: no such file; pass the path of the COCO/LVIS json (data.train.json=PATH)."
+    )
+
+
+def test_a_data_file_left_unset_in_a_grid_sweep_is_reported_before_it_starts(export):
+    cfg = load_primary_config(CUSTOM)
+    overrides = [o for o in _data_overrides(export, "unused") if not o.startswith("data.val.json=")]
+    with pytest.raises(ConfigError, match="data.val.json is not set; pass data.val.json=PATH"):
+        check_command_line(cfg, ["-m", *overrides], DEFAULT_MAIN)
+
+
+def test_a_bad_file_in_a_sweep_stops_the_command_before_hydra_writes_anything(export, tmp_path):
+    missing = str(tmp_path / "missing.json")
+    sweep_dir = tmp_path / "sweep"
+    overrides = _data_overrides(export, f"{export['data.train.json']},{missing}")
+    command = [sys.executable, "-m", "lazytrain", CUSTOM, "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
+    env = dict(os.environ, PYTHONPATH=REPO)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert f"data.train.json={missing}: no such file" in result.stderr
+    assert not sweep_dir.exists()
