@@ -1,8 +1,10 @@
 """lazytrain: detectron2-style LazyConfig training recipes on Hydra.
 
-Importing the top-level package is cheap on purpose (no torch import); the subpackages
-(`lazytrain.config`, `lazytrain.engine`, `lazytrain.data`, `lazytrain.modeling`,
-`lazytrain.evaluation`, `lazytrain.launch`, `lazytrain.utils`) are imported where needed.
+Importing the top-level package is cheap on purpose (no torch import); the subpackages are imported where
+needed. `lazytrain.program` turns a config into a run (command line, Hydra jobs, the default program, the
+preflight checks); below it, receiving built objects: `lazytrain.engine`, `lazytrain.evaluation`,
+`lazytrain.data`, `lazytrain.modeling`, `lazytrain.launch`, `lazytrain.config`, `lazytrain.utils`
+(docs/architecture.md, "Layers").
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""The engine: the hook-driven trainer, standard hooks, checkpointing and the default programs.
+"""The engine: the hook-driven trainer, standard hooks, checkpointing and the plots a run leaves.
 
 Modules: `train_loop` (HookBase, TrainerBase, SimpleTrainer), `hooks`, `checkpoint` (Checkpointer),
 `lr_schedule` (LR multipliers), `optimizer` (param groups), `plot_writer` (curves.png, ap_by_frequency.png).
