@@ -23,7 +23,9 @@ from torchvision.models.detection.rpn import RegionProposalNetwork
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import boxes as box_ops
 
+from lazytrain.modeling import roi_heads as lazytrain_roi_heads
 from lazytrain.modeling.backbone import get_feature_map_names
+from lazytrain.modeling.classification_losses import SoftmaxCrossEntropy
 from lazytrain.modeling.mask_paste import paste_masks
 from lazytrain.utils.logger import log_first_n
 
@@ -88,7 +90,8 @@ class RCNN(GeneralizedRCNN):
     Args:
         backbone: returns an ordered dict of feature maps and has an ``out_channels`` attribute.
         rpn: torchvision `RegionProposalNetwork` (anchor generator + head).
-        roi_heads: torchvision `RoIHeads`; a mask head and predictor make it Mask R-CNN.
+        roi_heads: `lazytrain.modeling.RoIHeads` (or torchvision's, which trains with softmax cross-entropy
+            only); a mask head and predictor make it Mask R-CNN.
         num_classes: number of foreground classes, checked against the box (and mask) predictor.
         pixel_mean: per-channel RGB mean on the 0-255 scale.
         pixel_std: per-channel RGB std on the 0-255 scale.
@@ -117,6 +120,7 @@ class RCNN(GeneralizedRCNN):
         )
         super().__init__(backbone, rpn, roi_heads, transform)
         self.num_classes = self._check_num_classes(num_classes)
+        self._check_classification_loss()
         self.mask_threshold = float(mask_threshold)
         self._check_feature_maps()
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -167,6 +171,18 @@ class RCNN(GeneralizedRCNN):
                 f"the box predictor {found}; give both the same num_classes."
             )
         return found
+
+    def _check_classification_loss(self) -> None:
+        loss = getattr(self.roi_heads.box_predictor, "loss", None)
+        if loss is None or isinstance(loss, SoftmaxCrossEntropy):
+            return
+        if not isinstance(self.roi_heads, lazytrain_roi_heads.RoIHeads):
+            raise ValueError(
+                f"RCNN: roi_heads.box_predictor.loss is {type(loss).__name__}, but roi_heads is "
+                f"{type(self.roi_heads).__module__}.{type(self.roi_heads).__name__}, which always trains with "
+                "softmax cross-entropy and scores with a softmax. Build roi_heads with "
+                "lazytrain.modeling.RoIHeads (same arguments)."
+            )
 
     def _check_feature_maps(self) -> None:
         anchors = self.rpn.anchor_generator

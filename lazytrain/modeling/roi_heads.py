@@ -1,0 +1,220 @@
+"""`RoIHeads`: torchvision's RoI heads whose box branch asks the box predictor's loss how to train and score.
+
+torchvision's `RoIHeads.forward` calls the module-level ``fastrcnn_loss`` (softmax cross-entropy) and its
+``postprocess_detections`` scores with a softmax, so a sigmoid loss would train one way and rank detections
+another. This subclass asks ``box_predictor.loss`` (a `ClassificationLoss`; softmax cross-entropy when the
+predictor has none, as torchvision's own predictors) for the classification loss and for the scores.
+
+Everything else is torchvision's: the constructor and attribute names (so torchvision checkpoints and
+config keys such as ``model.roi_heads.score_thresh`` keep working), proposal matching and sampling
+(inherited methods), the smooth L1 box loss, the postprocessing (clip, score threshold, small boxes, per-class
+NMS, top detections), and the mask and keypoint branches (torchvision's loss and inference functions). With
+softmax cross-entropy it gives torchvision's losses and detections exactly (tests/modeling/test_roi_heads.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchvision.models.detection.roi_heads import RoIHeads as TorchvisionRoIHeads
+from torchvision.models.detection.roi_heads import (
+    keypointrcnn_inference,
+    keypointrcnn_loss,
+    maskrcnn_inference,
+    maskrcnn_loss,
+)
+from torchvision.ops import boxes as box_ops
+
+from lazytrain.modeling.classification_losses import ClassificationLoss, SoftmaxCrossEntropy
+
+__all__ = ["RoIHeads", "box_regression_loss"]
+
+_DEFAULT_LOSS = SoftmaxCrossEntropy()  # stateless, so one instance serves every model
+
+
+class _Samples(NamedTuple):
+    """The training RoIs of each image and what they were matched to."""
+
+    proposals: list[Tensor]
+    matched_idxs: list[Tensor]
+    labels: list[Tensor]
+    regression_targets: list[Tensor]
+
+
+def box_regression_loss(box_regression: Tensor, labels: Tensor, regression_targets: Tensor) -> Tensor:
+    """Smooth L1 (beta 1/9) between the foreground RoIs' deltas for their class and their targets, summed
+    and divided by the number of RoIs (torchvision's Fast R-CNN box loss).
+
+    Args:
+        box_regression: [N, (K+1) * 4] per-class deltas.
+        labels: [N] classes, 0 the background.
+        regression_targets: [N, 4] encoded target deltas.
+    """
+    foreground = torch.where(labels > 0)[0]
+    deltas = box_regression.reshape(len(labels), -1, 4)[foreground, labels[foreground]]
+    loss = F.smooth_l1_loss(deltas, regression_targets[foreground], beta=1 / 9, reduction="sum")
+    return loss / labels.numel()
+
+
+def _check_target_types(targets: list[dict[str, Tensor]], keypoints: bool) -> None:
+    for target in targets:
+        if target["boxes"].dtype not in (torch.float, torch.double, torch.half):
+            raise TypeError(f"RoIHeads: target boxes must be floating point; got {target['boxes'].dtype}")
+        if target["labels"].dtype != torch.int64:
+            raise TypeError(f"RoIHeads: target labels must be int64; got {target['labels'].dtype}")
+        if keypoints and target["keypoints"].dtype != torch.float32:
+            raise TypeError(f"RoIHeads: target keypoints must be float32; got {target['keypoints'].dtype}")
+
+
+def _foreground(samples: _Samples) -> tuple[list[Tensor], list[Tensor]]:
+    """Per image, the foreground training RoIs and their matched target index (for the mask/keypoint heads)."""
+    boxes, matched = [], []
+    for proposals, labels, matched_idxs in zip(samples.proposals, samples.labels, samples.matched_idxs):
+        keep = torch.where(labels > 0)[0]
+        boxes.append(proposals[keep])
+        matched.append(matched_idxs[keep])
+    return boxes, matched
+
+
+class RoIHeads(TorchvisionRoIHeads):
+    """torchvision's `RoIHeads` (same arguments) whose classification loss and inference scores come from
+    ``box_predictor.loss`` (`lazytrain.modeling.BoxPredictor(loss=...)`; softmax cross-entropy if absent).
+
+    Training returns ``loss_classifier`` (whatever the loss), ``loss_box_reg`` and, with a mask or keypoint
+    head, ``loss_mask``/``loss_keypoint``; eval returns torchvision's detections, ranked by the loss's scores.
+    """
+
+    def get_classification_loss(self) -> ClassificationLoss:
+        """The box predictor's ``loss``, or softmax cross-entropy for a predictor without one."""
+        loss = getattr(self.box_predictor, "loss", None)
+        return _DEFAULT_LOSS if loss is None else loss
+
+    def forward(
+        self,
+        features: dict[str, Tensor],
+        proposals: list[Tensor],
+        image_shapes: list[tuple[int, int]],
+        targets: list[dict[str, Tensor]] | None = None,
+    ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
+        if targets is not None:
+            _check_target_types(targets, self.has_keypoint())
+        samples = None
+        if self.training:
+            samples = _Samples(*self.select_training_samples(proposals, targets))
+            proposals = samples.proposals
+        box_features = self.box_head(self.box_roi_pool(features, proposals, image_shapes))
+        class_logits, box_regression = self.box_predictor(box_features)
+        result: list[dict[str, Tensor]] = []
+        if samples is not None:
+            losses = self.box_losses(class_logits, box_regression, samples.labels, samples.regression_targets)
+        else:
+            losses = {}
+            boxes, scores, labels = self.postprocess_detections(
+                class_logits, box_regression, proposals, image_shapes
+            )
+            result = [{"boxes": b, "labels": c, "scores": s} for b, s, c in zip(boxes, scores, labels)]
+        if self.has_mask():
+            losses.update(self._mask_branch(features, image_shapes, targets, samples, result))
+        if self.has_keypoint():
+            losses.update(self._keypoint_branch(features, image_shapes, targets, samples, result))
+        return result, losses
+
+    def box_losses(
+        self,
+        class_logits: Tensor,
+        box_regression: Tensor,
+        labels: list[Tensor],
+        regression_targets: list[Tensor],
+    ) -> dict[str, Tensor]:
+        """``loss_classifier`` from the predictor's loss and torchvision's ``loss_box_reg``."""
+        labels_all = torch.cat(labels, dim=0)
+        return {
+            "loss_classifier": self.get_classification_loss()(class_logits, labels_all),
+            "loss_box_reg": box_regression_loss(box_regression, labels_all, torch.cat(regression_targets)),
+        }
+
+    def postprocess_detections(
+        self,
+        class_logits: Tensor,
+        box_regression: Tensor,
+        proposals: list[Tensor],
+        image_shapes: list[tuple[int, int]],
+    ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """Per image: boxes, scores and labels (1..K) of the kept detections, scored by the loss's `scores`."""
+        scores = self.get_classification_loss().scores(class_logits)
+        boxes = self.box_coder.decode(box_regression, proposals)
+        per_image = [len(p) for p in proposals]
+        kept = [
+            self._detections_in_image(image_boxes, image_scores, image_shape)
+            for image_boxes, image_scores, image_shape in zip(
+                boxes.split(per_image), scores.split(per_image), image_shapes
+            )
+        ]
+        return [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept]
+
+    def _detections_in_image(
+        self, boxes: Tensor, scores: Tensor, image_shape: tuple[int, int]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One detection per (RoI, foreground class) above `score_thresh`, then per-class NMS and the top
+        `detections_per_img`. `boxes` [R, K+1, 4], `scores` [R, K+1]."""
+        boxes = box_ops.clip_boxes_to_image(boxes, image_shape)
+        labels = torch.arange(scores.shape[1], device=scores.device).view(1, -1).expand_as(scores)
+        # Column 0 is the background: never a detection.
+        boxes, scores, labels = boxes[:, 1:].reshape(-1, 4), scores[:, 1:].flatten(), labels[:, 1:].flatten()
+        keep = torch.where(scores > self.score_thresh)[0]
+        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+        keep = box_ops.remove_small_boxes(boxes, min_size=1e-2)
+        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+        keep = box_ops.batched_nms(boxes, scores, labels, self.nms_thresh)[: self.detections_per_img]
+        return boxes[keep], scores[keep], labels[keep]
+
+    def _mask_branch(
+        self,
+        features: dict[str, Tensor],
+        image_shapes: list[tuple[int, int]],
+        targets: list[dict[str, Tensor]] | None,
+        samples: _Samples | None,
+        result: list[dict[str, Tensor]],
+    ) -> dict[str, Tensor]:
+        """Training: ``loss_mask`` on the foreground RoIs. Eval: adds ``masks`` to each detection dict."""
+        if samples is not None:
+            boxes, matched = _foreground(samples)
+        else:
+            boxes = [detection["boxes"] for detection in result]
+        mask_logits = self.mask_predictor(self.mask_head(self.mask_roi_pool(features, boxes, image_shapes)))
+        if samples is not None:
+            gt_masks = [t["masks"] for t in targets]
+            gt_labels = [t["labels"] for t in targets]
+            return {"loss_mask": maskrcnn_loss(mask_logits, boxes, gt_masks, gt_labels, matched)}
+        labels = [detection["labels"] for detection in result]
+        for probabilities, detection in zip(maskrcnn_inference(mask_logits, labels), result):
+            detection["masks"] = probabilities
+        return {}
+
+    def _keypoint_branch(
+        self,
+        features: dict[str, Tensor],
+        image_shapes: list[tuple[int, int]],
+        targets: list[dict[str, Tensor]] | None,
+        samples: _Samples | None,
+        result: list[dict[str, Tensor]],
+    ) -> dict[str, Tensor]:
+        """Training: ``loss_keypoint``. Eval: adds ``keypoints`` and ``keypoints_scores`` to each detection."""
+        if samples is not None:
+            boxes, matched = _foreground(samples)
+        else:
+            boxes = [detection["boxes"] for detection in result]
+        features = self.keypoint_head(self.keypoint_roi_pool(features, boxes, image_shapes))
+        keypoint_logits = self.keypoint_predictor(features)
+        if samples is not None:
+            gt_keypoints = [t["keypoints"] for t in targets]
+            loss = keypointrcnn_loss(keypoint_logits, boxes, gt_keypoints, matched)
+            return {"loss_keypoint": loss}
+        keypoints, scores = keypointrcnn_inference(keypoint_logits, boxes)
+        for detection, image_keypoints, image_scores in zip(result, keypoints, scores):
+            detection["keypoints"] = image_keypoints
+            detection["keypoints_scores"] = image_scores
+        return {}

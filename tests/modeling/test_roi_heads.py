@@ -1,0 +1,247 @@
+"""lazytrain's RoIHeads: torchvision's results with softmax CE, the loss's own scores otherwise, and every
+loss training the CPU Mask R-CNN."""
+
+import copy
+import math
+
+import pytest
+import torch
+from torchvision.models.detection.faster_rcnn import TwoMLPHead
+from torchvision.models.detection.keypoint_rcnn import KeypointRCNNHeads, KeypointRCNNPredictor
+from torchvision.models.detection.mask_rcnn import MaskRCNNHeads
+from torchvision.models.detection.roi_heads import RoIHeads as TorchvisionRoIHeads
+from torchvision.ops import MultiScaleRoIAlign
+
+from lazytrain.config import LazyCall as L
+from lazytrain.config import instantiate
+from lazytrain.modeling import (
+    RCNN,
+    BoxPredictor,
+    EQLv2Loss,
+    FederatedLoss,
+    MaskPredictor,
+    RoIHeads,
+    SeesawLoss,
+    SoftmaxCrossEntropy,
+    build_classification_loss,
+)
+from tests.modeling.helpers import build_model, load_model_config, make_record
+
+NUM_CLASSES = 3
+CHANNELS = 8
+IMAGE_SHAPES = [(128, 128), (128, 96)]
+
+
+def _heads(branch: str, predictor: torch.nn.Module | None = None, heads_class: type = RoIHeads):
+    """Small RoI heads on one stride-4 feature map; `branch` adds a mask or keypoint branch."""
+    branches = {}
+    if branch == "masks":
+        branches = dict(
+            mask_roi_pool=MultiScaleRoIAlign(["0"], 14, 2),
+            mask_head=MaskRCNNHeads(CHANNELS, [CHANNELS], 1),
+            mask_predictor=MaskPredictor(CHANNELS, CHANNELS, NUM_CLASSES),
+        )
+    elif branch == "keypoints":
+        branches = dict(
+            keypoint_roi_pool=MultiScaleRoIAlign(["0"], 14, 2),
+            keypoint_head=KeypointRCNNHeads(CHANNELS, [CHANNELS]),
+            keypoint_predictor=KeypointRCNNPredictor(CHANNELS, 3),
+        )
+    return heads_class(
+        MultiScaleRoIAlign(["0"], 7, 2),
+        TwoMLPHead(CHANNELS * 49, 32),
+        predictor or BoxPredictor(32, NUM_CLASSES),
+        fg_iou_thresh=0.5, bg_iou_thresh=0.5, batch_size_per_image=32, positive_fraction=0.25,
+        bbox_reg_weights=None, score_thresh=0.01, nms_thresh=0.5, detections_per_img=20, **branches,
+    )  # fmt: skip
+
+
+def _as_torchvision(heads: RoIHeads) -> TorchvisionRoIHeads:
+    """torchvision's RoIHeads with copies of `heads`' modules and settings."""
+    tv = copy.deepcopy(heads)
+    tv.__class__ = TorchvisionRoIHeads  # same attributes, torchvision's forward
+    return tv
+
+
+def _inputs(branch: str, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    features = {"0": torch.randn(2, CHANNELS, 32, 32, generator=generator)}
+    proposals, targets = [], []
+    for height, width in IMAGE_SHAPES:
+        corner = torch.rand(40, 2, generator=generator) * torch.tensor([width * 0.7, height * 0.7])
+        size = 8 + torch.rand(40, 2, generator=generator) * 40
+        proposals.append(torch.cat([corner, corner + size], 1))
+        boxes = torch.tensor([[10.0, 12.0, 50.0, 60.0], [40.0, 30.0, 90.0, 100.0], [5.0, 70.0, 45.0, 120.0]])
+        target = {"boxes": boxes, "labels": torch.tensor([1, 3, 2])}
+        if branch == "masks":
+            target["masks"] = torch.zeros(3, height, width, dtype=torch.uint8)
+            for mask, (x0, y0, x1, y1) in zip(target["masks"], boxes.int().tolist()):
+                mask[y0:y1, x0:x1] = 1
+        if branch == "keypoints":
+            centres = (boxes[:, :2] + boxes[:, 2:]) / 2
+            points = torch.stack([boxes[:, :2] + 4, centres, boxes[:, 2:] - 4], 1)
+            target["keypoints"] = torch.cat([points, torch.ones(3, 3, 1)], 2)
+        targets.append(target)
+    return features, proposals, targets
+
+
+@pytest.mark.parametrize("branch", ["boxes", "masks", "keypoints"])
+def test_softmax_ce_heads_give_torchvisions_losses_gradients_and_detections(branch):
+    torch.manual_seed(0)
+    ours = _heads(branch)
+    theirs = _as_torchvision(ours)
+    features, proposals, targets = _inputs(branch)
+    losses = {}
+    for name, heads in (("ours", ours), ("theirs", theirs)):
+        heads.train()
+        torch.manual_seed(1)  # the same RoI sampling
+        _, loss = heads(features, proposals, IMAGE_SHAPES, targets)
+        sum(loss.values()).backward()
+        losses[name] = loss
+    assert set(losses["ours"]) == set(losses["theirs"]) and len(losses["ours"]) == (
+        2 if branch == "boxes" else 3
+    )
+    for key, value in losses["ours"].items():
+        assert torch.equal(value, losses["theirs"][key]), key
+        assert value.item() > 0
+    for (name, ours_p), theirs_p in zip(ours.named_parameters(), theirs.parameters()):
+        assert torch.equal(ours_p.grad, theirs_p.grad), name
+    detections = {}
+    for name, heads in (("ours", ours), ("theirs", theirs)):
+        heads.eval()
+        with torch.no_grad():
+            detections[name], _ = heads(features, proposals, IMAGE_SHAPES)
+    assert sum(len(d["boxes"]) for d in detections["ours"]) > 10
+    for mine, reference in zip(detections["ours"], detections["theirs"]):
+        assert (
+            set(mine)
+            == set(reference)
+            == {"boxes", "labels", "scores"}
+            | {"masks": {"masks"}, "keypoints": {"keypoints", "keypoints_scores"}}.get(branch, set())
+        )
+        for key in mine:
+            assert torch.equal(mine[key], reference[key]), key
+
+
+def _postprocess(loss, logits):
+    heads = _heads("boxes", BoxPredictor(32, NUM_CLASSES, loss=loss)).eval()
+    heads.score_thresh = 0.0
+    box = torch.tensor([[10.0, 10.0, 50.0, 50.0]])
+    boxes, scores, labels = heads.postprocess_detections(
+        logits, torch.zeros(1, 4 * (NUM_CLASSES + 1)), [box], [(64, 64)]
+    )
+    assert torch.allclose(boxes[0], box.expand(NUM_CLASSES, 4))
+    return scores[0], labels[0]
+
+
+def test_detections_are_scored_with_the_losses_activation():
+    logits = torch.tensor([[0.5, 1.0, 3.0, -2.0]])
+    scores, labels = _postprocess(SoftmaxCrossEntropy(), logits)
+    assert labels.tolist() == [2, 1, 3]
+    assert torch.allclose(scores, torch.softmax(logits, 1)[0, [2, 1, 3]])
+    scores, labels = _postprocess(FederatedLoss(NUM_CLASSES, [1, 1, 1]), logits)
+    assert labels.tolist() == [2, 1, 3]
+    assert scores.tolist() == pytest.approx([1 / (1 + math.exp(-v)) for v in (3.0, 1.0, -2.0)], rel=1e-6)
+    scores, _ = _postprocess(EQLv2Loss(NUM_CLASSES), logits)
+    not_background = 1 - 1 / (1 + math.exp(-0.5))
+    assert scores.tolist() == pytest.approx(
+        [not_background / (1 + math.exp(-v)) for v in (3, 1, -2)], rel=1e-6
+    )
+    scores, _ = _postprocess(SeesawLoss(NUM_CLASSES), logits)
+    softmax = [math.exp(v) / (math.exp(1) + math.exp(3) + math.exp(-2)) for v in (3, 1, -2)]
+    assert scores.tolist() == pytest.approx([not_background * s for s in softmax], rel=1e-6)
+
+
+def test_heads_train_with_the_predictors_loss():
+    torch.manual_seed(0)
+    heads = _heads("boxes", BoxPredictor(32, NUM_CLASSES, loss=EQLv2Loss(NUM_CLASSES))).train()
+    features, proposals, targets = _inputs("boxes")
+    _, losses = heads(features, proposals, IMAGE_SHAPES, targets)
+    eqlv2 = heads.box_predictor.loss
+    assert heads.get_classification_loss() is eqlv2
+    # 32 RoIs per image, 25% of them foreground at most: the accumulated positive gradient says so.
+    assert 0 < float(eqlv2.pos_grad.sum()) < float(eqlv2.neg_grad.sum())
+    assert losses["loss_classifier"].item() > 1.0  # sigmoid CE over K+1 columns, not torchvision's softmax
+
+
+def test_rcnn_refuses_a_loss_that_torchvisions_heads_would_ignore():
+    heads = _heads("boxes", BoxPredictor(32, NUM_CLASSES, loss=SeesawLoss(NUM_CLASSES)), TorchvisionRoIHeads)
+    model = build_model()
+    with pytest.raises(
+        ValueError, match=r"box_predictor.loss is SeesawLoss, but roi_heads is torchvision\.models"
+    ):
+        RCNN(model.backbone, model.rpn, heads, num_classes=NUM_CLASSES)
+    heads.box_predictor = BoxPredictor(32, NUM_CLASSES)  # softmax CE: torchvision's heads are fine
+    RCNN(model.backbone, model.rpn, heads, num_classes=NUM_CLASSES)
+
+
+def test_recipe_model_matches_torchvisions_heads_in_training_and_eval():
+    torch.manual_seed(0)
+    model = build_model()
+    assert type(model.roi_heads) is RoIHeads
+    reference = copy.deepcopy(model)
+    reference.roi_heads.__class__ = TorchvisionRoIHeads
+    records = [make_record(96, 128, seed=1), make_record(64, 64, seed=2)]
+    outputs = []
+    for detector in (model, reference):
+        detector.train()
+        torch.manual_seed(1)
+        losses = detector(records)
+        detector.eval()
+        detector.roi_heads.score_thresh = 0.0
+        with torch.no_grad():
+            outputs.append((losses, detector(records)))
+    (losses, detections), (reference_losses, reference_detections) = outputs
+    assert {k: v.item() for k, v in losses.items()} == {k: v.item() for k, v in reference_losses.items()}
+    assert len(detections[0]["instances"]["scores"]) > 0
+    for mine, theirs in zip(detections, reference_detections):
+        for key, value in mine["instances"].items():
+            assert torch.equal(value, theirs["instances"][key]), key
+
+
+LOSS_CONFIGS = {
+    "ce": L(SoftmaxCrossEntropy)(),
+    "fed": L(FederatedLoss)(
+        num_classes="${..num_classes}", class_image_counts=[30, 5, 1], num_sampled_classes=2
+    ),
+    "eqlv2": L(EQLv2Loss)(num_classes="${..num_classes}"),
+    "seesaw": L(SeesawLoss)(num_classes="${..num_classes}"),
+    "by-name": L(build_classification_loss)(
+        name="seesaw", num_classes="${..num_classes}", class_image_counts=None
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("loss", "predictor"),
+    [*((name, "linear") for name in LOSS_CONFIGS), ("ce", "cosine"), ("fed", "cosine")],
+)
+def test_cpu_mask_rcnn_trains_three_steps_with_each_loss(loss, predictor):
+    cfg = load_model_config(overrides=("model.num_classes=3",))
+    cfg.model.roi_heads.box_predictor.loss = copy.deepcopy(LOSS_CONFIGS[loss])
+    if predictor == "cosine":
+        cfg.model.roi_heads.box_predictor._target_ = "lazytrain.modeling.CosineBoxPredictor"
+    torch.manual_seed(0)
+    model = instantiate(cfg.model)
+    records = [make_record(64, 64, seed=0), make_record(64, 64, seed=1)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model.train()
+    history = []
+    for _ in range(3):
+        losses = model(records)
+        optimizer.zero_grad()
+        sum(losses.values()).backward()
+        optimizer.step()
+        history.append({key: value.item() for key, value in losses.items()})
+    classifier = [step["loss_classifier"] for step in history]
+    assert all(math.isfinite(value) for step in history for value in step.values()), history
+    assert classifier[0] > 0 and len(set(classifier)) == 3, classifier
+    state = model.state_dict()
+    buffers = {key for key in state if ".loss." in key}
+    expected = {"eqlv2": {"pos_grad", "neg_grad"}, "seesaw": {"class_counts"}, "by-name": {"class_counts"}}
+    assert {key.rsplit(".", 1)[1] for key in buffers} == expected.get(loss, set())
+    assert all(float(state[key].sum()) > 0 for key in buffers)
+    restored = instantiate(cfg.model)
+    restored.load_state_dict(state)
+    for key in buffers:
+        assert torch.equal(restored.state_dict()[key], state[key])
