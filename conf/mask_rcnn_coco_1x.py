@@ -12,7 +12,7 @@ Weights:   ImageNet ResNet-50 by default, downloaded once per machine, as conf/r
 """
 
 from ..recipes.data.coco import dataloader
-from .rfs_maskrcnn import lr_multiplier, model, optimizer, train
+from .rfs_maskrcnn import losses, lr_multiplier, model, optimizer, train
 
 model.num_classes = 80
 model.roi_heads.detections_per_img = 100

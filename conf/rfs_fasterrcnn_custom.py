@@ -14,7 +14,7 @@ The same recipe as conf/rfs_maskrcnn_custom.py without the mask branch, for expo
 boxes but no 'segmentation' (the mask recipe stops before starting and points here).
 """
 
-from .rfs_maskrcnn_custom import data, dataloader, launch, lr_multiplier, model, optimizer, train
+from .rfs_maskrcnn_custom import data, dataloader, launch, losses, lr_multiplier, model, optimizer, train
 
 model.roi_heads.mask_roi_pool = None
 model.roi_heads.mask_head = None

@@ -11,9 +11,11 @@ Weights:   ImageNet ResNet-50 by default (torchvision's IMAGENET1K_V1, 98 MB, th
            R-CNN), downloaded once per machine into torch hub's cache ($TORCH_HOME/hub/checkpoints/, by default
            ~/.cache/torch/hub/checkpoints/). Offline: copy resnet50-0676ba61.pth there, or give
            train.init_checkpoint=PATH (a local file); train.init_checkpoint="" starts from random weights.
+Losses:    losses.use=ce (softmax cross-entropy, the default), fed, eqlv2 or seesaw (recipes/losses.py).
 """
 
 from ..recipes.data.lvis_v1 import dataloader
+from ..recipes.losses import losses
 from ..recipes.models.mask_rcnn_fpn import model
 from ..recipes.optim import optimizer
 from ..recipes.schedules import lr_multiplier
@@ -22,6 +24,8 @@ from ..recipes.train import train
 model.num_classes = 1203
 model.roi_heads.detections_per_img = 300
 model.roi_heads.score_thresh = 0.0001
+# The classification loss is losses.use (ce, fed, eqlv2, seesaw; recipes/losses.py).
+model.roi_heads.box_predictor.loss = "${losses.${losses.use}}"
 
 # torchvision's ResNet50_Weights.IMAGENET1K_V1 (as detectron2's recipes start from ImageNet): from random
 # init, FrozenBN with identity statistics diverged at lr 0.02. The name's -0676ba61 is its sha256 prefix.

@@ -25,6 +25,6 @@ categories = train categories, masks present); each problem is one line naming t
 """
 
 from ..recipes.data.custom import data, dataloader
-from .rfs_maskrcnn import launch, lr_multiplier, model, optimizer, train
+from .rfs_maskrcnn import launch, losses, lr_multiplier, model, optimizer, train
 
 model.num_classes = "${lazytrain.json_num_classes:${data.train.json}}"

@@ -25,9 +25,10 @@ lower mean APr over the same two seeds (docs/results.md; measured on the data se
 from ..recipes.data.synthetic_lt import dataloader
 from ..recipes.models.mask_rcnn_r18_fpn_cpu import model
 from ..recipes.schedules import cosine_lr_multiplier as lr_multiplier
-from .rfs_maskrcnn import objective, optimizer, train
+from .rfs_maskrcnn import losses, objective, optimizer, train
 
 model.num_classes = 30
+model.roi_heads.box_predictor.loss = "${losses.${losses.use}}"  # losses.use=ce|fed|eqlv2|seesaw
 
 dataloader.train.sampler.repeat_thresh = 0.3
 # LVIS evaluates up to 300 detections per image, so low-scoring ones still count toward AP (0.01 -> 0.001:

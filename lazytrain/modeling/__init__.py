@@ -3,13 +3,11 @@ their classification losses, weight loading."""
 
 from lazytrain.modeling.backbone import build_resnet_fpn_backbone
 from lazytrain.modeling.classification_losses import (
-    CLASSIFICATION_LOSSES,
     ClassificationLoss,
     EQLv2Loss,
     FederatedLoss,
     SeesawLoss,
     SoftmaxCrossEntropy,
-    build_classification_loss,
 )
 from lazytrain.modeling.heads import BoxPredictor, CosineBoxPredictor, MaskPredictor
 from lazytrain.modeling.poolers import MultiScaleRoIAlign
@@ -18,7 +16,6 @@ from lazytrain.modeling.roi_heads import RoIHeads
 from lazytrain.modeling.weights import load_init_weights
 
 __all__ = [
-    "CLASSIFICATION_LOSSES",
     "RCNN",
     "BoxPredictor",
     "ClassificationLoss",
@@ -31,7 +28,6 @@ __all__ = [
     "RoIHeads",
     "SeesawLoss",
     "SoftmaxCrossEntropy",
-    "build_classification_loss",
     "build_resnet_fpn_backbone",
     "load_init_weights",
 ]

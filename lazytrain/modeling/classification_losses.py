@@ -10,9 +10,10 @@ classes with column 0 the background, ``labels`` [N] in 0..K with 0 the backgrou
 - ``eqlv2``: `EQLv2Loss` (Tan et al. 2021, arXiv:2012.08548); inference sigmoid (times objectness).
 - ``seesaw``: `SeesawLoss` (Wang et al. 2021, arXiv:2008.10032); inference softmax (times objectness).
 
-The names are those of `build_classification_loss`, for a config that sweeps the loss by name; a config can
-as well build a class directly. The normalised cosine classifier is a predictor, not a loss
-(`lazytrain.modeling.CosineBoxPredictor`), and combines with any of them.
+The names are the keys of the recipes' named mapping ``losses`` (``recipes/losses.py``): a config chooses
+one with ``losses.use=fed`` and sweeps them with ``-m losses.use=ce,fed,eqlv2,seesaw``. The normalised
+cosine classifier is a predictor, not a loss (`lazytrain.modeling.CosineBoxPredictor`), and combines with
+any of them.
 
 Losses with state (EQLv2's accumulated gradients, Seesaw's class counts) keep it in buffers, so checkpoints
 carry it and a resumed run continues exactly; with several processes the state is summed over the ranks
@@ -22,10 +23,7 @@ data set (`lazytrain.data.class_frequency.get_class_image_counts`); this module 
 
 from __future__ import annotations
 
-import difflib
-import inspect
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,13 +33,11 @@ from torch import Tensor, nn
 from lazytrain.utils import comm
 
 __all__ = [
-    "CLASSIFICATION_LOSSES",
     "ClassificationLoss",
     "EQLv2Loss",
     "FederatedLoss",
     "SeesawLoss",
     "SoftmaxCrossEntropy",
-    "build_classification_loss",
 ]
 
 _COUNTS_FIX = (
@@ -361,46 +357,3 @@ class SeesawLoss(ClassificationLoss):
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, p={self.p}, q={self.q}, eps={self.eps}"
-
-
-CLASSIFICATION_LOSSES: dict[str, type[ClassificationLoss]] = {
-    "ce": SoftmaxCrossEntropy,
-    "fed": FederatedLoss,
-    "eqlv2": EQLv2Loss,
-    "seesaw": SeesawLoss,
-}
-
-
-def build_classification_loss(
-    name: str,
-    num_classes: int,
-    class_image_counts: Sequence[float] | Tensor | None = None,
-    **options: Any,
-) -> ClassificationLoss:
-    """The loss called `name` in `CLASSIFICATION_LOSSES`, so that one config node sweeps them by name.
-
-    ``num_classes`` and ``class_image_counts`` go to the losses that take them (the others ignore them, so
-    one node serves every name); `options` are that loss's own keys (e.g. ``gamma`` for ``eqlv2``).
-
-    Args:
-        name: ``ce``, ``fed``, ``eqlv2`` or ``seesaw``.
-        num_classes: foreground classes (the box predictor's).
-        class_image_counts: train images per foreground class, from the data set (needed by ``fed``).
-        options: keyword arguments of the chosen loss class.
-    """
-    loss_class = CLASSIFICATION_LOSSES.get(name)
-    if loss_class is None:
-        close = difflib.get_close_matches(str(name), list(CLASSIFICATION_LOSSES), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
-            f"build_classification_loss(name=) must be one of {sorted(CLASSIFICATION_LOSSES)}; got {name!r}.{hint}"
-        )
-    accepted = inspect.signature(loss_class).parameters
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise ValueError(
-            f"build_classification_loss(name={name!r}): {loss_class.__name__} has no option(s) {unknown}; "
-            f"its keys are {sorted(set(accepted) - {'num_classes', 'class_image_counts'})}"
-        )
-    shared = {"num_classes": num_classes, "class_image_counts": class_image_counts}
-    return loss_class(**{k: v for k, v in shared.items() if k in accepted}, **options)

@@ -38,7 +38,7 @@ def _check_loss(owner: str, loss: ClassificationLoss | None, num_classes: int) -
     if not isinstance(loss, ClassificationLoss):
         raise ValueError(
             f"{owner}(loss=) must be a ClassificationLoss (lazytrain.modeling.classification_losses, e.g. "
-            f"L(FederatedLoss)(...) or L(build_classification_loss)(name=...)); got {type(loss).__name__}"
+            f"L(FederatedLoss)(...), or losses.use=NAME in a recipe); got {type(loss).__name__}"
         )
     if loss.num_classes is not None and loss.num_classes != num_classes:
         raise ValueError(

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torchvision.models import resnet50
 
-from lazytrain.config import LazyConfig, validate
+from lazytrain.config import LazyConfig, instantiate, validate
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.program.default import INJECTED_ARGUMENTS, run
 from lazytrain.program.preflight.builtin_data import find_missing_data
@@ -163,3 +163,38 @@ def test_demo_trains_with_large_scale_jitter_and_its_saved_config_rebuilds_it(
     mapper = instantiate(saved.dataloader.train.mapper)
     assert [type(a).__name__ for a in mapper.augmentations] == ["RandomFlip", "ResizeScale", "FixedSizeCrop"]
     assert mapper.augmentations[2].crop_size == (96, 96) and mapper.recompute_boxes
+
+
+LOSS_CLASSES = {
+    "ce": "SoftmaxCrossEntropy",
+    "fed": "FederatedLoss",
+    "eqlv2": "EQLv2Loss",
+    "seesaw": "SeesawLoss",
+}
+
+
+@pytest.mark.parametrize(
+    ("loss", "predictor"), [*((loss, "BoxPredictor") for loss in LOSS_CLASSES), ("fed", "CosineBoxPredictor")]
+)
+def test_demo_trains_and_evaluates_with_each_classification_loss(
+    loss, predictor, datasets_root, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", datasets_root)
+    torch.set_num_threads(1)
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
+    chosen = [
+        f"losses.use={loss}",
+        f"model.roi_heads.box_predictor._target_=lazytrain.modeling.{predictor}",
+        "model.roi_heads.detections_per_img=10",
+    ]
+    LazyConfig.apply_overrides(cfg, [*SMOKE, *chosen, f"train.output_dir={tmp_path}"])
+    validate(cfg, INJECTED_ARGUMENTS)
+    results = run(cfg)
+    assert 0.0 <= results["bbox"]["AP"] <= 100.0 and 0.0 <= results["segm"]["APr"] <= 100.0
+    lines = [json.loads(line) for line in open(tmp_path / "metrics.json")]
+    classifier = [line["loss_classifier"] for line in lines if "loss_classifier" in line]
+    assert len(classifier) == 2 and all(math.isfinite(value) for value in classifier), lines
+    saved = LazyConfig.load(str(tmp_path / "config.yaml"))
+    built = instantiate(saved.model)
+    assert type(built.roi_heads.box_predictor).__name__ == predictor
+    assert type(built.roi_heads.box_predictor.loss).__name__ == LOSS_CLASSES[loss]

@@ -15,7 +15,6 @@ from lazytrain.modeling import (
     FederatedLoss,
     SeesawLoss,
     SoftmaxCrossEntropy,
-    build_classification_loss,
 )
 from tests.modeling.loss_dist_worker import accumulate, rank_batch
 
@@ -34,6 +33,17 @@ def test_softmax_cross_entropy_is_the_mean_negative_log_softmax():
     labels = torch.tensor([0, 2])
     expected = ((logsumexp(1, 2, 0) - 1) + (logsumexp(0.5, -1, 3) - 3)) / 2
     assert SoftmaxCrossEntropy()(logits, labels).item() == pytest.approx(expected, abs=1e-6)
+
+
+def make_loss(name: str):
+    """Each loss for 3 foreground classes (the federated loss with made-up train image counts)."""
+    losses = {
+        "ce": lambda: SoftmaxCrossEntropy(),
+        "fed": lambda: FederatedLoss(3, class_image_counts=[1, 2, 3]),
+        "eqlv2": lambda: EQLv2Loss(3),
+        "seesaw": lambda: SeesawLoss(3),
+    }
+    return losses[name]()
 
 
 # ---------------------------------------------------------------- federated loss
@@ -225,39 +235,26 @@ def test_each_loss_scores_with_its_own_activation():
     }
     activations = {"ce": "softmax", "fed": "sigmoid", "eqlv2": "sigmoid", "seesaw": "softmax"}
     for name, scores in expected.items():
-        loss = build_classification_loss(name, 3, class_image_counts=[1, 2, 3])
+        loss = make_loss(name)
         got = loss.scores(logits)
         assert torch.allclose(got, scores, atol=1e-7), name
         assert loss.activation == activations[name]
         assert float(got.min()) >= 0 and float(got.max()) <= 1
     # Worked out: EQLv2's first row is sigmoid(log 3) * (1 - sigmoid(0)) = 0.75 * 0.5.
-    assert build_classification_loss("eqlv2", 3).scores(logits)[0, 1].item() == pytest.approx(0.375)
+    assert make_loss("eqlv2").scores(logits)[0, 1].item() == pytest.approx(0.375)
     # Softmax-based scores sum to 1 over the K+1 columns; sigmoid ones need not.
-    assert torch.allclose(build_classification_loss("seesaw", 3).scores(logits).sum(1), torch.ones(2))
-    assert build_classification_loss("fed", 3, [1, 1, 1]).scores(logits).sum(1)[0].item() > 1.5
+    assert torch.allclose(make_loss("seesaw").scores(logits).sum(1), torch.ones(2))
+    assert make_loss("fed").scores(logits).sum(1)[0].item() > 1.5
     plain = EQLv2Loss(3, score_with_objectness=False).scores(logits)
     assert torch.equal(plain, torch.sigmoid(logits))
 
 
-# ---------------------------------------------------------------- building by name, predictors
+# ---------------------------------------------------------------- counts, predictors
 
 
-def test_build_classification_loss_by_name_with_options():
-    assert isinstance(build_classification_loss("ce", 3, class_image_counts=None), SoftmaxCrossEntropy)
-    eqlv2 = build_classification_loss("eqlv2", 4, class_image_counts=[1, 2, 3, 4], gamma=10)
-    assert isinstance(eqlv2, EQLv2Loss) and eqlv2.gamma == 10 and eqlv2.num_classes == 4
-    fed = build_classification_loss("fed", 2, class_image_counts=[4, 9], num_sampled_classes=1)
-    assert fed.sampling_weights.tolist() == [2.0, 3.0] and fed.num_sampled_classes == 1
-    with pytest.raises(
-        ValueError, match=r"one of \['ce', 'eqlv2', 'fed', 'seesaw'\]; got 'seasaw'\. Did you mean 'seesaw'"
-    ):
-        build_classification_loss("seasaw", 3)
-    with pytest.raises(
-        ValueError, match=r"SeesawLoss has no option\(s\) \['gamma'\]; its keys are \['eps', 'p', 'q'\]"
-    ):
-        build_classification_loss("seesaw", 3, gamma=2)
+def test_federated_loss_needs_the_train_image_counts():
     with pytest.raises(ValueError, match=r"FederatedLoss\(class_image_counts=\) is required"):
-        build_classification_loss("fed", 3)
+        FederatedLoss(3)
 
 
 def test_predictor_and_loss_must_agree_on_the_classes():
