@@ -44,6 +44,17 @@ class _Samples(NamedTuple):
     regression_targets: list[Tensor]
 
 
+class _Batch(NamedTuple):
+    """What the mask and keypoint branches need of one forward pass (`samples` is None in eval, where the
+    branches add their outputs to the `result` detections)."""
+
+    features: dict[str, Tensor]
+    image_shapes: list[tuple[int, int]]
+    targets: list[dict[str, Tensor]] | None
+    samples: _Samples | None
+    result: list[dict[str, Tensor]]
+
+
 def box_regression_loss(box_regression: Tensor, labels: Tensor, regression_targets: Tensor) -> Tensor:
     """Smooth L1 (beta 1/9) between the foreground RoIs' deltas for their class and their targets, summed
     and divided by the number of RoIs (torchvision's Fast R-CNN box loss).
@@ -77,6 +88,14 @@ def _foreground(samples: _Samples) -> tuple[list[Tensor], list[Tensor]]:
         boxes.append(proposals[keep])
         matched.append(matched_idxs[keep])
     return boxes, matched
+
+
+def _branch_boxes(samples: _Samples | None, result: list[dict[str, Tensor]]) -> tuple[list[Tensor], list]:
+    """The boxes a mask or keypoint branch pools: in training the foreground RoIs (and their matched target
+    index), in eval the detections (no match)."""
+    if samples is not None:
+        return _foreground(samples)
+    return [detection["boxes"] for detection in result], []
 
 
 class RoIHeads(TorchvisionRoIHeads):
@@ -116,10 +135,11 @@ class RoIHeads(TorchvisionRoIHeads):
                 class_logits, box_regression, proposals, image_shapes
             )
             result = [{"boxes": b, "labels": c, "scores": s} for b, s, c in zip(boxes, scores, labels)]
+        batch = _Batch(features, image_shapes, targets, samples, result)
         if self.has_mask():
-            losses.update(self._mask_branch(features, image_shapes, targets, samples, result))
+            losses.update(self._mask_branch(batch))
         if self.has_keypoint():
-            losses.update(self._keypoint_branch(features, image_shapes, targets, samples, result))
+            losses.update(self._keypoint_branch(batch))
         return result, losses
 
     def box_losses(
@@ -171,19 +191,10 @@ class RoIHeads(TorchvisionRoIHeads):
         keep = box_ops.batched_nms(boxes, scores, labels, self.nms_thresh)[: self.detections_per_img]
         return boxes[keep], scores[keep], labels[keep]
 
-    def _mask_branch(
-        self,
-        features: dict[str, Tensor],
-        image_shapes: list[tuple[int, int]],
-        targets: list[dict[str, Tensor]] | None,
-        samples: _Samples | None,
-        result: list[dict[str, Tensor]],
-    ) -> dict[str, Tensor]:
+    def _mask_branch(self, batch: _Batch) -> dict[str, Tensor]:
         """Training: ``loss_mask`` on the foreground RoIs. Eval: adds ``masks`` to each detection dict."""
-        if samples is not None:
-            boxes, matched = _foreground(samples)
-        else:
-            boxes = [detection["boxes"] for detection in result]
+        features, image_shapes, targets, samples, result = batch
+        boxes, matched = _branch_boxes(samples, result)
         mask_logits = self.mask_predictor(self.mask_head(self.mask_roi_pool(features, boxes, image_shapes)))
         if samples is not None:
             gt_masks = [t["masks"] for t in targets]
@@ -194,19 +205,10 @@ class RoIHeads(TorchvisionRoIHeads):
             detection["masks"] = probabilities
         return {}
 
-    def _keypoint_branch(
-        self,
-        features: dict[str, Tensor],
-        image_shapes: list[tuple[int, int]],
-        targets: list[dict[str, Tensor]] | None,
-        samples: _Samples | None,
-        result: list[dict[str, Tensor]],
-    ) -> dict[str, Tensor]:
+    def _keypoint_branch(self, batch: _Batch) -> dict[str, Tensor]:
         """Training: ``loss_keypoint``. Eval: adds ``keypoints`` and ``keypoints_scores`` to each detection."""
-        if samples is not None:
-            boxes, matched = _foreground(samples)
-        else:
-            boxes = [detection["boxes"] for detection in result]
+        features, image_shapes, targets, samples, result = batch
+        boxes, matched = _branch_boxes(samples, result)
         features = self.keypoint_head(self.keypoint_roi_pool(features, boxes, image_shapes))
         keypoint_logits = self.keypoint_predictor(features)
         if samples is not None:
