@@ -310,11 +310,8 @@ class DatasetMapper:
         if self.is_train:
             annotations = [a for a in record.get("annotations", []) if not a.get("iscrowd", 0)]
             instances = _Instances(annotations, height, width, self.use_instance_mask, self.rasterize_first)
-        image = self._augment(image, instances)
-        if self.image_format == "BGR":
-            image = image.flip(0)
         output = {
-            "image": _contiguous(image),
+            "image": self._finish(self._augment(image, instances)),
             "height": record.get("height", height),
             "width": record.get("width", width),
             "image_id": record.get("image_id"),
@@ -323,6 +320,20 @@ class DatasetMapper:
         if instances is not None:
             output["instances"] = instances.output(self.recompute_boxes)
         return output
+
+    def map_image(self, image: torch.Tensor) -> torch.Tensor:
+        """The model input image of an image that has no record: what `__call__` gives as ``image``.
+
+        For prediction on new images (`lazytrain.program.predictor.Predictor`): the test mapper's
+        augmentations (its test-time resize) and channel order, without reading a file or annotations.
+
+        Args:
+            image: uint8 [3, H, W] RGB.
+        """
+        return self._finish(self._augment(image, None))
+
+    def _finish(self, image: torch.Tensor) -> torch.Tensor:
+        return _contiguous(image.flip(0) if self.image_format == "BGR" else image)
 
     def _augment(self, image: torch.Tensor, instances: _Instances | None) -> torch.Tensor:
         for augmentation in self.augmentations:

@@ -1,0 +1,302 @@
+"""`Predictor`: a trained run's model on new images, in their original pixel coordinates.
+
+    from lazytrain.program.predictor import Predictor
+
+    predictor = Predictor.from_run("outputs/2026-11-25/10-00-00")     # config.yaml + the newest checkpoint
+    prediction = predictor("photo.jpg")                                # or a list: paths, PIL, numpy, tensors
+    prediction.boxes, prediction.scores, prediction.class_names, prediction.masks
+
+The model is built once from the run's ``config.yaml`` and put in eval mode; each image goes through the run's
+test mapper (``dataloader.test.mapper``: its test-time resize and channel order), so a prediction equals what
+evaluation computed for the same image file and weights. Images are predicted in batches of
+``dataloader.test.batch_size`` by default.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Union
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from PIL import Image
+from torch import Tensor
+
+from lazytrain.config import LazyConfig, instantiate
+from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
+from lazytrain.data.mappers import DatasetMapper, read_image
+from lazytrain.engine.checkpoint import Checkpointer
+from lazytrain.evaluation.predictions import get_coco_entries, pack_instances
+
+__all__ = ["Categories", "ImageInput", "Prediction", "Predictor", "get_checkpoint_path", "to_image_tensor"]
+
+logger = logging.getLogger(__name__)
+
+ImageInput = Union[str, os.PathLike, Image.Image, np.ndarray, Tensor]
+"""A file path (read with EXIF orientation, as the loaders do), a PIL image, a uint8 [H, W, 3] RGB array or a
+uint8 [3, H, W] RGB tensor."""
+
+
+class Categories(NamedTuple):
+    """The classes a model predicts: ``names[c]`` and json category id ``ids[c]`` of contiguous class c."""
+
+    names: list[str]
+    ids: list[int]
+
+
+@dataclass
+class Prediction:
+    """One image's detections, on the CPU, in the image's original pixel coordinates.
+
+    Attributes:
+        boxes: float32 [N, 4] XYXY.
+        scores: float32 [N].
+        classes: int64 [N], contiguous class ids 0..K-1 (``categories.names[c]`` is the name).
+        masks: uint8 [N, height, width] bitmaps (0/1), None for a box-only model. `to_coco` encodes them
+            as compressed RLE.
+        height: the image's height in pixels.
+        width: the image's width in pixels.
+        categories: the model's classes.
+    """
+
+    boxes: Tensor
+    scores: Tensor
+    classes: Tensor
+    masks: Tensor | None
+    height: int
+    width: int
+    categories: Categories
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @property
+    def class_names(self) -> list[str]:
+        """The class name of each detection."""
+        return [self.categories.names[c] for c in self.classes.tolist()]
+
+    @property
+    def category_ids(self) -> list[int]:
+        """The json category id of each detection."""
+        return [self.categories.ids[c] for c in self.classes.tolist()]
+
+    def to_coco(self, image_id: int) -> list[dict[str, Any]]:
+        """COCO result dicts (``image_id``, ``category_id``, ``bbox`` XYWH, ``score``, ``segmentation`` as
+        compressed RLE): what the evaluators write to ``*_instances_results.json``."""
+        instances = {"boxes": self.boxes, "scores": self.scores, "classes": self.classes}
+        if self.masks is not None:
+            instances["masks"] = self.masks
+        return get_coco_entries(pack_instances(instances, image_id, self.categories.ids))
+
+
+def to_image_tensor(image: ImageInput) -> Tensor:
+    """Any `ImageInput` as a uint8 [3, H, W] RGB tensor.
+
+    Raises:
+        FileNotFoundError / OSError: a path that is missing or not a readable image (named).
+        TypeError / ValueError: an array or tensor of another type or shape.
+    """
+    if isinstance(image, (str, os.PathLike)):
+        return torch.from_numpy(read_image(os.fspath(image))).permute(2, 0, 1)
+    if isinstance(image, Image.Image):
+        return torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)
+    if isinstance(image, np.ndarray):
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+            raise ValueError(
+                f"Predictor: numpy images must be uint8 [H, W, 3] RGB; got {image.dtype} {list(image.shape)}. "
+                "Convert with np.asarray(PIL.Image.open(path).convert('RGB'))."
+            )
+        return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+    if isinstance(image, Tensor):
+        if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != 3:
+            raise ValueError(
+                f"Predictor: tensor images must be uint8 [3, H, W] RGB (0-255); got {image.dtype} "
+                f"{list(image.shape)}. From a float image in [0, 1]: (image * 255).round().to(torch.uint8)."
+            )
+        return image.cpu()
+    raise TypeError(
+        "Predictor: an image must be a file path, a PIL image, a uint8 [H, W, 3] numpy array or a uint8 "
+        f"[3, H, W] tensor; got {type(image).__name__}"
+    )
+
+
+def get_checkpoint_path(run_dir: str, checkpoint: str | None = None) -> str:
+    """The weights file to predict with: `checkpoint` (a path, or a file name inside `run_dir`), else the
+    run's newest checkpoint (``last_checkpoint``), else ``model_final.pth``.
+
+    Raises:
+        FileNotFoundError: naming the run directory or file, and the fix.
+    """
+    if checkpoint:
+        inside = os.path.join(run_dir, checkpoint)
+        path = inside if not os.path.isabs(checkpoint) and os.path.isfile(inside) else checkpoint
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"Predictor: checkpoint {checkpoint} not found (nor in {run_dir}).")
+        return path
+    newest = Checkpointer(torch.nn.Module(), run_dir).get_checkpoint_file()
+    if newest and os.path.isfile(newest):
+        return newest
+    final = os.path.join(run_dir, "model_final.pth")
+    if os.path.isfile(final):
+        return final
+    raise FileNotFoundError(
+        f"Predictor: run directory {run_dir} has no weights (no last_checkpoint, no model_final.pth): the run "
+        "saves them at train.checkpointer.period and at its end. Let it train, or name a file with "
+        "checkpoint=PATH."
+    )
+
+
+def _load_run_config(run_dir: str, overrides: Sequence[str]) -> DictConfig:
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"Predictor: {path} not found; a run directory holds the config.yaml its run saved. Give the "
+            "directory of a training run (or build the Predictor from a config and a checkpoint)."
+        )
+    return LazyConfig.apply_overrides(LazyConfig.load(path), list(overrides))
+
+
+def get_categories(cfg: DictConfig, num_classes: int) -> Categories:
+    """Class names and json category ids of the run's test data set (``dataloader.test.dataset.names``).
+
+    They come from its `MetadataCatalog` entry, which loading the data set fills. Without a test data set,
+    the classes are named ``class 0``, ``class 1``, ... with category ids 1..K (a warning says so).
+    """
+    names_node = cfg.get("dataloader", {}).get("test", {}).get("dataset", {}).get("names")
+    if names_node is None:
+        logger.warning("Predictor: the config has no dataloader.test.dataset.names; classes are unnamed.")
+        return Categories([f"class {c}" for c in range(num_classes)], list(range(1, num_classes + 1)))
+    names = instantiate(names_node)  # a name, a list, or a registration (a user's json) returning its name
+    name = names if isinstance(names, str) else list(names)[0]
+    metadata = MetadataCatalog.get(name)
+    if metadata.get("thing_classes") is None:
+        DatasetCatalog.get(name)  # loading the records fills the metadata
+    mapping = metadata.get("thing_dataset_id_to_contiguous_id") or {}
+    inverse = {int(contiguous): int(json_id) for json_id, contiguous in mapping.items()}
+    classes = list(metadata.thing_classes)
+    return Categories(classes, [inverse.get(c, c + 1) for c in range(len(classes))])
+
+
+class Predictor:
+    """Predict with a built model: images in any `ImageInput` form, `Prediction` objects out.
+
+    Args:
+        model: a lazytrain `RCNN` (or any model taking mapper dicts and returning ``{"instances": ...}`` in
+            the original image size); it is put in eval mode.
+        mapper: the test mapper whose `DatasetMapper.map_image` prepares each image.
+        categories: the model's class names and json category ids.
+        batch_size: images per forward pass.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, mapper: DatasetMapper, categories: Categories, *, batch_size: int = 1
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"Predictor(batch_size=) must be >= 1; got {batch_size}")
+        self.model = model.eval()
+        self.mapper = mapper
+        self.categories = categories
+        self.batch_size = int(batch_size)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs."""
+        return next(self.model.parameters()).device
+
+    @classmethod
+    def from_run(
+        cls,
+        run_dir: str | os.PathLike,
+        *,
+        checkpoint: str | None = None,
+        device: str | None = None,
+        overrides: Sequence[str] = (),
+        batch_size: int | None = None,
+    ) -> Predictor:
+        """The model of a training run, with its weights, on `device`.
+
+        Args:
+            run_dir: a run's output directory (``config.yaml`` and its checkpoints).
+            checkpoint: a weights file (a path, or a name in `run_dir` such as ``model_0000299.pth``); default:
+                the newest (``last_checkpoint``), else ``model_final.pth``.
+            device: ``cpu``, ``cuda``, ``cuda:1``, ...; default: ``cuda`` when available, else ``cpu``.
+            overrides: key=value overrides of the run's config (Hydra grammar), e.g.
+                ``["model.roi_heads.score_thresh=0.5", "model.roi_heads.detections_per_img=100"]``.
+            batch_size: images per forward pass; default: the run's ``dataloader.test.batch_size`` (or 1).
+        """
+        run_dir = os.fspath(run_dir)
+        cfg = _load_run_config(run_dir, overrides)
+        return cls.from_config(cfg, get_checkpoint_path(run_dir, checkpoint), device=device, batch_size=batch_size)
+
+    @classmethod
+    def from_config(
+        cls, cfg: DictConfig, checkpoint: str, *, device: str | None = None, batch_size: int | None = None
+    ) -> Predictor:
+        """Build ``cfg.model`` and ``cfg.dataloader.test.mapper`` and load `checkpoint` (see `from_run`)."""
+        if not os.path.isfile(checkpoint):
+            raise FileNotFoundError(f"Predictor: checkpoint {checkpoint} not found.")
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model = instantiate(cfg.model)
+        _load_weights(model, checkpoint)
+        model.to(device)
+        mapper = instantiate(cfg.dataloader.test.mapper)
+        if batch_size is None:
+            batch_size = int(cfg.dataloader.test.get("batch_size", 1) or 1)
+        categories = get_categories(cfg, int(getattr(model, "num_classes", 0) or 0))
+        return cls(model, mapper, categories, batch_size=batch_size)
+
+    def __call__(self, images: ImageInput | Sequence[ImageInput]) -> Prediction | list[Prediction]:
+        """Predict one image (returns a `Prediction`) or a list of them (returns a list)."""
+        if isinstance(images, (list, tuple)):
+            return list(self.predict(images))
+        return next(iter(self.predict([images])))
+
+    def predict(self, images: Iterable[ImageInput]) -> Iterator[Prediction]:
+        """Yield the `Prediction` of each image in order, predicting `batch_size` images at a time."""
+        batch: list[Tensor] = []
+        for image in images:
+            batch.append(to_image_tensor(image))
+            if len(batch) == self.batch_size:
+                yield from self.predict_tensors(batch)
+                batch = []
+        if batch:
+            yield from self.predict_tensors(batch)
+
+    @torch.inference_mode()
+    def predict_tensors(self, images: Sequence[Tensor]) -> list[Prediction]:
+        """Predict uint8 [3, H, W] RGB tensors in one forward pass."""
+        inputs = [
+            {"image": self.mapper.map_image(image), "height": image.shape[1], "width": image.shape[2]}
+            for image in images
+        ]
+        outputs = self.model(inputs)
+        return [self._to_prediction(output["instances"], record) for output, record in zip(outputs, inputs)]
+
+    def _to_prediction(self, instances: dict[str, Tensor], record: dict[str, Any]) -> Prediction:
+        masks = instances.get("masks")
+        return Prediction(
+            boxes=instances["boxes"].float().cpu(),
+            scores=instances["scores"].float().cpu(),
+            classes=instances["classes"].long().cpu(),
+            masks=None if masks is None else masks.cpu(),
+            height=int(record["height"]),
+            width=int(record["width"]),
+            categories=self.categories,
+        )
+
+
+def _load_weights(model: torch.nn.Module, checkpoint: str) -> None:
+    """Load `checkpoint` into `model`; every key must fit (a prediction from half-loaded weights is wrong)."""
+    checkpointer = Checkpointer(model)
+    checkpointer.load(checkpoint, checkpointables=[])
+    report = checkpointer.last_report
+    problems = report.missing + [key for key, _, _ in report.shape_mismatched]
+    if problems:
+        raise ValueError(
+            f"Predictor: the weights in {checkpoint} do not fit the config's model ({len(problems)} keys "
+            f"missing or of another shape, e.g. {problems[:3]}). Use the config the checkpoint was trained with."
+        )
