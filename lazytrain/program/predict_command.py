@@ -47,7 +47,9 @@ PREDICT_DEFAULTS: dict[str, Any] = {
     "batch_size": None,  # default: dataloader.test.batch_size
     "on_bad_image": "skip",  # or "stop"
 }
-_USAGE = "usage: python -m lazytrain predict RUN_DIR|CONFIG IMAGE... [predict.KEY=VALUE | config.key=value ...]"
+_USAGE = (
+    "usage: python -m lazytrain predict RUN_DIR|CONFIG IMAGE... [predict.KEY=VALUE | config.key=value ...]"
+)
 _OVERRIDE = re.compile(r"^[~+]{0,2}[A-Za-z_][\w.\[\]/-]*=|^~[A-Za-z_][\w.]*$")
 
 
@@ -60,7 +62,9 @@ def split_arguments(argv: list[str]) -> tuple[str, list[str], list[str]]:
     overrides = [a for a in argv if _OVERRIDE.match(a)]
     positional = [a for a in argv if not _OVERRIDE.match(a)]
     if len(positional) < 2:
-        raise PredictError(f"give a run directory (or config) and at least one image, folder or glob.\n{_USAGE}")
+        raise PredictError(
+            f"give a run directory (or config) and at least one image, folder or glob.\n{_USAGE}"
+        )
     return positional[0], positional[1:], overrides
 
 
@@ -75,7 +79,9 @@ def find_images(arguments: list[str]) -> list[str]:
         if os.path.isdir(argument):
             files = sorted(os.path.join(argument, n) for n in os.listdir(argument) if _is_image_file(n))
             if not files:
-                raise PredictError(f"no images in folder {argument} (looked for {', '.join(IMAGE_EXTENSIONS)})")
+                raise PredictError(
+                    f"no images in folder {argument} (looked for {', '.join(IMAGE_EXTENSIONS)})"
+                )
         elif glob.has_magic(argument):
             files = sorted(f for f in glob.glob(argument, recursive=True) if os.path.isfile(f))
             if not files:
@@ -237,7 +243,9 @@ def _write_predictions(predictor: Any, files: list[str], output_dir: str, settin
 def _draw(image: Any, prediction: Any, drawn_dir: str, file: str, written: _Written) -> None:
     from lazytrain.utils.visualizer import draw_instances, save_image
 
-    labels = [f"{name} {score:.2f}" for name, score in zip(prediction.class_names, prediction.scores.tolist())]
+    labels = [
+        f"{name} {score:.2f}" for name, score in zip(prediction.class_names, prediction.scores.tolist())
+    ]
     picture = draw_instances(
         image.permute(1, 2, 0).numpy(),
         prediction.boxes.numpy(),

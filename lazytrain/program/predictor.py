@@ -18,7 +18,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ __all__ = ["Categories", "ImageInput", "Prediction", "Predictor", "get_checkpoin
 
 logger = logging.getLogger(__name__)
 
-ImageInput = Union[str, os.PathLike, Image.Image, np.ndarray, Tensor]
+ImageInput = str | os.PathLike | Image.Image | np.ndarray | Tensor
 """A file path (read with EXIF orientation, as the loaders do), a PIL image, a uint8 [H, W, 3] RGB array or a
 uint8 [3, H, W] RGB tensor."""
 
@@ -230,7 +230,9 @@ class Predictor:
         """
         run_dir = os.fspath(run_dir)
         cfg = _load_run_config(run_dir, overrides)
-        return cls.from_config(cfg, get_checkpoint_path(run_dir, checkpoint), device=device, batch_size=batch_size)
+        return cls.from_config(
+            cfg, get_checkpoint_path(run_dir, checkpoint), device=device, batch_size=batch_size
+        )
 
     @classmethod
     def from_config(
