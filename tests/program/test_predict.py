@@ -1,0 +1,210 @@
+"""`Predictor` and ``python -m lazytrain predict`` on a tiny demo run (2 iterations on a 12-image data set)."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lazytrain.config import LazyConfig
+from lazytrain.data.datasets.synthetic import generate_synthetic_lt
+from lazytrain.data.mappers import read_image
+from lazytrain.program.default import run
+from lazytrain.program.entrypoint import main as lazytrain_main
+from lazytrain.program.predictor import Predictor, to_image_tensor
+from tests.smoke import smoke_overrides
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """A finished demo run: config.yaml, model_final.pth and the evaluator's lvis_instances_results.json."""
+    root = tmp_path_factory.mktemp("predict")
+    datasets = root / "datasets"
+    generate_synthetic_lt(
+        str(datasets / "synthetic_lt"),
+        num_train=12,
+        num_val=6,
+        size_range=(64, 96),
+        val_images_per_category=1,
+    )
+    output_dir = root / "run"
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
+    LazyConfig.apply_overrides(
+        cfg,
+        [
+            *smoke_overrides(),
+            "model.roi_heads.detections_per_img=20",
+            "dataloader.test.batch_size=2",
+            f"train.output_dir={output_dir}",
+        ],
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LAZYTRAIN_DATASETS", str(datasets))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            run(cfg)
+        finally:
+            torch.set_num_threads(threads)
+    return {"dir": str(output_dir), "datasets": str(datasets)}
+
+
+@pytest.fixture
+def in_run_datasets(demo_run, monkeypatch):
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", demo_run["datasets"])
+    torch.set_num_threads(1)
+    return demo_run
+
+
+def _val_images(demo_run) -> list[dict]:
+    root = os.path.join(demo_run["datasets"], "synthetic_lt")
+    images = json.load(open(os.path.join(root, "lvis_v1_val.json")))["images"]
+    return [{**image, "path": os.path.join(root, image["file_name"])} for image in images]
+
+
+def test_predictions_equal_the_evaluators_detections(in_run_datasets):
+    run_dir = in_run_datasets["dir"]
+    evaluated = json.load(open(os.path.join(run_dir, "lvis_instances_results.json")))
+    assert evaluated, "the tiny run must detect something for this test to mean anything"
+    predictor = Predictor.from_run(run_dir, device="cpu")
+    assert predictor.batch_size == 2  # the run's dataloader.test.batch_size: the same batches as evaluation
+    images = _val_images(in_run_datasets)
+    predictions = predictor([image["path"] for image in images])
+    predicted = [e for image, p in zip(images, predictions) for e in p.to_coco(image["id"])]
+    key = lambda e: (e["image_id"], -e["score"], e["category_id"], e["bbox"])  # noqa: E731
+    assert sorted(predicted, key=key) == sorted(evaluated, key=key)
+
+
+def test_boxes_and_masks_come_back_in_the_original_image_coordinates(in_run_datasets):
+    predictor = Predictor.from_run(
+        in_run_datasets["dir"], device="cpu", overrides=["model.roi_heads.score_thresh=0.0"]
+    )
+    original = to_image_tensor(_val_images(in_run_datasets)[0]["path"])
+    image = torch.nn.functional.interpolate(original[None].float(), size=(60, 150), mode="bilinear")
+    image = image.round().to(torch.uint8)[0]  # 150x60: the test mapper resizes it to 128x51
+    prediction = predictor(image)
+    assert (prediction.height, prediction.width) == (60, 150)
+    assert prediction.masks.shape == (len(prediction), 60, 150) and len(prediction) == 20
+    mapped = predictor.mapper.map_image(image)
+    assert tuple(mapped.shape[1:]) == (51, 128)
+    with torch.inference_mode():  # the same image at the model's input size, not scaled back
+        small = predictor.model([{"image": mapped}])[0]["instances"]
+    scale = torch.tensor([150 / 128, 60 / 51, 150 / 128, 60 / 51])
+    expected = (small["boxes"] * scale).clamp(min=0)
+    expected[:, 0::2] = expected[:, 0::2].clamp(max=150)
+    expected[:, 1::2] = expected[:, 1::2].clamp(max=60)
+    torch.testing.assert_close(prediction.boxes, expected)
+    torch.testing.assert_close(prediction.scores, small["scores"])
+    assert prediction.class_names == [predictor.categories.names[c] for c in small["classes"].tolist()]
+
+
+def test_every_image_form_gives_the_same_prediction(in_run_datasets):
+    predictor = Predictor.from_run(
+        in_run_datasets["dir"], device="cpu", overrides=["model.roi_heads.score_thresh=0.0"], batch_size=1
+    )
+    path = _val_images(in_run_datasets)[1]["path"]
+    array = read_image(path)
+    forms = [path, Image.open(path), array, torch.from_numpy(array).permute(2, 0, 1)]
+    predictions = predictor(forms)
+    assert isinstance(predictions, list) and len(predictions) == 4
+    for prediction in predictions[1:]:
+        torch.testing.assert_close(prediction.boxes, predictions[0].boxes)
+        assert torch.equal(prediction.masks, predictions[0].masks)
+    single = predictor(path)
+    assert not isinstance(single, list) and torch.equal(single.classes, predictions[0].classes)
+    assert set(single.category_ids) <= set(predictor.categories.ids)
+
+
+def test_bad_images_and_runs_without_weights_are_named(in_run_datasets, tmp_path):
+    predictor = Predictor.from_run(in_run_datasets["dir"], device="cpu")
+    with pytest.raises(ValueError, match=r"uint8 \[3, H, W\].*float32.*round\(\)"):
+        predictor(torch.rand(3, 20, 20))
+    with pytest.raises(ValueError, match=r"numpy images must be uint8 \[H, W, 3\]"):
+        predictor(np.zeros((20, 20), dtype=np.uint8))
+    with pytest.raises(FileNotFoundError, match="missing.jpg"):
+        predictor(str(tmp_path / "missing.jpg"))
+    unweighted = tmp_path / "unweighted"
+    unweighted.mkdir()
+    shutil.copy(os.path.join(in_run_datasets["dir"], "config.yaml"), unweighted / "config.yaml")
+    with pytest.raises(FileNotFoundError, match=r"unweighted has no weights .*checkpoint=PATH"):
+        Predictor.from_run(unweighted)
+    with pytest.raises(FileNotFoundError, match=r"config.yaml not found"):
+        Predictor.from_run(tmp_path)
+    named = Predictor.from_run(in_run_datasets["dir"], checkpoint="model_final.pth", device="cpu")
+    assert named.categories == predictor.categories
+
+
+def _predict(*argv) -> None:
+    lazytrain_main(["predict", *map(str, argv)])
+
+
+def test_predict_command_writes_coco_results_and_drawn_images(in_run_datasets, tmp_path, capsys):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    images = _val_images(in_run_datasets)
+    for image in images[:3]:
+        shutil.copy(image["path"], folder / os.path.basename(image["path"]))
+    (folder / "broken.png").write_bytes(b"not a picture")
+    (folder / "notes.txt").write_text("not an image: ignored")
+    out = tmp_path / "out"
+    _predict(in_run_datasets["dir"], folder, images[3]["path"], "predict.draw=true", "predict.score_thresh=0.0",
+             "predict.max_dets=5", f"predict.output_dir={out}")  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "Predicted 4 images (20 detections)" in printed and "Skipped 1 unreadable images" in printed
+    assert "broken.png" in printed
+    listing = json.load(open(out / "images.json"))
+    assert [os.path.basename(i["file_name"]) for i in listing["images"]] == sorted(
+        os.path.basename(i["path"]) for i in images[:3]
+    ) + [os.path.basename(images[3]["path"])]
+    json_ids = {c["id"] for c in json.load(open(os.path.join(in_run_datasets["datasets"], "synthetic_lt",
+                                                              "lvis_v1_val.json")))["categories"]}  # fmt: skip
+    assert {c["id"] for c in listing["categories"]} == json_ids
+    results = json.load(open(out / "results.json"))
+    assert len(results) == 20 and {r["image_id"] for r in results} == {0, 1, 2, 3}
+    assert {r["category_id"] for r in results} <= json_ids
+    assert all(set(r) == {"image_id", "category_id", "bbox", "score", "segmentation"} for r in results)
+    drawn = sorted(os.listdir(out / "drawn"))
+    assert len(drawn) == 4
+    picture = np.asarray(Image.open(out / "drawn" / drawn[0]))
+    source = read_image(str(folder / drawn[0].replace(".png", ".jpg")))
+    assert picture.shape == source.shape and picture.std() > 5
+    assert (picture != source).any(axis=2).mean() > 0.01  # boxes, masks and labels were drawn on it
+
+
+def test_predict_command_refuses_bad_input_with_one_line(in_run_datasets, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    image = _val_images(in_run_datasets)[0]["path"]
+    cases = [
+        ([in_run_datasets["dir"], empty], "no images in folder"),
+        ([in_run_datasets["dir"], tmp_path / "nope.jpg"], "nope.jpg does not exist"),
+        ([tmp_path, image], "config.yaml not found"),
+        ([in_run_datasets["dir"], image, "predict.on_bad_image=maybe"], "must be skip or stop"),
+        ([in_run_datasets["dir"], image, "predict.no_such_key=1"], "no_such_key"),
+        ([in_run_datasets["dir"]], "at least one image"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            _predict(*argv)
+        assert exit_info.value.code == 1
+        assert message in capsys.readouterr().err, argv
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "broken.jpg").write_bytes(b"\x00")
+    with pytest.raises(SystemExit):
+        _predict(
+            in_run_datasets["dir"], bad, "predict.on_bad_image=stop", f"predict.output_dir={tmp_path / 'o'}"
+        )
+    assert "broken.jpg" in capsys.readouterr().err
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "results.json").write_text("[1]")
+    with pytest.raises(SystemExit):
+        _predict(in_run_datasets["dir"], image, f"predict.output_dir={kept}")
+    assert "exists; nothing is overwritten" in capsys.readouterr().err
+    assert (kept / "results.json").read_text() == "[1]"
