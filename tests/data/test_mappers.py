@@ -130,6 +130,15 @@ def test_photometric_torchvision_transform_in_eval_mode(record):
     assert (out["height"], out["width"], out["image_id"]) == (60, 100, 5)
 
 
+@pytest.mark.parametrize("image_format", ["RGB", "BGR"])
+def test_map_image_gives_the_image_the_mapper_gives_for_the_file(record, image_format):
+    mapper = DatasetMapper(False, [ResizeShortestEdge(30, max_size=40)], image_format=image_format)
+    image = torch.from_numpy(read_image(record["file_name"])).permute(2, 0, 1)
+    mapped = mapper.map_image(image)
+    assert mapped.shape == (3, 24, 40) and mapped.is_contiguous()
+    assert torch.equal(mapped, mapper(record)["image"])
+
+
 def test_box_corners_are_summed_in_float64_like_the_json_numbers(record):
     # x + w in float32 would round differently (and change training runs) for values like these
     bbox = [10.1, 8.3, 35.7, 32.9]
