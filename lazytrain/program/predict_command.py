@@ -32,7 +32,15 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["IMAGE_EXTENSIONS", "PREDICT_DEFAULTS", "find_images", "main"]
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "PREDICT_DEFAULTS",
+    "CommandLineError",
+    "find_images",
+    "main",
+    "split_arguments",
+    "write_json",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,24 +55,20 @@ PREDICT_DEFAULTS: dict[str, Any] = {
     "batch_size": None,  # default: dataloader.test.batch_size
     "on_bad_image": "skip",  # or "stop"
 }
-_USAGE = (
-    "usage: python -m lazytrain predict RUN_DIR|CONFIG IMAGE... [predict.KEY=VALUE | config.key=value ...]"
-)
-_OVERRIDE = re.compile(r"^[~+]{0,2}[A-Za-z_][\w.\[\]/-]*=|^~[A-Za-z_][\w.]*$")
+_OVERRIDE = re.compile(r"^[~+]{0,2}[A-Za-z_][\w.\[\]]*=|^~[A-Za-z_][\w.]*$")
 
 
-class PredictError(Exception):
-    """A problem with the command line, said in one line."""
+class CommandLineError(Exception):
+    """A problem with a ``predict`` or ``export`` command line, said in one line."""
 
 
-def split_arguments(argv: list[str]) -> tuple[str, list[str], list[str]]:
+def split_arguments(argv: list[str], *, images_required: bool = True) -> tuple[str, list[str], list[str]]:
     """(RUN_DIR or CONFIG, image arguments, key=value overrides)."""
     overrides = [a for a in argv if _OVERRIDE.match(a)]
     positional = [a for a in argv if not _OVERRIDE.match(a)]
-    if len(positional) < 2:
-        raise PredictError(
-            f"give a run directory (or config) and at least one image, folder or glob.\n{_USAGE}"
-        )
+    if len(positional) < (2 if images_required else 1):
+        wanted = " (or config) and at least one image, folder or glob" if images_required else ""
+        raise CommandLineError(f"give a run directory{wanted} (--help shows how)")
     return positional[0], positional[1:], overrides
 
 
@@ -72,24 +76,24 @@ def find_images(arguments: list[str]) -> list[str]:
     """Image files named by `arguments` (files, folders, globs), in order, without repeats.
 
     Raises:
-        PredictError: a path that does not exist, a folder or glob with no images, or no images at all.
+        CommandLineError: a path that does not exist, a folder or glob with no images, or no images at all.
     """
     found: list[str] = []
     for argument in arguments:
         if os.path.isdir(argument):
             files = sorted(os.path.join(argument, n) for n in os.listdir(argument) if _is_image_file(n))
             if not files:
-                raise PredictError(
+                raise CommandLineError(
                     f"no images in folder {argument} (looked for {', '.join(IMAGE_EXTENSIONS)})"
                 )
         elif glob.has_magic(argument):
             files = sorted(f for f in glob.glob(argument, recursive=True) if os.path.isfile(f))
             if not files:
-                raise PredictError(f"no files match {argument}")
+                raise CommandLineError(f"no files match {argument}")
         elif os.path.isfile(argument):
             files = [argument]
         else:
-            raise PredictError(f"image {argument} does not exist")
+            raise CommandLineError(f"image {argument} does not exist")
         found.extend(files)
     return list(dict.fromkeys(found))
 
@@ -107,7 +111,7 @@ def load_predict_config(source: str, overrides: list[str]) -> tuple[DictConfig, 
     is_run_dir = os.path.isdir(source)
     config_file = os.path.join(source, "config.yaml") if is_run_dir else source
     if not os.path.isfile(config_file):
-        raise PredictError(
+        raise CommandLineError(
             f"{config_file} not found: give a training run's directory (it holds config.yaml) or a config file"
         )
     cfg = LazyConfig.load(config_file)
@@ -115,22 +119,22 @@ def load_predict_config(source: str, overrides: list[str]) -> tuple[DictConfig, 
     cfg.predict.output_dir = os.path.join(source if is_run_dir else ".", "predictions")
     LazyConfig.apply_overrides(cfg, overrides)
     if cfg.predict.on_bad_image not in ("skip", "stop"):
-        raise PredictError(f"predict.on_bad_image must be skip or stop; got {cfg.predict.on_bad_image!r}")
+        raise CommandLineError(f"predict.on_bad_image must be skip or stop; got {cfg.predict.on_bad_image!r}")
     cfg.model.roi_heads.score_thresh = float(cfg.predict.score_thresh)
     cfg.model.roi_heads.detections_per_img = int(cfg.predict.max_dets)
     if not is_run_dir and not cfg.predict.checkpoint:
-        raise PredictError(f"{source} is a config: name its weights with predict.checkpoint=PATH")
+        raise CommandLineError(f"{source} is a config: name its weights with predict.checkpoint=PATH")
     try:
         checkpoint = get_checkpoint_path(source if is_run_dir else ".", cfg.predict.checkpoint)
     except FileNotFoundError as e:
-        raise PredictError(str(e)) from None
+        raise CommandLineError(str(e)) from None
     return cfg, checkpoint
 
 
 def _check_output_dir(output_dir: str) -> None:
     results = os.path.join(output_dir, "results.json")
     if os.path.exists(results):
-        raise PredictError(
+        raise CommandLineError(
             f"{results} exists; nothing is overwritten. Choose another predict.output_dir=DIR or remove it."
         )
 
@@ -142,7 +146,7 @@ def main(argv: list[str]) -> None:
         return
     try:
         _predict(argv)
-    except (PredictError, FileNotFoundError, ValueError, OSError) as e:
+    except (CommandLineError, FileNotFoundError, ValueError, OSError) as e:
         print(f"lazytrain predict: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 
@@ -155,7 +159,7 @@ def _predict(argv: list[str]) -> None:
     try:
         cfg, checkpoint = load_predict_config(source, overrides)
     except ConfigError as e:
-        raise PredictError(str(e)) from None
+        raise CommandLineError(str(e)) from None
     output_dir = str(cfg.predict.output_dir)
     _check_output_dir(output_dir)
     from lazytrain.program.predictor import Predictor
@@ -198,7 +202,7 @@ def _read_images(files: list[str], on_bad_image: str, written: _Written):
             yield file, to_image_tensor(file)
         except OSError as e:
             if on_bad_image == "stop":
-                raise PredictError(f"{e} (predict.on_bad_image=skip goes on without it)") from None
+                raise CommandLineError(f"{e} (predict.on_bad_image=skip goes on without it)") from None
             logger.warning("predict: skipped %s", e)
             written.skipped.append(file)
 
@@ -235,8 +239,8 @@ def _write_predictions(predictor: Any, files: list[str], output_dir: str, settin
         progress.update(len(files) - progress.n)  # skipped files
     written.images = len(images)
     categories = [{"id": i, "name": n} for i, n in zip(predictor.categories.ids, predictor.categories.names)]
-    _write_json(os.path.join(output_dir, "images.json"), {"images": images, "categories": categories})
-    _write_json(os.path.join(output_dir, "results.json"), results)
+    write_json(os.path.join(output_dir, "images.json"), {"images": images, "categories": categories})
+    write_json(os.path.join(output_dir, "results.json"), results)
     return written
 
 
@@ -262,7 +266,8 @@ def _draw(image: Any, prediction: Any, drawn_dir: str, file: str, written: _Writ
     written.drawn += 1
 
 
-def _write_json(path: str, data: Any) -> None:
+def write_json(path: str, data: Any) -> None:
+    """Write `data` as json to `path` atomically (a reader never sees half a file)."""
     from lazytrain.utils.file_io import atomic_write
 
     atomic_write(path, lambda f: f.write(json.dumps(data).encode()))

@@ -1,0 +1,162 @@
+"""``python -m lazytrain export RUN_DIR [IMAGE...] [key=value ...]``: a trained run as TorchScript and ONNX.
+
+    python -m lazytrain export outputs/demo                         # model.ts and model.onnx, checked
+    python -m lazytrain export outputs/demo photos/ export.format=onnx model.roi_heads.score_thresh=0.5
+
+The exported graph takes ONE image: uint8 [3, H, W] RGB already at the model's input size (resize it as the
+run's ``dataloader.test.mapper`` does; ``model.json`` says how) and returns ``boxes`` [N, 4] XYXY in that
+image's pixels, ``scores`` [N], ``classes`` [N] (contiguous; ``model.json`` names them) and, for Mask R-CNN,
+``masks`` uint8 [N, H, W]. Scale boxes and masks back to the original image yourself (`lazytrain.Predictor`
+does it for the eager model). The score threshold and detections per image of the run's config are part of
+the graph: set them with ``model.roi_heads.score_thresh=`` / ``model.roi_heads.detections_per_img=``.
+
+Each export is checked right after it is written: it must give the eager model's detections on the IMAGEs
+(default: the first ``export.check_images`` images of the run's test data set) within the tolerances of
+`lazytrain.modeling.export.check_parity`; the command prints the measured differences and the versions the
+parity tests ran with. Keys: ``export.format`` (``all``, ``onnx``, ``torchscript``), ``export.output_dir``
+(default ``RUN_DIR/export``; existing files are never overwritten), ``export.checkpoint``, ``export.opset``,
+``export.check_images``, and any key of the run's config.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lazytrain.program.predict_command import CommandLineError, find_images, split_arguments, write_json
+
+__all__ = ["EXPORT_DEFAULTS", "main"]
+
+EXPORT_DEFAULTS: dict[str, Any] = {
+    "format": "all",  # onnx, torchscript or all
+    "output_dir": None,  # default: RUN_DIR/export
+    "checkpoint": None,  # default: the run's newest checkpoint
+    "opset": None,  # default: lazytrain.modeling.export.ONNX_OPSET
+    "check_images": 4,  # test-set images the exports are checked on when no IMAGE is given
+}
+_FILES = {"torchscript": "model.ts", "onnx": "model.onnx"}
+
+
+def load_export_config(run_dir: str, overrides: list[str]) -> tuple[DictConfig, str]:
+    """The run's config with ``export.*`` and `overrides` applied, and the weights file to export."""
+    from lazytrain.config import LazyConfig
+    from lazytrain.program.predictor import get_checkpoint_path
+
+    config_file = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(config_file):
+        raise CommandLineError(
+            f"{config_file} not found: give a training run's directory (it holds config.yaml)"
+        )
+    cfg = LazyConfig.load(config_file)
+    cfg.export = OmegaConf.create(EXPORT_DEFAULTS)
+    cfg.export.output_dir = os.path.join(run_dir, "export")
+    LazyConfig.apply_overrides(cfg, overrides)
+    if cfg.export.format not in ("all", *_FILES):
+        raise CommandLineError(f"export.format must be all, onnx or torchscript; got {cfg.export.format!r}")
+    try:
+        return cfg, get_checkpoint_path(run_dir, cfg.export.checkpoint)
+    except FileNotFoundError as e:
+        raise CommandLineError(str(e)) from None
+
+
+def get_check_files(cfg: DictConfig, image_arguments: list[str]) -> list[str]:
+    """The images the exports are checked on: the IMAGE arguments, else the test data set's first images."""
+    if image_arguments:
+        return find_images(image_arguments)
+    from lazytrain.config import instantiate
+    from lazytrain.data.catalog import DatasetCatalog
+
+    names = instantiate(cfg.dataloader.test.dataset.names)
+    records = DatasetCatalog.get(names if isinstance(names, str) else list(names)[0])
+    return [record["file_name"] for record in records[: int(cfg.export.check_images)]]
+
+
+def _formats(cfg: DictConfig) -> list[str]:
+    return list(_FILES) if cfg.export.format == "all" else [str(cfg.export.format)]
+
+
+def _check_outputs_are_new(output_dir: str, formats: list[str]) -> None:
+    for name in [_FILES[f] for f in formats] + ["model.json"]:
+        path = os.path.join(output_dir, name)
+        if os.path.exists(path):
+            raise CommandLineError(
+                f"{path} exists; nothing is overwritten. Choose another export.output_dir=DIR or remove it."
+            )
+
+
+def main(argv: list[str]) -> None:
+    """Run ``export`` (argv without the word ``export``); exit status 1 with a one-line error."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return
+    try:
+        _export(argv)
+    except (CommandLineError, FileNotFoundError, ValueError, OSError, ImportError) as e:
+        print(f"lazytrain export: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _export(argv: list[str]) -> None:
+    from lazytrain.errors import ConfigError
+
+    run_dir, image_arguments, overrides = split_arguments(argv, images_required=False)
+    try:
+        cfg, checkpoint = load_export_config(run_dir, overrides)
+    except ConfigError as e:
+        raise CommandLineError(str(e)) from None
+    formats = _formats(cfg)
+    output_dir = str(cfg.export.output_dir)
+    _check_outputs_are_new(output_dir, formats)
+    files = get_check_files(cfg, image_arguments)
+    from lazytrain.program.predictor import Predictor, to_image_tensor
+
+    predictor = Predictor.from_config(cfg, checkpoint, device="cpu", batch_size=1)
+    images = [predictor.mapper.map_image(to_image_tensor(file)) for file in files]
+    os.makedirs(output_dir, exist_ok=True)
+    checks = {name: _export_and_check(predictor, images, name, output_dir, cfg) for name in formats}
+    _write_model_json(os.path.join(output_dir, "model.json"), cfg, predictor, checkpoint, checks)
+    print(f"Wrote model.json to {output_dir} (inputs, outputs, classes, parity)")
+
+
+def _export_and_check(predictor: Any, images: list, name: str, output_dir: str, cfg: DictConfig) -> str:
+    """Write one format, load it back and check it against the eager model; the parity line."""
+    from lazytrain.modeling import export
+
+    path = os.path.join(output_dir, _FILES[name])
+    start = time.perf_counter()
+    if name == "torchscript":
+        export.export_torchscript(predictor.model, images[0], path)
+        loaded = export.load_torchscript(path)
+    else:
+        opset = int(cfg.export.opset or export.ONNX_OPSET)
+        export.export_onnx(predictor.model, images[0], path, opset=opset)
+        loaded = export.load_onnx(path)
+    seconds = time.perf_counter() - start
+    report = export.check_parity(export.ExportableRCNN(predictor.model), loaded, images)
+    print(f"{path}: written in {seconds:.1f} s; {report}")
+    return str(report)
+
+
+def _write_model_json(path: str, cfg: DictConfig, predictor: Any, checkpoint: str, checks: dict) -> None:
+    from lazytrain.modeling import export
+
+    roi_heads = predictor.model.roi_heads
+    description = {
+        "checkpoint": os.path.abspath(checkpoint),
+        "files": {name: _FILES[name] for name in checks},
+        "input": "image: uint8 [3, H, W] RGB, one image, already resized by the test mapper below",
+        "test_mapper": OmegaConf.to_container(cfg.dataloader.test.mapper, resolve=True),
+        "outputs": ["boxes [N, 4] XYXY float32", "scores [N]", "classes [N] int64 (contiguous)"]
+        + (["masks [N, H, W] uint8"] if roi_heads.has_mask() else []),
+        "score_thresh": roi_heads.score_thresh,
+        "detections_per_img": roi_heads.detections_per_img,
+        "classes": predictor.categories.names,
+        "category_ids": predictor.categories.ids,
+        "parity": checks,
+        "tested_versions": export.TESTED_VERSIONS,
+    }
+    write_json(path, description)
