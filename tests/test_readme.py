@@ -148,5 +148,14 @@ def check_outputs(command: str, result: subprocess.CompletedProcess, cwd) -> Non
             assert f.read().strip() == "model_final.pth"
         iterations = [json.loads(line).get("iteration") for line in open(cwd / "runs" / "a" / "metrics.json")]
         assert 1 in iterations
+    elif command.startswith("python -m lazytrain predict runs/a"):
+        images = json.load(open(cwd / "runs" / "a" / "predictions" / "images.json"))["images"]
+        assert len(images) == 6 and "Predicted 6 images" in result.stdout
+        assert isinstance(json.load(open(cwd / "runs" / "a" / "predictions" / "results.json")), list)
+        assert len(os.listdir(cwd / "runs" / "a" / "predictions" / "drawn")) == 6
+    elif command.startswith("python -m lazytrain export runs/a"):
+        exported = sorted(os.listdir(cwd / "runs" / "a" / "export"))
+        assert exported == ["model.json", "model.onnx", "model.ts"], exported
+        assert output.count("parity") >= 2, output
     elif command.startswith("python scripts/"):
         assert "|" in result.stdout  # a markdown table
