@@ -209,6 +209,7 @@ def do_train(cfg: DictConfig) -> dict:
     model = _wrap_ddp(cfg, model)
     optimizer = _build_optimizer(cfg, _unwrap_ddp(model))
     train_loader = instantiate(cfg.dataloader.train)
+    _save_categories(cfg)
 
     # Trainer from the config with the shared objects injected; the checkpointer holds model, optimizer and
     # the trainer itself (iteration, hook states, grad scaler, data position, RNG states).
@@ -251,6 +252,17 @@ def do_train(cfg: DictConfig) -> dict:
     trainer.train(start_iter, cfg.train.max_iter)
     log_run_summary(cfg, trainer, time.perf_counter() - start)
     return trainer.last_eval_results
+
+
+def _save_categories(cfg: DictConfig) -> None:
+    """``output_dir/categories.json``: the class names and json ids of the train data set (now loaded), so
+    that predicting with the run (`lazytrain.program.predictor`) does not need the data set."""
+    from lazytrain.program.predictor import get_categories, save_categories
+
+    if comm.is_main_process() and cfg.train.output_dir:
+        categories = get_categories(cfg, "train")
+        if categories is not None:
+            save_categories(cfg.train.output_dir, categories)
 
 
 def get_resume_file(checkpointer: Checkpointer) -> str:

@@ -70,8 +70,14 @@ def get_check_files(cfg: DictConfig, image_arguments: list[str]) -> list[str]:
     from lazytrain.config import instantiate
     from lazytrain.data.catalog import DatasetCatalog
 
-    names = instantiate(cfg.dataloader.test.dataset.names)
-    records = DatasetCatalog.get(names if isinstance(names, str) else list(names)[0])
+    try:
+        names = instantiate(cfg.dataloader.test.dataset.names)
+        records = DatasetCatalog.get(names if isinstance(names, str) else list(names)[0])
+    except Exception as e:  # any way of not having the data set ends the same: images are needed
+        raise CommandLineError(
+            f"the exports are checked on images: give some (files, folders or globs) after RUN_DIR; the run's "
+            f"test data set could not be loaded ({type(e).__name__}: {e})"
+        ) from None
     return [record["file_name"] for record in records[: int(cfg.export.check_images)]]
 
 
@@ -112,9 +118,11 @@ def _export(argv: list[str]) -> None:
     output_dir = str(cfg.export.output_dir)
     _check_outputs_are_new(output_dir, formats)
     files = get_check_files(cfg, image_arguments)
-    from lazytrain.program.predictor import Predictor, to_image_tensor
+    from lazytrain.program.predictor import Predictor, read_categories, to_image_tensor
 
-    predictor = Predictor.from_config(cfg, checkpoint, device="cpu", batch_size=1)
+    predictor = Predictor.from_config(
+        cfg, checkpoint, device="cpu", batch_size=1, categories=read_categories(run_dir)
+    )
     images = [predictor.mapper.map_image(to_image_tensor(file)) for file in files]
     os.makedirs(output_dir, exist_ok=True)
     checks = {name: _export_and_check(predictor, images, name, output_dir, cfg) for name in formats}

@@ -162,10 +162,14 @@ def _predict(argv: list[str]) -> None:
         raise CommandLineError(str(e)) from None
     output_dir = str(cfg.predict.output_dir)
     _check_output_dir(output_dir)
-    from lazytrain.program.predictor import Predictor
+    from lazytrain.program.predictor import Predictor, read_categories
 
     predictor = Predictor.from_config(
-        cfg, checkpoint, device=cfg.predict.device, batch_size=cfg.predict.batch_size
+        cfg,
+        checkpoint,
+        device=cfg.predict.device,
+        batch_size=cfg.predict.batch_size,
+        categories=read_categories(source) if os.path.isdir(source) else None,
     )
     print(f"Predicting {len(files)} images with {checkpoint} on {predictor.device}", file=sys.stderr)
     start = time.perf_counter()

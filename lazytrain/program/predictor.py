@@ -14,6 +14,7 @@ evaluation computed for the same image file and weights. Images are predicted in
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -31,8 +32,20 @@ from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
 from lazytrain.data.mappers import DatasetMapper, read_image
 from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.evaluation.predictions import get_coco_entries, pack_instances
+from lazytrain.utils.file_io import atomic_write
 
-__all__ = ["Categories", "ImageInput", "Prediction", "Predictor", "get_checkpoint_path", "to_image_tensor"]
+__all__ = [
+    "CATEGORIES_FILE",
+    "Categories",
+    "ImageInput",
+    "Prediction",
+    "Predictor",
+    "get_categories",
+    "get_checkpoint_path",
+    "read_categories",
+    "save_categories",
+    "to_image_tensor",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -160,16 +173,19 @@ def _load_run_config(run_dir: str, overrides: Sequence[str]) -> DictConfig:
     return LazyConfig.apply_overrides(LazyConfig.load(path), list(overrides))
 
 
-def get_categories(cfg: DictConfig, num_classes: int) -> Categories:
-    """Class names and json category ids of the run's test data set (``dataloader.test.dataset.names``).
+CATEGORIES_FILE = "categories.json"
+"""Written into a run's directory when training starts (`save_categories`): ``[{"id", "name"}, ...]`` in
+contiguous class order, so a run predicts with its class names where its data set is not at hand."""
 
-    They come from its `MetadataCatalog` entry, which loading the data set fills. Without a test data set,
-    the classes are named ``class 0``, ``class 1``, ... with category ids 1..K (a warning says so).
-    """
-    names_node = cfg.get("dataloader", {}).get("test", {}).get("dataset", {}).get("names")
+
+def get_categories(cfg: DictConfig, loader: str = "test") -> Categories | None:
+    """Class names and json category ids of a data set of the config (``dataloader.<loader>.dataset.names``,
+    the first when several), from its `MetadataCatalog` entry (loading the data set fills it); None when the
+    config names no data set there."""
+    node = cfg.get("dataloader", {}).get(loader, {}).get("dataset", {})
+    names_node = node.get("names") if hasattr(node, "get") else None
     if names_node is None:
-        logger.warning("Predictor: the config has no dataloader.test.dataset.names; classes are unnamed.")
-        return Categories([f"class {c}" for c in range(num_classes)], list(range(1, num_classes + 1)))
+        return None
     names = instantiate(names_node)  # a name, a list, or a registration (a user's json) returning its name
     name = names if isinstance(names, str) else list(names)[0]
     metadata = MetadataCatalog.get(name)
@@ -179,6 +195,30 @@ def get_categories(cfg: DictConfig, num_classes: int) -> Categories:
     inverse = {int(contiguous): int(json_id) for json_id, contiguous in mapping.items()}
     classes = list(metadata.thing_classes)
     return Categories(classes, [inverse.get(c, c + 1) for c in range(len(classes))])
+
+
+def save_categories(directory: str, categories: Categories) -> None:
+    """Write `categories` to ``directory/categories.json`` (`CATEGORIES_FILE`)."""
+    entries = [{"id": i, "name": n} for i, n in zip(categories.ids, categories.names)]
+    atomic_write(os.path.join(directory, CATEGORIES_FILE), lambda f: f.write(json.dumps(entries).encode()))
+
+
+def read_categories(directory: str) -> Categories | None:
+    """The categories a run saved (`save_categories`), None for a run without the file."""
+    path = os.path.join(directory, CATEGORIES_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        entries = json.load(f)
+    return Categories([e["name"] for e in entries], [int(e["id"]) for e in entries])
+
+
+def _unnamed_categories(num_classes: int) -> Categories:
+    logger.warning(
+        "Predictor: no %s in the run and no dataloader.test.dataset in its config; classes are unnamed.",
+        CATEGORIES_FILE,
+    )
+    return Categories([f"class {c}" for c in range(num_classes)], list(range(1, num_classes + 1)))
 
 
 class Predictor:
@@ -231,14 +271,25 @@ class Predictor:
         run_dir = os.fspath(run_dir)
         cfg = _load_run_config(run_dir, overrides)
         return cls.from_config(
-            cfg, get_checkpoint_path(run_dir, checkpoint), device=device, batch_size=batch_size
+            cfg,
+            get_checkpoint_path(run_dir, checkpoint),
+            device=device,
+            batch_size=batch_size,
+            categories=read_categories(run_dir),
         )
 
     @classmethod
     def from_config(
-        cls, cfg: DictConfig, checkpoint: str, *, device: str | None = None, batch_size: int | None = None
+        cls,
+        cfg: DictConfig,
+        checkpoint: str,
+        *,
+        device: str | None = None,
+        batch_size: int | None = None,
+        categories: Categories | None = None,
     ) -> Predictor:
-        """Build ``cfg.model`` and ``cfg.dataloader.test.mapper`` and load `checkpoint` (see `from_run`)."""
+        """Build ``cfg.model`` and ``cfg.dataloader.test.mapper`` and load `checkpoint` (see `from_run`);
+        `categories` default to those of the config's test data set."""
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f"Predictor: checkpoint {checkpoint} not found.")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -248,7 +299,10 @@ class Predictor:
         mapper = instantiate(cfg.dataloader.test.mapper)
         if batch_size is None:
             batch_size = int(cfg.dataloader.test.get("batch_size", 1) or 1)
-        categories = get_categories(cfg, int(getattr(model, "num_classes", 0) or 0))
+        if categories is None:
+            categories = get_categories(cfg) or _unnamed_categories(
+                int(getattr(model, "num_classes", 0) or 0)
+            )
         return cls(model, mapper, categories, batch_size=batch_size)
 
     def __call__(self, images: ImageInput | Sequence[ImageInput]) -> Prediction | list[Prediction]:

@@ -139,6 +139,21 @@ def test_bad_images_and_runs_without_weights_are_named(in_run_datasets, tmp_path
     assert named.categories == predictor.categories
 
 
+def test_a_run_predicts_with_its_class_names_where_its_data_set_is_missing(
+    in_run_datasets, tmp_path, monkeypatch
+):
+    saved = json.load(open(os.path.join(in_run_datasets["dir"], "categories.json")))
+    val = json.load(open(os.path.join(in_run_datasets["datasets"], "synthetic_lt", "lvis_v1_val.json")))
+    assert saved == [
+        {"id": c["id"], "name": c["name"]} for c in sorted(val["categories"], key=lambda c: c["id"])
+    ]
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", str(tmp_path / "elsewhere"))
+    predictor = Predictor.from_run(in_run_datasets["dir"], device="cpu")
+    assert predictor.categories.names == [c["name"] for c in saved]
+    assert predictor.categories.ids == [c["id"] for c in saved]
+    assert not (tmp_path / "elsewhere").exists()  # nothing generated or read
+
+
 def _predict(*argv) -> None:
     lazytrain_main(["predict", *map(str, argv)])
 
