@@ -169,6 +169,7 @@ _FILES = (  # (file name, what it holds), in the order the summary lists them
     ("model_final.pth", "final weights (last_checkpoint names the newest checkpoint)"),
     ("model_best.pth", "weights of the best evaluation"),
     ("config.yaml", "the full config; runs again as CONFIG"),
+    ("categories.json", "class names and json ids (predict and export read them)"),
     (CURVES_FILE, "losses, learning rate and AP over iterations"),
     (AP_BY_FREQUENCY_FILE, "AP per category against its train images, rare/common/frequent"),
     ("log.txt", "the full log, with the config, environment and model"),
@@ -238,6 +239,7 @@ def format_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> str:
     lines += [
         f"Resume:    python -m lazytrain {config} hydra.run.dir={shlex.quote(output_dir)} train.resume=true",
         f"Evaluate:  python -m lazytrain {config} train.eval_only=true train.init_checkpoint={weights}",
+        f"Predict:   python -m lazytrain predict {shlex.quote(output_dir)} IMAGES... predict.draw=true",
     ]
     return "\n".join(lines)
 

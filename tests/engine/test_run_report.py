@@ -109,7 +109,10 @@ def test_end_block_names_files_that_exist_and_the_next_commands(demo_run):
         "python", "-m", "lazytrain", f"{run_dir}/config.yaml", f"hydra.run.dir={run_dir}", "train.resume=true"
     ]  # fmt: skip
     assert evaluate.split()[-1] == f"train.init_checkpoint={run_dir}/model_final.pth"
-    assert block[resume_at + 1 :] == [evaluate]  # the block ends the output
+    predict = block[resume_at + 2]
+    assert predict.split()[1:5] == ["python", "-m", "lazytrain", "predict"] and predict.split()[5] == run_dir
+    assert block[resume_at + 1 :] == [evaluate, predict]  # the block ends the output
+    assert "categories.json" in named
 
 
 @pytest.mark.slow
