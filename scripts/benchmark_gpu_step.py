@@ -381,10 +381,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 rows.append(measure(name, args, samples, batch_size, precision))
                 _free_memory(device)
     size = samples[0]["image"].shape[-2:]
+    recipe = " ".join([args.recipe.removeprefix(REPO + os.sep), *args.overrides])
     print(
-        f"\n{_device_name(device)}, torch {torch.__version__}; {args.recipe.removeprefix(REPO + os.sep)}, "
-        f"{args.num_classes} classes, images {size[1]} x {size[0]}, {args.iters} timed steps after "
-        f"{args.warmup}\n"
+        f"\n{_device_name(device)}, torch {torch.__version__}; {recipe}, {args.num_classes} classes, images "
+        f"{size[1]} x {size[0]}, {args.iters} timed steps after {args.warmup}\n"
     )
     print(format_table(rows, args))
     if args.sync_table:
