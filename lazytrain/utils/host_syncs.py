@@ -17,8 +17,8 @@ which is also what ``torch.cuda.set_sync_debug_mode("warn")`` reports):
   ``nonzero``. Not counted: ``t[mask] = scalar`` (one mask, one value held by the host, no accumulate), which
   ATen turns into ``masked_fill_`` on the device.
 - ``aten.repeat_interleave`` without ``output_size``, ``aten.equal``, ``aten.allclose``, ``aten.is_nonzero``.
-- ``torchvision.nms``: its CUDA kernel copies the suppression mask to the host and the kept indices back
-  (two synchronising copies per call, counted as one operation).
+- ``torchvision.nms``: its CUDA kernel (in the torchvision source read for this) copies the suppression mask
+  to the host and the kept indices back: two synchronising copies per call, counted as one operation.
 - Host-device copies that block: ``aten._to_copy`` / ``aten.copy_`` between the CPU and a device without
   ``non_blocking`` (``.cpu()``, ``.tolist()``, ``.to(device)`` of host memory), and ``torch.tensor(data,
   device=...)`` from Python data (seen as ``aten.lift_fresh`` of a device tensor).

@@ -19,11 +19,11 @@ from tests.modeling.helpers import RECIPES, build_model, make_record
 # One training step (forward, loss sum, backward, SGD step) of the CPU demo model on the two images of
 # `_batch()`, counted as on a GPU (see _model). Measured 2026-11-25, torch 2.14.1, torchvision 0.29.1: 63
 # = nonzero 41, torchvision.nms 10, tensor from Python data on the device 8, _local_scalar_dense 2, _unique2 2.
-# Batch 8 (the same sizes, cycled): 207. Lower these when a change removes syncs; never raise them to let a
+# Batch 8 (the two images cycled): 207. Lower these when a change removes syncs; never raise them to let a
 # change through without saying why in docs/benchmarks.md.
 MAX_HOST_SYNCS_PER_STEP = 63
 # One eval-mode forward pass on the same batch: nonzero 28, torchvision.nms 12, tensor from Python data on
-# the device 10, _unique2 2. Batch 8: 150.
+# the device 10, _unique2 2. Batch 8 (the two images cycled): 172.
 MAX_HOST_SYNCS_PER_INFERENCE = 52
 
 
