@@ -149,13 +149,13 @@ def test_tables_list_counts_and_sites():
         HostSyncCounter().format_table(sites=True)
 
 
+POOLS = ("box_roi_pool", "mask_roi_pool")
+
+
 def _model() -> torch.nn.Module:
     # torchvision's RoIAlign kernel, as on a GPU: the dense CPU form adds a nonzero per image and map.
     overrides = ("model.num_classes=3", *(f"+model.roi_heads.{pool}.dense_max_elements=0" for pool in POOLS))
     return build_model(overrides=overrides)
-
-
-POOLS = ("box_roi_pool", "mask_roi_pool")
 
 
 def _batch() -> list[dict]:
