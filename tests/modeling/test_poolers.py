@@ -94,6 +94,7 @@ def _square_boxes(sides: list[float]) -> torch.Tensor:
 # torchvision's level mapping warns that it freezes its scales: they are constants of the FPN.
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning:torchvision")
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning:torch")
+@pytest.mark.filterwarnings(r"ignore:`torch\.jit\.trace` is deprecated")  # torch's notice, expected here
 def test_multiscale_roi_align_traces_with_any_number_of_boxes_per_level():
     # A trace (model export) must not freeze the example's RoI counts per level: here the example has one
     # RoI on the second level and none on the last, the other call the reverse.
