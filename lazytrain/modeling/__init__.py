@@ -1,5 +1,5 @@
 """Models for recipes: the `RCNN` adapter over torchvision detectors, backbones, RoI heads, predictors and
-their classification losses, weight loading."""
+their classification losses, weight loading, and export to TorchScript/ONNX with a parity check."""
 
 from lazytrain.modeling.backbone import build_resnet_fpn_backbone
 from lazytrain.modeling.classification_losses import (
@@ -8,6 +8,14 @@ from lazytrain.modeling.classification_losses import (
     FederatedLoss,
     SeesawLoss,
     SoftmaxCrossEntropy,
+)
+from lazytrain.modeling.export import (
+    ExportableRCNN,
+    check_parity,
+    export_onnx,
+    export_torchscript,
+    load_onnx,
+    load_torchscript,
 )
 from lazytrain.modeling.heads import BoxPredictor, CosineBoxPredictor, MaskPredictor
 from lazytrain.modeling.poolers import MultiScaleRoIAlign
@@ -21,6 +29,7 @@ __all__ = [
     "ClassificationLoss",
     "CosineBoxPredictor",
     "EQLv2Loss",
+    "ExportableRCNN",
     "FederatedLoss",
     "MaskPredictor",
     "MultiScaleRoIAlign",
@@ -29,5 +38,10 @@ __all__ = [
     "SeesawLoss",
     "SoftmaxCrossEntropy",
     "build_resnet_fpn_backbone",
+    "check_parity",
+    "export_onnx",
+    "export_torchscript",
     "load_init_weights",
+    "load_onnx",
+    "load_torchscript",
 ]

@@ -43,9 +43,8 @@ def paste_masks(masks: Tensor, boxes: Tensor, image_shape: tuple[int, int], padd
         [N, 1, height, width] probabilities, 0 outside each detection's box.
     """
     height, width = image_shape
-    count = masks.shape[0]
-    if count == 0:
-        return masks.new_zeros((0, 1, height, width))
+    # No early return for zero detections: the products below give [0, 1, height, width] by themselves, and
+    # a trace (model export) would freeze such a branch to the example's case.
     mask_size = masks.shape[-1]
     padded = torch.nn.functional.pad(masks[:, 0].float(), (padding,) * 4)
     scale = (mask_size + 2 * padding) / mask_size

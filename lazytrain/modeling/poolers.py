@@ -182,12 +182,15 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
         if len(features) == 1:
             return self._pool(features[0], rois, self.scales[0])
         levels = self.map_levels(boxes)
-        first = features[0]
-        result = first.new_zeros((rois.shape[0], first.shape[1], *self.output_size))
+        pooled, order = [], []
         for level, (feature, scale) in enumerate(zip(features, self.scales)):
             index = torch.where(levels == level)[0]
-            result[index] = self._pool(feature, rois[index], scale).to(result.dtype)
-        return result
+            pooled.append(self._pool(feature, rois[index], scale).to(features[0].dtype))
+            order.append(index)
+        # Back to the RoIs' order with one gather, not `result[index] = ...` per level: a trace (model
+        # export) records that assignment with the example's shapes, and a level holding exactly one RoI
+        # there bakes a [C, h, w] reshape that fails on any other count.
+        return torch.cat(pooled)[torch.argsort(torch.cat(order))]
 
     def _pool(self, feature: Tensor, rois: Tensor, scale: float) -> Tensor:
         return roi_align(

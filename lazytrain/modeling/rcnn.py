@@ -3,6 +3,8 @@
 Input is the mapper's list of dicts (uint8 CHW images already augmented and resized, ``instances`` in
 training); output is a loss dict in training and, in eval, one ``{"instances": ...}`` per image in the
 ORIGINAL image size (``height``/``width`` of the record). See docs/architecture.md for the contract.
+`RCNN.detect` is the eval path before that mapping (detections in the input image's pixels); exports
+(`lazytrain.modeling.export`) trace it.
 
 Images are resized once, by the mapper: `NoResizeTransform` only normalises and pads, so the backbone sees
 each image at exactly the mapper's size.
@@ -230,19 +232,67 @@ class RCNN(GeneralizedRCNN):
         """
         device = self.device
         images = [self._to_float_image(record, device) for record in batched_inputs]
-        targets = [self._to_target(record, device) for record in batched_inputs] if self.training else None
+        if self.training:
+            targets = [self._to_target(record, device) for record in batched_inputs]
+            return self._run_stages(images, targets)[1]
+        return [
+            {"instances": self._to_original_size(detection, tuple(image.shape[-2:]), record)}
+            for detection, image, record in zip(self.detect(images), images, batched_inputs)
+        ]
+
+    def detect(self, images: list[Tensor]) -> list[dict[str, Tensor]]:
+        """Eval-mode detections in the coordinates of the images given (no mapping to an original size).
+
+        `forward` maps these to each record's ``height``/``width``; `lazytrain.modeling.export` traces this
+        path (with `to_instances`) so that the exported graph is the model's own inference.
+
+        Args:
+            images: float [3, H, W] RGB on the 0-255 scale, on the model's device.
+
+        Returns:
+            Per image torchvision's detection dict: ``boxes`` [N, 4] XYXY clipped to the image, ``scores``
+            [N], ``labels`` [N] in 1..K (0 is the background) and, for Mask R-CNN, ``masks`` [N, 1, M, M]
+            mask probabilities inside each box (M: the mask head's resolution).
+        """
+        if self.training:
+            raise ValueError(
+                "RCNN.detect() runs the inference path and needs the model in eval mode; got a model in "
+                "training mode. Call model.eval() first."
+            )
+        return self._run_stages(images, None)[0]
+
+    def to_instances(self, detection: dict[str, Tensor], image_size: tuple[int, int]) -> dict[str, Tensor]:
+        """One image's `detect` output, with boxes already in the pixels of `image_size`, as lazytrain
+        instances: ``classes`` 0..K-1 and, for Mask R-CNN, ``masks`` uint8 0/1 [N, height, width] pasted at
+        `image_size` and thresholded at `mask_threshold`.
+
+        Args:
+            detection: ``boxes``, ``scores``, ``labels`` (1..K) and optionally ``masks`` [N, 1, M, M].
+            image_size: (height, width) of the image the boxes are in, where the masks are pasted.
+        """
+        instances = {
+            "boxes": detection["boxes"],
+            "scores": detection["scores"],
+            "classes": detection["labels"] - 1,
+        }
+        if "masks" in detection:
+            # Pasting the small mask probabilities straight at the output size avoids a second resampling.
+            probabilities = paste_masks(detection["masks"], detection["boxes"], image_size)
+            instances["masks"] = (probabilities[:, 0] > self.mask_threshold).to(torch.uint8)
+        return instances
+
+    def _run_stages(
+        self, images: list[Tensor], targets: list[dict[str, Tensor]] | None
+    ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
+        """Normalise and batch, then backbone, RPN and RoI heads: (detections, losses); in training the
+        detections are empty, in eval the losses."""
         image_list, targets = self.transform(images, targets)
         features = self.backbone(image_list.tensors.contiguous(memory_format=self.memory_format))
         if isinstance(features, Tensor):
             features = OrderedDict([("0", features)])
         proposals, proposal_losses = self.rpn(image_list, features, targets)
         detections, detector_losses = self.roi_heads(features, proposals, image_list.image_sizes, targets)
-        if self.training:
-            return {**detector_losses, **proposal_losses}
-        return [
-            {"instances": self._to_original_size(detection, tuple(image.shape[-2:]), record)}
-            for detection, image, record in zip(detections, images, batched_inputs)
-        ]
+        return detections, {**detector_losses, **proposal_losses}
 
     @staticmethod
     def _to_float_image(record: Mapping[str, Any], device: torch.device) -> Tensor:
@@ -293,9 +343,4 @@ class RCNN(GeneralizedRCNN):
             [width / input_size[1], height / input_size[0], width / input_size[1], height / input_size[0]]
         )
         boxes = box_ops.clip_boxes_to_image(detection["boxes"] * scale, (height, width))
-        instances = {"boxes": boxes, "scores": detection["scores"], "classes": detection["labels"] - 1}
-        if "masks" in detection:
-            # Pasting the 28x28 mask probabilities straight at the original size avoids a second resampling.
-            probabilities = paste_masks(detection["masks"], boxes, (height, width))
-            instances["masks"] = (probabilities[:, 0] > self.mask_threshold).to(torch.uint8)
-        return instances
+        return self.to_instances({**detection, "boxes": boxes}, (height, width))

@@ -166,7 +166,8 @@ class RoIHeads(TorchvisionRoIHeads):
         """Per image: boxes, scores and labels (1..K) of the kept detections, scored by the loss's `scores`."""
         scores = self.get_classification_loss().scores(class_logits)
         boxes = self.box_coder.decode(box_regression, proposals)
-        per_image = [len(p) for p in proposals]
+        # shape[0], not len(): a trace (model export) keeps the former dynamic and freezes the latter.
+        per_image = [p.shape[0] for p in proposals]
         kept = [
             self._detections_in_image(image_boxes, image_scores, image_shape)
             for image_boxes, image_scores, image_shape in zip(

@@ -83,3 +83,34 @@ def test_multiscale_roi_align_matches_torchvision_on_fpn_levels():
     torch.testing.assert_close(got_grad, expected_grad, rtol=1e-4, atol=1e-4)
     assert ours.scales == reference.scales and expected.abs().sum() > 0
     assert "dense_max_elements" in repr(ours)
+
+
+def _square_boxes(sides: list[float]) -> torch.Tensor:
+    """Boxes at (10, 10) with these sides; a side s lands on FPN level floor(4 + log2(s / 224)), clamped."""
+    sides = torch.tensor(sides)[:, None]
+    return torch.cat([torch.full_like(sides, 10.0).expand(-1, 2), 10.0 + sides.expand(-1, 2)], dim=1)
+
+
+# torchvision's level mapping warns that it freezes its scales: they are constants of the FPN.
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning:torchvision")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning:torch")
+@pytest.mark.filterwarnings(r"ignore:`torch\.jit\.trace` is deprecated")  # torch's notice, expected here
+def test_multiscale_roi_align_traces_with_any_number_of_boxes_per_level():
+    # A trace (model export) must not freeze the example's RoI counts per level: here the example has one
+    # RoI on the second level and none on the last, the other call the reverse.
+    generator = torch.Generator().manual_seed(2)
+    features = OrderedDict(
+        (name, torch.randn(1, 8, 128 // 2**i, 128 // 2**i, generator=generator))
+        for i, name in enumerate("0123")
+    )
+    pool = MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2)
+    example = _square_boxes([50.0, 60.0, 150.0, 300.0])  # levels 0, 0, 1, 2
+    other = _square_boxes([160.0, 500.0, 200.0])  # levels 1, 3, 1
+    traced = torch.jit.trace(
+        lambda x, boxes: pool(x, [boxes], [(512, 512)]), (features, example), check_trace=False
+    )
+    for boxes in (example, other, other[:0]):
+        torch.testing.assert_close(
+            traced(features, boxes), pool(features, [boxes], [(512, 512)]), rtol=0, atol=0
+        )
+    assert pool.map_levels([other]).tolist() == [1, 3, 1]
