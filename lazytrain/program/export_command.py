@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -128,6 +129,22 @@ def _export(argv: list[str]) -> None:
     checks = {name: _export_and_check(predictor, images, name, output_dir, cfg) for name in formats}
     _write_model_json(os.path.join(output_dir, "model.json"), cfg, predictor, checkpoint, checks)
     print(f"Wrote model.json to {output_dir} (inputs, outputs, classes, parity)")
+    print(_tested_versions_note())
+
+
+def _tested_versions_note() -> str:
+    import torch
+
+    from lazytrain.modeling import export
+
+    tested = ", ".join(
+        f"{name} {' and '.join(versions) if isinstance(versions, (list, tuple)) else versions}"
+        for name, versions in export.TESTED_VERSIONS.items()
+    )
+    return (
+        f"Export parity is tested with {tested} (this machine: torch {torch.__version__}). torch marks "
+        "TorchScript and its TorchScript-based ONNX exporter deprecated; they work in these versions."
+    )
 
 
 def _export_and_check(predictor: Any, images: list, name: str, output_dir: str, cfg: DictConfig) -> str:
@@ -136,17 +153,27 @@ def _export_and_check(predictor: Any, images: list, name: str, output_dir: str, 
 
     path = os.path.join(output_dir, _FILES[name])
     start = time.perf_counter()
-    if name == "torchscript":
-        export.export_torchscript(predictor.model, images[0], path)
-        loaded = export.load_torchscript(path)
-    else:
-        opset = int(cfg.export.opset or export.ONNX_OPSET)
-        export.export_onnx(predictor.model, images[0], path, opset=opset)
-        loaded = export.load_onnx(path)
+    with warnings.catch_warnings():
+        # torch's notices that TorchScript and its ONNX exporter are deprecated, once per call: `main` says it
+        # once, with the versions the parity tests ran on.
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        loaded = _write_and_load(predictor, images[0], name, path, cfg)
     seconds = time.perf_counter() - start
     report = export.check_parity(export.ExportableRCNN(predictor.model), loaded, images)
     print(f"{path}: written in {seconds:.1f} s; {report}")
     return str(report)
+
+
+def _write_and_load(predictor: Any, example: Any, name: str, path: str, cfg: DictConfig) -> Any:
+    from lazytrain.modeling import export
+
+    if name == "torchscript":
+        export.export_torchscript(predictor.model, example, path)
+        return export.load_torchscript(path)
+    opset = int(cfg.export.opset or export.ONNX_OPSET)
+    export.export_onnx(predictor.model, example, path, opset=opset)
+    return export.load_onnx(path)
 
 
 def _write_model_json(path: str, cfg: DictConfig, predictor: Any, checkpoint: str, checks: dict) -> None:

@@ -9,56 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from lazytrain.config import LazyConfig
-from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.data.mappers import read_image
-from lazytrain.program.default import run
 from lazytrain.program.entrypoint import main as lazytrain_main
 from lazytrain.program.predictor import Predictor, to_image_tensor
-from tests.smoke import smoke_overrides
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    """A finished demo run: config.yaml, model_final.pth and the evaluator's lvis_instances_results.json."""
-    root = tmp_path_factory.mktemp("predict")
-    datasets = root / "datasets"
-    generate_synthetic_lt(
-        str(datasets / "synthetic_lt"),
-        num_train=12,
-        num_val=6,
-        size_range=(64, 96),
-        val_images_per_category=1,
-    )
-    output_dir = root / "run"
-    cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
-    LazyConfig.apply_overrides(
-        cfg,
-        [
-            *smoke_overrides(),
-            "model.roi_heads.detections_per_img=20",
-            "dataloader.test.batch_size=2",
-            f"train.output_dir={output_dir}",
-        ],
-    )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LAZYTRAIN_DATASETS", str(datasets))
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            run(cfg)
-        finally:
-            torch.set_num_threads(threads)
-    return {"dir": str(output_dir), "datasets": str(datasets)}
-
-
-@pytest.fixture
-def in_run_datasets(demo_run, monkeypatch):
-    monkeypatch.setenv("LAZYTRAIN_DATASETS", demo_run["datasets"])
-    torch.set_num_threads(1)
-    return demo_run
 
 
 def _val_images(demo_run) -> list[dict]:
