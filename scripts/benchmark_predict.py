@@ -17,6 +17,7 @@ import argparse
 import os
 import tempfile
 import time
+import warnings
 
 # As `python -m lazytrain` runs: idle OpenMP threads sleep instead of spinning (set before torch loads).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -67,6 +68,11 @@ def time_exported(run: object, predictor: Predictor, files: list[str]) -> tuple[
 def export_rows(args: argparse.Namespace, files: list[str]) -> list[tuple]:
     from lazytrain.modeling import export
 
+    # torch's deprecation notices for TorchScript and its ONNX exporter (python -m lazytrain export says why
+    # they do not matter here)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
     predictor = Predictor.from_run(args.run_dir, device="cpu", batch_size=1)
     example = predictor.mapper.map_image(to_image_tensor(files[0]))
     threshold = predictor.model.roi_heads.score_thresh
@@ -74,9 +80,18 @@ def export_rows(args: argparse.Namespace, files: list[str]) -> list[tuple]:
     rows = [("eager, one image per call", 1, threshold, *time_exported(eager, predictor, files))]
     with tempfile.TemporaryDirectory() as directory:
         script = export.export_torchscript(predictor.model, example, os.path.join(directory, "model.ts"))
-        rows.append(("TorchScript", 1, threshold, *time_exported(export.load_torchscript(script), predictor, files)))
+        rows.append(
+            ("TorchScript", 1, threshold, *time_exported(export.load_torchscript(script), predictor, files))
+        )
         onnx_file = export.export_onnx(predictor.model, example, os.path.join(directory, "model.onnx"))
-        rows.append(("ONNX Runtime (CPU)", 1, threshold, *time_exported(export.load_onnx(onnx_file), predictor, files)))
+        rows.append(
+            (
+                "ONNX Runtime (CPU)",
+                1,
+                threshold,
+                *time_exported(export.load_onnx(onnx_file), predictor, files),
+            )
+        )
     return rows
 
 
@@ -95,7 +110,9 @@ def main(argv: list[str] | None = None) -> list[tuple]:
             rows.append(("Predictor", batch_size, threshold, *time_predictor(predictor, files)))
     if args.exports:
         rows.extend(export_rows(args, files))
-    print(f"{len(files)} images from {args.image_dir}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"{len(files)} images from {args.image_dir}; torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     print("| path | batch | score thresh | images/s | detections/image |\n|---|---|---|---|---|")
     for name, batch_size, threshold, speed, detections in rows:
         print(f"| {name} | {batch_size} | {threshold} | {speed:.1f} | {detections:.1f} |")

@@ -12,6 +12,7 @@ from PIL import Image
 from lazytrain.data.mappers import read_image
 from lazytrain.program.entrypoint import main as lazytrain_main
 from lazytrain.program.predictor import Predictor, to_image_tensor
+from tests.scripts.loading import load_script
 
 
 def _val_images(demo_run) -> list[dict]:
@@ -176,3 +177,25 @@ def test_predict_command_refuses_bad_input_with_one_line(in_run_datasets, tmp_pa
         _predict(in_run_datasets["dir"], image, f"predict.output_dir={kept}")
     assert "exists; nothing is overwritten" in capsys.readouterr().err
     assert (kept / "results.json").read_text() == "[1]"
+
+
+def test_benchmark_predict_prints_images_per_second_for_each_path(in_run_datasets, capsys):
+    folder = os.path.dirname(_val_images(in_run_datasets)[0]["path"])
+    argv = [
+        in_run_datasets["dir"],
+        folder,
+        "--images",
+        "2",
+        "--batch-sizes",
+        "1,2",
+        "--score-thresholds",
+        "0.5",
+    ]
+    rows = load_script("benchmark_predict").main([*argv, "--exports"])
+    assert [row[:2] for row in rows] == [
+        ("Predictor", 1), ("Predictor", 2), ("eager, one image per call", 1), ("TorchScript", 1),
+        ("ONNX Runtime (CPU)", 1),
+    ]  # fmt: skip
+    assert all(row[3] > 0 for row in rows)
+    table = capsys.readouterr().out
+    assert table.count("\n| ") == 6 and "images/s" in table
