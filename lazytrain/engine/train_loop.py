@@ -406,7 +406,11 @@ class SimpleTrainer(TrainerBase):
         non_finite = torch.zeros(world_size, device=losses.device)
         non_finite[rank] = (~torch.isfinite(losses).all()).float()
         signum = self.stop_request.signum if self.stop_request is not None else 0
-        requested = torch.tensor([float(signum == s) for s in _STOP_SIGNALS], device=losses.device)
+        # Filled on the device: torch.tensor(values, device=...) would copy from host memory, which waits for the
+        # device's queue like the tolist() below.
+        requested = torch.zeros(len(_STOP_SIGNALS), device=losses.device)
+        if signum in _STOP_SIGNALS:
+            requested[_STOP_SIGNALS.index(signum)] = 1.0
         packed = torch.cat([losses, non_finite, requested])
         if world_size > 1:
             torch.distributed.all_reduce(packed)

@@ -58,6 +58,17 @@ class NoResizeTransform(GeneralizedRCNNTransform):
             size_divisible=size_divisible,
         )  # fmt: skip
 
+        # On the model's device, moved with it: torchvision's `normalize` builds them from Python lists for
+        # every image, two host-to-device copies per image that each wait for the GPU's queue. Not persistent:
+        # checkpoints keep torchvision's keys.
+        self.register_buffer("pixel_mean", torch.tensor(self.image_mean).view(3, 1, 1), persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(self.image_std).view(3, 1, 1), persistent=False)
+
+    def normalize(self, image: Tensor) -> Tensor:
+        if not image.is_floating_point():
+            raise TypeError(f"NoResizeTransform expects float images (0-255 scale); got {image.dtype}")
+        return (image - self.pixel_mean.to(image.dtype)) / self.pixel_std.to(image.dtype)
+
     def resize(
         self, image: Tensor, target: dict[str, Tensor] | None = None
     ) -> tuple[Tensor, dict[str, Tensor] | None]:
@@ -101,7 +112,10 @@ class RCNN(GeneralizedRCNN):
         mask_threshold: mask probability above which a pixel belongs to the instance in eval outputs.
         channels_last: keep conv weights and the image batch in channels-last (NHWC) memory format, which
             oneDNN convolutions on CPU (and tensor cores on GPU) run faster; numbers differ from NCHW only
-            by float rounding, and checkpoints load either way.
+            by float rounding, and checkpoints load either way. None (the default): channels-last while the
+            model is on a GPU (or any device but the CPU), NCHW on the CPU, switched whenever the model moves
+            (``model.to(device)``, before an optimizer or DDP sees it). On one H100 the R50-FPN step took
+            0.1438 instead of 0.1587 s/it in bf16 and 0.1471 instead of 0.1665 in fp32 (issue 26).
     """
 
     def __init__(
@@ -115,7 +129,7 @@ class RCNN(GeneralizedRCNN):
         pixel_std: Sequence[float] = IMAGENET_PIXEL_STD,
         size_divisible: int = 32,
         mask_threshold: float = 0.5,
-        channels_last: bool = False,
+        channels_last: bool | None = None,
     ) -> None:
         transform = NoResizeTransform(
             _check_stats("pixel_mean", pixel_mean), _check_stats("pixel_std", pixel_std), size_divisible
@@ -125,9 +139,26 @@ class RCNN(GeneralizedRCNN):
         self._check_classification_loss()
         self.mask_threshold = float(mask_threshold)
         self._check_feature_maps()
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        if channels_last:
-            self.to(memory_format=torch.channels_last)
+        self.channels_last = channels_last
+        self.memory_format = torch.contiguous_format
+        self._follow_memory_format()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> RCNN:
+        # Every move and cast (`to`, `cuda`, `cpu`, `half`, ...) ends here: channels_last=None follows the device.
+        super()._apply(fn, recurse)
+        if hasattr(self, "channels_last"):  # not during __init__
+            self._follow_memory_format()
+        return self
+
+    def _follow_memory_format(self) -> None:
+        wanted = self.channels_last
+        if wanted is None:
+            parameter = next(self.parameters(), None)
+            wanted = parameter is not None and parameter.device.type != "cpu"
+        memory_format = torch.channels_last if wanted else torch.contiguous_format
+        if memory_format != self.memory_format:
+            self.memory_format = memory_format
+            super()._apply(lambda t: t.contiguous(memory_format=memory_format) if t.dim() == 4 else t)
 
     @classmethod
     def from_torchvision(
@@ -136,7 +167,7 @@ class RCNN(GeneralizedRCNN):
         *,
         pixel_mean: Sequence[float] | None = None,
         pixel_std: Sequence[float] | None = None,
-        channels_last: bool = False,
+        channels_last: bool | None = None,
     ) -> RCNN:
         """Wrap a torchvision Faster/Mask R-CNN, sharing its modules and replacing its resizing transform.
 

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 from torchvision.models.detection import maskrcnn_resnet50_fpn
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
 
 from lazytrain.modeling import RCNN, NoResizeTransform
 from tests.modeling.helpers import build_model, make_record
@@ -210,3 +211,25 @@ def test_channels_last_model_matches_the_contiguous_one():
         sum(feature.square().mean() for feature in features.values()).backward()
         grads.append(model.backbone.body.conv1.weight.grad)
     assert (grads[0] - grads[1]).norm() <= 1e-9 * grads[1].norm()
+
+
+def test_channels_last_by_default_follows_the_device():
+    model = build_model(overrides=("model.num_classes=3", "model.channels_last=null"))
+    assert model.memory_format == torch.contiguous_format and model.backbone.body.conv1.weight.is_contiguous()
+    model.to("meta")  # any device but the CPU, as a GPU would be
+    assert model.memory_format == torch.channels_last
+    convolutions = [p for p in model.parameters() if p.dim() == 4]
+    assert convolutions and all(p.is_contiguous(memory_format=torch.channels_last) for p in convolutions)
+    assert model.transform.pixel_mean.device.type == "meta"  # the normalisation constants moved too
+    pinned = build_model(overrides=("model.num_classes=3", "model.channels_last=false")).to("meta")
+    assert pinned.memory_format == torch.contiguous_format and pinned.backbone.body.conv1.weight.is_contiguous()
+
+
+def test_normalisation_equals_torchvisions_and_adds_no_checkpoint_keys():
+    transform = NoResizeTransform([123.675, 116.28, 103.53], [58.395, 57.12, 57.375])
+    image = torch.randint(0, 256, (3, 20, 30)).float()
+    reference = GeneralizedRCNNTransform(1, 1, transform.image_mean, transform.image_std)
+    assert torch.equal(transform.normalize(image), reference.normalize(image))
+    assert not transform.state_dict()
+    with pytest.raises(TypeError, match="float images"):
+        transform.normalize(image.to(torch.uint8))
