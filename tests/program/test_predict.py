@@ -199,3 +199,18 @@ def test_benchmark_predict_prints_images_per_second_for_each_path(in_run_dataset
     assert all(row[3] > 0 for row in rows)
     table = capsys.readouterr().out
     assert table.count("\n| ") == 6 and "images/s" in table
+
+
+def test_predict_command_takes_a_config_and_named_weights(in_run_datasets, tmp_path, capsys):
+    config = os.path.join(in_run_datasets["dir"], "config.yaml")
+    weights = os.path.join(in_run_datasets["dir"], "model_final.pth")
+    image = _val_images(in_run_datasets)[0]["path"]
+    out = tmp_path / "out"
+    _predict(
+        config, image, f"predict.checkpoint={weights}", f"predict.output_dir={out}", "predict.score_thresh=0"
+    )
+    assert "Predicted 1 images (100 detections)" in capsys.readouterr().out  # predict.max_dets
+    assert json.load(open(out / "images.json"))["categories"][0] == {"id": 1, "name": "red_circle"}
+    with pytest.raises(SystemExit):
+        _predict(config, image, f"predict.output_dir={tmp_path / 'other'}")
+    assert "is a config: name its weights with predict.checkpoint=PATH" in capsys.readouterr().err
