@@ -20,3 +20,7 @@ def smoke_overrides(short_edge: int = 96, max_size: int = 128) -> list[str]:
 
 # An untrained R50 mask head on 300 detections per image makes inference slow.
 FEW_DETECTIONS = "model.roi_heads.detections_per_img=20"
+
+
+# A tiny stand-in of the embedded data set for smoke runs: `generate_synthetic_lt(root, **TINY_SYNTHETIC_LT)`.
+TINY_SYNTHETIC_LT = {"num_train": 12, "num_val": 6, "size_range": (64, 96), "val_images_per_category": 1}

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
-from tests.smoke import FEW_DETECTIONS, smoke_overrides
+from tests.smoke import FEW_DETECTIONS, TINY_SYNTHETIC_LT, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
@@ -82,9 +82,7 @@ def with_smoke(arguments: list[str]) -> list[str]:
 @pytest.fixture(scope="module")
 def datasets_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("datasets")
-    generate_synthetic_lt(
-        str(root / "synthetic_lt"), num_train=12, num_val=6, size_range=(64, 96), val_images_per_category=1
-    )
+    generate_synthetic_lt(str(root / "synthetic_lt"), **TINY_SYNTHETIC_LT)
     return str(root)
 
 

@@ -21,14 +21,20 @@ parity tests ran with. Keys: ``export.format`` (``all``, ``onnx``, ``torchscript
 from __future__ import annotations
 
 import os
-import sys
 import time
 import warnings
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lazytrain.program.predict_command import CommandLineError, find_images, split_arguments, write_json
+from lazytrain.program.predict_command import (
+    CommandLineError,
+    find_images,
+    refuse_existing,
+    run_command,
+    split_arguments,
+    write_json,
+)
 
 __all__ = ["EXPORT_DEFAULTS", "main"]
 
@@ -86,25 +92,9 @@ def _formats(cfg: DictConfig) -> list[str]:
     return list(_FILES) if cfg.export.format == "all" else [str(cfg.export.format)]
 
 
-def _check_outputs_are_new(output_dir: str, formats: list[str]) -> None:
-    for name in [_FILES[f] for f in formats] + ["model.json"]:
-        path = os.path.join(output_dir, name)
-        if os.path.exists(path):
-            raise CommandLineError(
-                f"{path} exists; nothing is overwritten. Choose another export.output_dir=DIR or remove it."
-            )
-
-
 def main(argv: list[str]) -> None:
-    """Run ``export`` (argv without the word ``export``); exit status 1 with a one-line error."""
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        return
-    try:
-        _export(argv)
-    except (CommandLineError, FileNotFoundError, ValueError, OSError, ImportError) as e:
-        print(f"lazytrain export: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+    """Run ``export`` (argv without the word ``export``)."""
+    run_command("export", argv, _export, __doc__)
 
 
 def _export(argv: list[str]) -> None:
@@ -117,7 +107,8 @@ def _export(argv: list[str]) -> None:
         raise CommandLineError(str(e)) from None
     formats = _formats(cfg)
     output_dir = str(cfg.export.output_dir)
-    _check_outputs_are_new(output_dir, formats)
+    written = [_FILES[f] for f in formats] + ["model.json"]
+    refuse_existing([os.path.join(output_dir, name) for name in written], "export.output_dir")
     files = get_check_files(cfg, image_arguments)
     from lazytrain.program.predictor import Predictor, read_categories, to_image_tensor
 

@@ -28,6 +28,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -38,6 +39,8 @@ __all__ = [
     "CommandLineError",
     "find_images",
     "main",
+    "refuse_existing",
+    "run_command",
     "split_arguments",
     "write_json",
 ]
@@ -131,24 +134,31 @@ def load_predict_config(source: str, overrides: list[str]) -> tuple[DictConfig, 
     return cfg, checkpoint
 
 
-def _check_output_dir(output_dir: str) -> None:
-    results = os.path.join(output_dir, "results.json")
-    if os.path.exists(results):
-        raise CommandLineError(
-            f"{results} exists; nothing is overwritten. Choose another predict.output_dir=DIR or remove it."
-        )
+def refuse_existing(paths: list[str], key: str) -> None:
+    """Raise naming the first of `paths` that exists: a command never overwrites what is there."""
+    for path in paths:
+        if os.path.exists(path):
+            raise CommandLineError(
+                f"{path} exists; nothing is overwritten. Choose another {key}=DIR or remove it."
+            )
+
+
+def run_command(name: str, argv: list[str], body: Callable[[list[str]], None], help_text: str) -> None:
+    """Run a subcommand's `body` on `argv`: ``--help`` prints `help_text`; an error the user can fix ends the
+    command with its one-line message and exit status 1."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(help_text)
+        return
+    try:
+        body(argv)
+    except (CommandLineError, FileNotFoundError, ValueError, OSError, ImportError) as e:
+        print(f"lazytrain {name}: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def main(argv: list[str]) -> None:
-    """Run ``predict`` (argv without the word ``predict``); exit status 1 with a one-line error."""
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        return
-    try:
-        _predict(argv)
-    except (CommandLineError, FileNotFoundError, ValueError, OSError) as e:
-        print(f"lazytrain predict: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+    """Run ``predict`` (argv without the word ``predict``)."""
+    run_command("predict", argv, _predict, __doc__)
 
 
 def _predict(argv: list[str]) -> None:
@@ -161,7 +171,7 @@ def _predict(argv: list[str]) -> None:
     except ConfigError as e:
         raise CommandLineError(str(e)) from None
     output_dir = str(cfg.predict.output_dir)
-    _check_output_dir(output_dir)
+    refuse_existing([os.path.join(output_dir, "results.json")], "predict.output_dir")
     from lazytrain.program.predictor import Predictor, read_categories
 
     predictor = Predictor.from_config(

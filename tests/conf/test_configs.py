@@ -16,7 +16,7 @@ from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.program.default import INJECTED_ARGUMENTS, run
 from lazytrain.program.preflight.builtin_data import find_missing_data
 from lazytrain.program.preflight.json_data import find_json_dataset_problems
-from tests.smoke import FEW_DETECTIONS, smoke_overrides
+from tests.smoke import FEW_DETECTIONS, TINY_SYNTHETIC_LT, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(f for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith(".py"))
@@ -66,10 +66,7 @@ def datasets_root(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("datasets"))
     generated = generate_synthetic_lt(
         os.path.join(root, "generated"),
-        num_train=12,
-        num_val=6,
-        size_range=(64, 96),
-        val_images_per_category=1,
+        **TINY_SYNTHETIC_LT,
     )
     shutil.copytree(generated, os.path.join(root, "synthetic_lt"))
     for split in ("train", "val"):

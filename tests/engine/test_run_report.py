@@ -21,7 +21,7 @@ from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.engine import plot_writer as run_report
 from lazytrain.utils.plots import build_ap_by_frequency_figure, build_metrics_figure
 from lazytrain.utils.run_dirs import read_metrics, read_per_category_ap
-from tests.smoke import smoke_overrides
+from tests.smoke import TINY_SYNTHETIC_LT, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = [
@@ -38,10 +38,7 @@ def demo_run(tmp_path_factory):
     datasets = tmp_path_factory.mktemp("datasets")
     generate_synthetic_lt(
         str(datasets / "synthetic_lt"),
-        num_train=12,
-        num_val=6,
-        size_range=(64, 96),
-        val_images_per_category=1,
+        **TINY_SYNTHETIC_LT,
         max_instances=8,  # room for every category in 12 images
     )
     run_dir = tmp_path_factory.mktemp("run") / "demo"

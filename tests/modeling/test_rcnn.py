@@ -222,7 +222,9 @@ def test_channels_last_by_default_follows_the_device():
     assert convolutions and all(p.is_contiguous(memory_format=torch.channels_last) for p in convolutions)
     assert model.transform.pixel_mean.device.type == "meta"  # the normalisation constants moved too
     pinned = build_model(overrides=("model.num_classes=3", "model.channels_last=false")).to("meta")
-    assert pinned.memory_format == torch.contiguous_format and pinned.backbone.body.conv1.weight.is_contiguous()
+    assert (
+        pinned.memory_format == torch.contiguous_format and pinned.backbone.body.conv1.weight.is_contiguous()
+    )
 
 
 def test_normalisation_equals_torchvisions_and_adds_no_checkpoint_keys():

@@ -8,7 +8,7 @@ import torch
 from lazytrain.config import LazyConfig
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.program.default import run
-from tests.smoke import smoke_overrides
+from tests.smoke import TINY_SYNTHETIC_LT, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -18,13 +18,7 @@ def demo_run(tmp_path_factory):
     """A finished demo run: config.yaml, model_final.pth and the evaluator's lvis_instances_results.json."""
     root = tmp_path_factory.mktemp("demo_run")
     datasets = root / "datasets"
-    generate_synthetic_lt(
-        str(datasets / "synthetic_lt"),
-        num_train=12,
-        num_val=6,
-        size_range=(64, 96),
-        val_images_per_category=1,
-    )
+    generate_synthetic_lt(str(datasets / "synthetic_lt"), **TINY_SYNTHETIC_LT)
     output_dir = root / "run"
     cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
     LazyConfig.apply_overrides(
