@@ -190,15 +190,14 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         positive, negative = self.fg_bg_sampler(labels)
         positive, drawn = positive.flatten(), (positive | negative).flatten()
         num_drawn = drawn.sum()
-        labels = labels.flatten()
-        # Masked, not multiplied by the mask: an anchor outside the sample may hold inf (a log of 0 in its
-        # regression target), and inf * 0 is nan.
-        outside = ~positive[:, None]
-        deltas = pred_bbox_deltas.masked_fill(outside, 0.0)
-        targets = torch.cat(regression_targets).masked_fill(outside, 0.0)
-        box_loss = F.smooth_l1_loss(deltas, targets, beta=1 / 9, reduction="sum") / num_drawn
+        # masked_fill, not a product with the mask: an anchor outside the sample may hold inf (log 0 in the
+        # regression target of an image without boxes), and inf * 0 is nan; masked, its gradient is 0.
+        per_anchor = F.smooth_l1_loss(
+            pred_bbox_deltas, torch.cat(regression_targets), beta=1 / 9, reduction="none"
+        )
+        box_loss = per_anchor.sum(dim=1).masked_fill(~positive, 0.0).sum() / num_drawn
         per_anchor = F.binary_cross_entropy_with_logits(
-            objectness.flatten(), labels.clamp(min=0), reduction="none"
+            objectness.flatten(), labels.flatten().clamp(min=0), reduction="none"
         )
         objectness_loss = per_anchor.masked_fill(~drawn, 0.0).sum() / num_drawn
         return objectness_loss, box_loss
