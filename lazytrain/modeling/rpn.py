@@ -59,7 +59,8 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
     In eval mode the proposals equal torchvision's box for box (see `filter_proposals` for the order of
     equal scores); in training the losses are torchvision's for the anchors drawn, but the anchors are drawn
     by `BalancedMaskSampler`, so not the ones torchvision would draw for the same seed. To sample differently,
-    assign ``rpn.fg_bg_sampler`` a callable that maps labels [N, A] to ``(positive, negative)`` masks.
+    assign ``rpn.fg_bg_sampler`` a callable that maps labels [N, A] to ``(positive, negative)`` masks, [N, A]
+    or per image (torchvision's `BalancedPositiveNegativeSampler` works, with its host syncs).
     Under tracing (model export) `filter_proposals` is torchvision's, which traces.
 
     Args:
@@ -187,7 +188,7 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
             ``(loss_objectness, loss_rpn_box_reg)``.
         """
         labels = torch.stack(labels)
-        positive, negative = self.fg_bg_sampler(labels)
+        positive, negative = (_batch_mask(drawn) for drawn in self.fg_bg_sampler(labels))
         positive, drawn = positive.flatten(), (positive | negative).flatten()
         num_drawn = drawn.sum()
         # masked_fill, not a product with the mask: an anchor outside the sample may hold inf (log 0 in the
@@ -201,6 +202,12 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         )
         objectness_loss = per_anchor.masked_fill(~drawn, 0.0).sum() / num_drawn
         return objectness_loss, box_loss
+
+
+def _batch_mask(drawn: Tensor | list[Tensor]) -> Tensor:
+    """A sampler's mask as one bool tensor: `BalancedMaskSampler` gives [N, A], torchvision's sampler a list of
+    per-image uint8 masks."""
+    return (torch.stack(drawn) if isinstance(drawn, (list, tuple)) else drawn).bool()
 
 
 class _Candidates(NamedTuple):

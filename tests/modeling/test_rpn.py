@@ -305,6 +305,19 @@ def test_training_losses_and_gradients_equal_torchvisions_for_the_same_anchors(r
         torch.testing.assert_close(parameter.grad, expected_parameter.grad, rtol=1e-5, atol=1e-9)
 
 
+def test_torchvisions_sampler_still_works_and_gives_torchvisions_losses():
+    rpn = _spread_scores(_recipe_rpn()).train()
+    reference = _torchvision_copy(rpn)
+    rpn.fg_bg_sampler = BalancedPositiveNegativeSampler(256, 0.5)  # per-image uint8 masks
+    images, features, targets = _inputs(rpn, DEMO_SIZES, seed=7, channels=64)
+    torch.manual_seed(0)
+    _, losses = rpn(images, features, targets)
+    torch.manual_seed(0)
+    _, expected = reference(images, features, targets)
+    for name, loss in losses.items():
+        torch.testing.assert_close(loss, expected[name], rtol=1e-6, atol=0)
+
+
 def test_training_forward_syncs_the_host_once():
     rpn = _recipe_rpn().train()
     images, features, targets = _inputs(rpn, DEMO_SIZES, seed=2, channels=64)
