@@ -1,5 +1,6 @@
-"""Models for recipes: the `RCNN` adapter over torchvision detectors, backbones, RoI heads, predictors and
-their classification losses, weight loading, and export to TorchScript/ONNX with a parity check."""
+"""Models for recipes: the `RCNN` adapter over torchvision detectors, backbones, the region proposal network,
+RoI heads, predictors and their classification losses, the sampling of training examples, weight loading, and
+export to TorchScript/ONNX with a parity check."""
 
 from lazytrain.modeling.backbone import build_resnet_fpn_backbone
 from lazytrain.modeling.classification_losses import (
@@ -21,10 +22,13 @@ from lazytrain.modeling.heads import BoxPredictor, CosineBoxPredictor, MaskPredi
 from lazytrain.modeling.poolers import MultiScaleRoIAlign
 from lazytrain.modeling.rcnn import RCNN, NoResizeTransform
 from lazytrain.modeling.roi_heads import RoIHeads
+from lazytrain.modeling.rpn import RegionProposalNetwork
+from lazytrain.modeling.sampling import BalancedMaskSampler
 from lazytrain.modeling.weights import load_init_weights
 
 __all__ = [
     "RCNN",
+    "BalancedMaskSampler",
     "BoxPredictor",
     "ClassificationLoss",
     "CosineBoxPredictor",
@@ -34,6 +38,7 @@ __all__ = [
     "MaskPredictor",
     "MultiScaleRoIAlign",
     "NoResizeTransform",
+    "RegionProposalNetwork",
     "RoIHeads",
     "SeesawLoss",
     "SoftmaxCrossEntropy",

@@ -16,7 +16,7 @@ address): the R-50 file would fill only the blocks both depths have, and the rep
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import TwoMLPHead
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads
-from torchvision.models.detection.rpn import RegionProposalNetwork, RPNHead
+from torchvision.models.detection.rpn import RPNHead
 
 from lazytrain.config import LazyCall as L
 from lazytrain.modeling import (  # MultiScaleRoIAlign: torchvision's, with a faster CPU training path
@@ -24,6 +24,7 @@ from lazytrain.modeling import (  # MultiScaleRoIAlign: torchvision's, with a fa
     BoxPredictor,
     MaskPredictor,
     MultiScaleRoIAlign,
+    RegionProposalNetwork,  # torchvision's, for the whole batch at once (one host sync per step)
     RoIHeads,  # torchvision's, with the classification loss taken from box_predictor.loss
     build_resnet_fpn_backbone,
 )
