@@ -61,7 +61,7 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
     by `BalancedMaskSampler`, so not the ones torchvision would draw for the same seed. To sample differently,
     assign ``rpn.fg_bg_sampler`` a callable that maps labels [N, A] to ``(positive, negative)`` masks, [N, A]
     or per image (torchvision's `BalancedPositiveNegativeSampler` works, with its host syncs).
-    Under tracing (model export) `filter_proposals` is torchvision's, which traces.
+    Under tracing (model export), and by default on the CPU (``batched``), `filter_proposals` is torchvision's.
 
     Args:
         anchor_generator: anchors for the feature maps.
@@ -74,6 +74,10 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         post_nms_top_n: ``{"training": k, "testing": k}``, proposals kept per image after NMS.
         nms_thresh: IoU above which NMS removes the lower-scoring box, in [0, 1].
         score_thresh: proposals scoring below it (objectness probability) are dropped.
+        batched: select proposals for all images at once with one host read (True), or with torchvision's
+            per-image loop (False). None (the default): batched on any device but the CPU, where nothing waits
+            for a device and the loop is faster (demo step with 2 threads: RPN forward 41 ms with the loop,
+            62 ms batched; one thread: about equal).
     """
 
     def __init__(
@@ -88,6 +92,8 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         post_nms_top_n: dict[str, int],
         nms_thresh: float,
         score_thresh: float = 0.0,
+        *,
+        batched: bool | None = None,
     ) -> None:
         if not 0.0 <= nms_thresh <= 1.0:
             raise ValueError(f"RegionProposalNetwork(nms_thresh=) must be in [0, 1]; got {nms_thresh}")
@@ -98,6 +104,7 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         self.box_coder = _BoxCoder(weights=(1.0, 1.0, 1.0, 1.0))
         self.proposal_matcher = _Matcher(fg_iou_thresh, bg_iou_thresh, allow_low_quality_matches=True)
         self.fg_bg_sampler = BalancedMaskSampler(batch_size_per_image, positive_fraction)
+        self.batched = batched
 
     def filter_proposals(
         self,
@@ -129,7 +136,8 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         Returns:
             ``(boxes, scores)``: per image [K_i, 4] boxes and [K_i] objectness probabilities.
         """
-        if torch.jit.is_tracing():
+        batched = self.batched if self.batched is not None else proposals.device.type != "cpu"
+        if torch.jit.is_tracing() or not batched:
             return super().filter_proposals(proposals, objectness, image_shapes, num_anchors_per_level)
         candidates = self._candidates(proposals, objectness, image_shapes, num_anchors_per_level)
         limit = self.post_nms_top_n()

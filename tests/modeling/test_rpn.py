@@ -38,7 +38,8 @@ R50_SIZES = [
 def _recipe_rpn(recipe: str = CPU_RECIPE, *overrides: str) -> RegionProposalNetwork:
     # A narrow FPN for the R50 recipe: its RPN settings, with a head that runs fast on the CPU.
     width = ("model.backbone.out_channels=16",) if recipe == R50_RECIPE else ()
-    return instantiate(load_model_config(recipe, (*width, *overrides)).model.rpn)
+    # batched=True: the path a GPU takes (on the CPU the default is torchvision's per-image loop).
+    return instantiate(load_model_config(recipe, (*width, "+model.rpn.batched=true", *overrides)).model.rpn)
 
 
 def _torchvision_copy(rpn: RegionProposalNetwork) -> TorchvisionRegionProposalNetwork:
@@ -414,3 +415,18 @@ def test_rejects_an_nms_threshold_outside_0_1():
         ValueError, match=r"RegionProposalNetwork\(nms_thresh=\) must be in \[0, 1\]; got 1.5"
     ):
         _recipe_rpn(CPU_RECIPE, "model.rpn.nms_thresh=1.5")
+
+
+def test_on_the_cpu_the_default_is_torchvisions_loop(monkeypatch):
+    rpn = _recipe_rpn(CPU_RECIPE, "model.rpn.batched=null").eval()
+    candidates = _candidates(rpn, DEMO_SIZES, seed=5)
+    expected = _torchvision_copy(rpn).filter_proposals(*candidates)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the batched selection ran on the CPU")
+
+    monkeypatch.setattr(rpn_module, "_nms", fail)
+    _assert_same_proposals(rpn.filter_proposals(*candidates), expected)
+    rpn.batched = True
+    with pytest.raises(AssertionError, match="batched selection ran"):
+        rpn.filter_proposals(*candidates)

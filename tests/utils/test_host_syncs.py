@@ -159,7 +159,12 @@ POOLS = ("box_roi_pool", "mask_roi_pool")
 
 def _model() -> torch.nn.Module:
     # torchvision's RoIAlign kernel, as on a GPU: the dense CPU form adds a nonzero per image and map.
-    overrides = ("model.num_classes=3", *(f"+model.roi_heads.{pool}.dense_max_elements=0" for pool in POOLS))
+    # The RPN's batched proposal selection, as on a GPU (on the CPU it takes torchvision's per-image loop).
+    overrides = (
+        "model.num_classes=3",
+        "+model.rpn.batched=true",
+        *(f"+model.roi_heads.{pool}.dense_max_elements=0" for pool in POOLS),
+    )
     return build_model(overrides=overrides)
 
 
