@@ -116,3 +116,13 @@ def file_server(tmp_path):
     server = FileServer(root)
     yield server
     server.close()
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test: on the shared 2-core machine, two OpenMP threads competing with other
+    jobs made model steps many times slower (a ResNet-18 forward 30x) through busy-waiting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 
 def pytest_collection_modifyitems(items):
@@ -9,9 +8,5 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    # See tests/modeling/conftest.py: 2 threads on a busy 2-core machine are far slower than 1.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every evaluation test on one thread (tests/conftest.py `one_thread`)."""

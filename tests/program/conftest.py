@@ -42,10 +42,7 @@ def demo_run(tmp_path_factory):
 
 
 @pytest.fixture
-def in_run_datasets(demo_run, monkeypatch):
+def in_run_datasets(demo_run, monkeypatch, one_thread):
     """The demo run, with $LAZYTRAIN_DATASETS pointing at its data and torch at 1 thread."""
     monkeypatch.setenv("LAZYTRAIN_DATASETS", demo_run["datasets"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield demo_run
-    torch.set_num_threads(threads)
+    return demo_run

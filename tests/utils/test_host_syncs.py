@@ -32,14 +32,7 @@ MAX_HOST_SYNCS_PER_STEP = 21
 MAX_HOST_SYNCS_PER_INFERENCE = 19
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # As in tests/modeling: two OpenMP threads competing with other jobs on the shared 2-core machine made
-    # model steps many times slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _counts(function) -> dict[str, int]:
