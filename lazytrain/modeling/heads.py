@@ -16,6 +16,7 @@ sends a randomly initialised model at lr 0.01 to NaN within ten steps unless gra
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor
 from torchvision.models.detection.mask_rcnn import MaskRCNNPredictor
@@ -133,3 +134,26 @@ class MaskPredictor(MaskRCNNPredictor):
         self.num_classes = num_classes
         nn.init.normal_(self.mask_fcn_logits.weight, std=0.001)
         nn.init.zeros_(self.mask_fcn_logits.bias)
+
+    def forward(self, x: Tensor, classes: Tensor | None = None) -> Tensor:
+        """Mask logits of every class [N, K+1, M, M], or with `classes` only those classes' [N, 1, M, M].
+
+        The loss reads one class per RoI (its ground-truth class) and inference one (the detected class), so
+        `lazytrain.modeling.RoIHeads` passes `classes` and the 1x1 logit convolution becomes a per-RoI dot
+        product with that class's weights: same values as the all-class output's channel, and K+1 times
+        fewer logits (and logit gradients) to compute. With LVIS's 1203 classes the all-class output was
+        ~1 G logits per training step at batch 8.
+
+        Args:
+            x: [N, in_channels, m, m] mask head features.
+            classes: [N] class index per RoI (0 is the background), or None for every class.
+        """
+        if classes is None:
+            return super().forward(x)
+        features = self.relu(self.conv5_mask(x))
+        logits = self.mask_fcn_logits
+        weight = logits.weight[classes, :, 0, 0]
+        selected = torch.einsum("nchw,nc->nhw", features, weight.to(features.dtype))
+        if logits.bias is not None:
+            selected = selected + logits.bias[classes].to(selected.dtype)[:, None, None]
+        return selected[:, None]

@@ -8,8 +8,11 @@ predictor has none, as torchvision's own predictors) for the classification loss
 Everything else is torchvision's: the constructor and attribute names (so torchvision checkpoints and
 config keys such as ``model.roi_heads.score_thresh`` keep working), proposal matching and sampling
 (inherited methods), the smooth L1 box loss, the postprocessing (clip, score threshold, small boxes, per-class
-NMS, top detections), and the mask and keypoint branches (torchvision's loss and inference functions). With
-softmax cross-entropy it gives torchvision's losses and detections exactly (tests/modeling/test_roi_heads.py).
+NMS, top detections), and the keypoint branch (torchvision's loss and inference functions). The mask branch
+asks a `MaskPredictor` for the logits of one class per RoI (the ground-truth class in training, the detected
+class in eval) instead of all K+1 (torchvision's predictor still gets torchvision's functions). With softmax
+cross-entropy it gives torchvision's losses and detections: exactly for boxes and keypoints, within float
+rounding for masks (tests/modeling/test_roi_heads.py).
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from torchvision.models.detection.roi_heads import (
     keypointrcnn_loss,
     maskrcnn_inference,
     maskrcnn_loss,
+    project_masks_on_boxes,
 )
 from torchvision.ops import boxes as box_ops
 
 from lazytrain.modeling.classification_losses import ClassificationLoss, SoftmaxCrossEntropy
+from lazytrain.modeling.heads import MaskPredictor
 
-__all__ = ["RoIHeads", "box_regression_loss"]
+__all__ = ["RoIHeads", "box_regression_loss", "mask_loss"]
 
 _DEFAULT_LOSS = SoftmaxCrossEntropy()  # stateless, so one instance serves every model
 
@@ -68,6 +73,26 @@ def box_regression_loss(box_regression: Tensor, labels: Tensor, regression_targe
     deltas = box_regression.reshape(len(labels), -1, 4)[foreground, labels[foreground]]
     loss = F.smooth_l1_loss(deltas, regression_targets[foreground], beta=1 / 9, reduction="sum")
     return loss / labels.numel()
+
+
+def mask_loss(
+    mask_logits: Tensor, boxes: list[Tensor], gt_masks: list[Tensor], matched: list[Tensor]
+) -> Tensor:
+    """Binary cross-entropy between each foreground RoI's mask logits (of its ground-truth class) and its
+    target mask cropped and resized to the logits' size (torchvision's ``maskrcnn_loss`` for one channel).
+
+    Args:
+        mask_logits: [N, 1, M, M] logits of each RoI's ground-truth class, RoIs of all images in order.
+        boxes: per image, the foreground RoIs [N_i, 4].
+        gt_masks: per image, the ground-truth masks [G_i, H, W].
+        matched: per image, the ground-truth index [N_i] each RoI was matched to.
+    """
+    size = mask_logits.shape[-1]
+    targets = [project_masks_on_boxes(m, b, i, size) for m, b, i in zip(gt_masks, boxes, matched)]
+    mask_targets = torch.cat(targets, dim=0)
+    if mask_targets.numel() == 0:  # the mean of an empty tensor is NaN; keep the graph connected instead
+        return mask_logits.sum() * 0
+    return F.binary_cross_entropy_with_logits(mask_logits[:, 0], mask_targets)
 
 
 def _check_target_types(targets: list[dict[str, Tensor]], keypoints: bool) -> None:
@@ -124,6 +149,7 @@ class RoIHeads(TorchvisionRoIHeads):
         if self.training:
             samples = _Samples(*self.select_training_samples(proposals, targets))
             proposals = samples.proposals
+        features = self._pooled_maps_in_float32(features)
         box_features = self.box_head(self.box_roi_pool(features, proposals, image_shapes))
         class_logits, box_regression = self.box_predictor(box_features)
         result: list[dict[str, Tensor]] = []
@@ -141,6 +167,26 @@ class RoIHeads(TorchvisionRoIHeads):
         if self.has_keypoint():
             losses.update(self._keypoint_branch(batch))
         return result, losses
+
+    def _pooled_maps_in_float32(self, features: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Under autocast, the maps the RoI poolers read, cast to float32 once for both poolers.
+
+        torchvision's ``roi_align`` has no bfloat16/float16 kernel: under autocast it casts its input map to
+        float32 on every call (and the gradient back), so the box and the mask pooler each cast every FPN
+        level. Casting here once gives the same values (the poolers get what autocast gave them) with half the
+        casts; the pooled features are float32, which the heads' layers cast as autocast would.
+        """
+        device_type = next(iter(features.values())).device.type if features else "cpu"
+        if not torch.is_autocast_enabled(device_type):
+            return features
+        names = set()
+        for pool in (self.box_roi_pool, self.mask_roi_pool, self.keypoint_roi_pool):
+            names.update(getattr(pool, "featmap_names", []) if pool is not None else [])
+        low_precision = (torch.float16, torch.bfloat16)
+        return {
+            name: value.float() if name in names and value.dtype in low_precision else value
+            for name, value in features.items()
+        }
 
     def box_losses(
         self,
@@ -196,13 +242,30 @@ class RoIHeads(TorchvisionRoIHeads):
         """Training: ``loss_mask`` on the foreground RoIs. Eval: adds ``masks`` to each detection dict."""
         features, image_shapes, targets, samples, result = batch
         boxes, matched = _branch_boxes(samples, result)
-        mask_logits = self.mask_predictor(self.mask_head(self.mask_roi_pool(features, boxes, image_shapes)))
+        mask_features = self.mask_head(self.mask_roi_pool(features, boxes, image_shapes))
+        if not isinstance(self.mask_predictor, MaskPredictor):  # e.g. torchvision's: logits of every class
+            return self._all_class_mask_branch(mask_features, boxes, matched, batch)
         if samples is not None:
-            gt_masks = [t["masks"] for t in targets]
-            gt_labels = [t["labels"] for t in targets]
-            return {"loss_mask": maskrcnn_loss(mask_logits, boxes, gt_masks, gt_labels, matched)}
+            gt_labels = torch.cat([t["labels"][index] for t, index in zip(targets, matched)])
+            mask_logits = self.mask_predictor(mask_features, gt_labels)
+            return {"loss_mask": mask_loss(mask_logits, boxes, [t["masks"] for t in targets], matched)}
         labels = [detection["labels"] for detection in result]
-        for probabilities, detection in zip(maskrcnn_inference(mask_logits, labels), result):
+        probabilities = self.mask_predictor(mask_features, torch.cat(labels)).sigmoid()
+        for image_probabilities, detection in zip(probabilities.split([b.shape[0] for b in labels]), result):
+            detection["masks"] = image_probabilities
+        return {}
+
+    def _all_class_mask_branch(
+        self, mask_features: Tensor, boxes: list[Tensor], matched: list[Tensor], batch: _Batch
+    ) -> dict[str, Tensor]:
+        """The mask branch for predictors that return every class's logits (torchvision's functions)."""
+        mask_logits = self.mask_predictor(mask_features)
+        if batch.samples is not None:
+            gt_masks = [t["masks"] for t in batch.targets]
+            gt_labels = [t["labels"] for t in batch.targets]
+            return {"loss_mask": maskrcnn_loss(mask_logits, boxes, gt_masks, gt_labels, matched)}
+        labels = [detection["labels"] for detection in batch.result]
+        for probabilities, detection in zip(maskrcnn_inference(mask_logits, labels), batch.result):
             detection["masks"] = probabilities
         return {}
 
