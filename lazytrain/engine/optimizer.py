@@ -22,7 +22,11 @@ def get_default_optimizer_params(
     weight_decay_norm: float | None = None,
     weight_decay_bias: float | None = None,
 ) -> list[dict]:
-    """One param group per trainable parameter, with no (or another) weight decay for norm layers/biases.
+    """Parameter groups of the trainable parameters, with no (or another) weight decay for norm layers/biases.
+
+    Parameters that share their settings share a group (in `model.modules()` order), so that a multi-tensor
+    optimizer step (``foreach``, torch's default on CUDA, or ``fused``) updates each group with a handful of
+    kernels instead of several per parameter (R50-FPN: ~170 trainable tensors, ~700 kernels per step).
 
     Args:
         model: the (unwrapped) model.
@@ -46,4 +50,13 @@ def get_default_optimizer_params(
             if decay is not None:
                 group["weight_decay"] = decay
             groups.append(group)
-    return groups
+    return _merge_same_settings(groups)
+
+
+def _merge_same_settings(groups: list[dict]) -> list[dict]:
+    """One group per distinct setting (everything but ``params``), in the order settings first appear."""
+    merged: dict[tuple, dict] = {}
+    for group in groups:
+        settings = tuple(sorted((key, value) for key, value in group.items() if key != "params"))
+        merged.setdefault(settings, {**group, "params": []})["params"] += group["params"]
+    return list(merged.values())

@@ -62,3 +62,25 @@ def test_train_recipe_hooks_are_plain_data_in_run_order():
     assert raw["trainer"]["_target_"] == "lazytrain.engine.train_loop.SimpleTrainer"
     assert raw["clip_grad"] == {"enabled": False, "max_norm": None}
     assert raw["amp"] == {"enabled": False, "dtype": "bfloat16"}
+
+
+def test_optimizer_recipe_merges_parameters_with_the_same_settings_and_steps_as_before():
+    cfg = LazyConfig.load(os.path.join(RECIPES, "optim.py"))
+    models = [toy.ToyRegressor(), toy.ToyRegressor()]
+    models[1].load_state_dict(models[0].state_dict())
+    merged = instantiate(cfg.optimizer, params=instantiate(cfg.optimizer.params, model=models[0]))
+    # One group per parameter, as before the merge: the same updates, parameter for parameter.
+    single = torch.optim.SGD(
+        [{"params": [p], "weight_decay": 0.0 if "norm" in n else 1e-4} for n, p in models[1].named_parameters()],
+        lr=0.02, momentum=0.9,
+    )  # fmt: skip
+    assert sorted(g["weight_decay"] for g in merged.param_groups) == [0.0, 1e-4]
+    assert sum(len(g["params"]) for g in merged.param_groups) == len(list(models[0].parameters()))
+    batch = (torch.randn(8, 4), torch.randn(8))
+    for _ in range(3):
+        for model, optimizer in zip(models, (merged, single)):
+            optimizer.zero_grad()
+            model(batch)["loss_mse"].backward()
+            optimizer.step()
+    for (name, got), expected in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.equal(got, expected), name
