@@ -10,6 +10,11 @@ The dense form touches every row/column of the map, so it is used only where it 
 pass follows), on CPU tensors, with a fixed ``sampling_ratio``, and for an intermediate of at most
 ``dense_max_elements`` values (small maps, as in the demo); everything else (inference, GPU, large maps such as
 800 px COCO images, ``sampling_ratio <= 0``) runs torchvision's kernel.
+
+`MultiScaleRoIAlign` pools the FPN levels of torchvision's pooler from the RoIs sorted by level (one stable
+sort): each level pools one slice of them, sized by a single host read of the per-level counts per call, where
+one ``torch.where`` per level makes the host wait for the GPU once per level. While tracing (model export) it
+keeps one ``torch.where`` per level, which records no counts in the trace.
 """
 
 from __future__ import annotations
@@ -100,14 +105,14 @@ def roi_align_dense(
                 count, out_h, width, channels
             )
             pooled = cols[index][:, None] @ pooled  # [count, out_h, out_w, C]
-            result[index] = pooled.permute(0, 3, 1, 2)
+            result[index] = pooled.permute(0, 3, 1, 2).to(result.dtype)  # autocast: bf16 products
         else:
             feature = input[image].transpose(0, 1).reshape(height, channels * width)
             pooled = (rows[index].reshape(count * out_h, height) @ feature).view(
                 count, out_h * channels, width
             )
             pooled = pooled @ cols[index].transpose(1, 2)  # [count, out_h * C, out_w]
-            result[index] = pooled.view(count, out_h, channels, out_w).transpose(1, 2)
+            result[index] = pooled.view(count, out_h, channels, out_w).transpose(1, 2).to(result.dtype)
     return result
 
 
@@ -118,7 +123,9 @@ def _dense_pays(
     backward = input.requires_grad and torch.is_grad_enabled()
     if not backward or input.device.type != "cpu" or sampling_ratio <= 0 or torchvision._is_tracing():
         return False
-    return rois.shape[0] * output_height * input.shape[1] * input.shape[-1] <= max_elements
+    elements = rois.shape[0] * output_height * input.shape[1] * input.shape[-1]
+    # No RoIs: nothing to gain, and torchvision's empty result stays in the autograd graph (zero gradient).
+    return 0 < elements <= max_elements
 
 
 def roi_align(
@@ -182,6 +189,35 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
         if len(features) == 1:
             return self._pool(features[0], rois, self.scales[0])
         levels = self.map_levels(boxes)
+        if torchvision._is_tracing():
+            return self._pool_levels_traceable(features, rois, levels)
+        return self._pool_levels(features, rois, levels)
+
+    def _pool_levels(self, features: list[Tensor], rois: Tensor, levels: Tensor) -> Tensor:
+        """Pools each level's RoIs as one slice of the RoIs sorted by level: one host read for all levels."""
+        if rois.shape[0] == 0:  # nothing to sort and no count to read
+            return self._pool(features[0], rois, self.scales[0]).to(features[0].dtype)
+        # Stable: a level's RoIs keep their order, so each level pools the rows torch.where would give it
+        # and the results (values and gradients) are those of the traceable path, bit for bit.
+        order = torch.argsort(levels, stable=True)
+        level_ids = torch.arange(len(features), device=levels.device)
+        # Not torch.bincount: on CUDA it also reads the largest level from the device, a second host sync.
+        counts = (levels[None, :] == level_ids[:, None]).sum(1).tolist()
+        pooled = [
+            self._pool(features[level], level_rois, self.scales[level]).to(features[0].dtype)
+            for level, level_rois in enumerate(rois[order].split(counts))
+            if counts[level] > 0  # an empty level adds no rows; skipping it saves a zero gradient of its map
+        ]
+        # The inverse permutation by one scatter (a second sort costs more kernels), then one gather.
+        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=order.device))
+        return torch.cat(pooled)[inverse]
+
+    def _pool_levels_traceable(self, features: list[Tensor], rois: Tensor, levels: Tensor) -> Tensor:
+        """Pools each level's RoIs found by one ``torch.where`` (a host sync) per level, for tracing.
+
+        A trace records no RoI count here, so an exported model pools any number of RoIs per level, where
+        `_pool_levels` would bake the example's counts into the trace.
+        """
         pooled, order = [], []
         for level, (feature, scale) in enumerate(zip(features, self.scales)):
             index = torch.where(levels == level)[0]

@@ -339,3 +339,19 @@ def test_under_autocast_the_pooled_maps_are_cast_once_with_the_same_results():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         maps = RoIHeads._pooled_maps_in_float32(heads, {"0": features["0"], "other": features["0"]})
     assert maps["0"].dtype == torch.float32 and maps["other"].dtype == torch.bfloat16
+
+
+def test_cpu_model_trains_under_bf16_autocast_with_the_dense_roi_align():
+    # On the CPU the poolers take the dense RoIAlign in training; under autocast they get float32 maps
+    # (`_pooled_maps_in_float32`) and compute their products in bfloat16.
+    torch.manual_seed(0)
+    model = build_model().train()
+    records = [make_record(96, 128, seed=1), make_record(64, 64, seed=2)]
+    losses = []
+    for enabled in (False, True):
+        torch.manual_seed(1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            losses.append(model(records))
+    sum(losses[1].values()).backward()
+    for key, value in losses[1].items():
+        assert value.item() == pytest.approx(losses[0][key].item(), rel=0.1), key
