@@ -18,6 +18,11 @@ from lazytrain.modeling.export import (
     load_onnx,
     load_torchscript,
 )
+from lazytrain.modeling.frozen_batch_norm import (
+    FoldedFrozenBatchNorm2d,
+    FrozenBatchNormConv2d,
+    fold_frozen_batch_norm,
+)
 from lazytrain.modeling.heads import BoxPredictor, CosineBoxPredictor, MaskPredictor
 from lazytrain.modeling.poolers import MultiScaleRoIAlign
 from lazytrain.modeling.rcnn import RCNN, NoResizeTransform
@@ -35,6 +40,8 @@ __all__ = [
     "EQLv2Loss",
     "ExportableRCNN",
     "FederatedLoss",
+    "FoldedFrozenBatchNorm2d",
+    "FrozenBatchNormConv2d",
     "MaskPredictor",
     "MultiScaleRoIAlign",
     "NoResizeTransform",
@@ -46,6 +53,7 @@ __all__ = [
     "check_parity",
     "export_onnx",
     "export_torchscript",
+    "fold_frozen_batch_norm",
     "load_init_weights",
     "load_onnx",
     "load_torchscript",

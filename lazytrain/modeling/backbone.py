@@ -15,6 +15,8 @@ from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 from torchvision.ops.misc import FrozenBatchNorm2d
 
+from lazytrain.modeling.frozen_batch_norm import fold_frozen_batch_norm
+
 __all__ = ["NORMS", "build_resnet_fpn_backbone", "get_feature_map_names", "freeze_batch_norm"]
 
 _RESNETS: dict[int, Callable[..., resnet.ResNet]] = {
@@ -86,6 +88,7 @@ def build_resnet_fpn_backbone(
     out_channels: int = 256,
     returned_layers: Sequence[int] = (1, 2, 3, 4),
     fpn_norm: str | None = None,
+    fold_frozen_bn: bool = True,
 ) -> BackboneWithFPN:
     """A randomly initialised ResNet with an FPN on top (torchvision's `BackboneWithFPN`).
 
@@ -103,11 +106,17 @@ def build_resnet_fpn_backbone(
         out_channels: FPN width. At small image sizes it dominates the CPU cost (64 is a good CPU size).
         returned_layers: ResNet stages (1-4) that feed the FPN.
         fpn_norm: ``None`` (plain convs, as torchvision) or a name from `NORMS` for the FPN convs.
+        fold_frozen_bn: fold each frozen batch norm of the ResNet (``norm="FrozenBN"``, or the frozen stages
+            of a trainable norm) into the conv before it (`fold_frozen_batch_norm`): under bf16 autocast the
+            conv outputs stay bf16 and two activation-sized kernels per norm disappear. State-dict keys and
+            results are unchanged (up to float rounding). False keeps torchvision's modules.
     """
     _check_choices(depth, norm, fpn_norm, trainable_layers)
     returned_layers = _checked_returned_layers(returned_layers)
     body = _RESNETS[depth](weights=None, norm_layer=NORMS[norm])
     _freeze_stages(body, trainable_layers)
+    if fold_frozen_bn:
+        fold_frozen_batch_norm(body)
     # After construction `inplanes` is the width of layer4; each earlier stage has half the channels.
     stage_channels = {k: body.inplanes // 2 ** (4 - k) for k in (1, 2, 3, 4)}
     return BackboneWithFPN(

@@ -36,7 +36,7 @@ def test_frozen_stages_have_no_gradients_and_frozen_statistics(trainable_layers)
         assert parameter.requires_grad == (stage in trainable), name
     for stage in stages[1:]:
         expected = nn.BatchNorm2d if stage in trainable else FrozenBatchNorm2d
-        assert type(getattr(backbone.body, stage)[0].bn1) is expected
+        assert isinstance(getattr(backbone.body, stage)[0].bn1, expected)  # FrozenBN folded: a subclass
     assert isinstance(backbone.body.bn1, nn.BatchNorm2d if "conv1" in trainable else FrozenBatchNorm2d)
 
 
