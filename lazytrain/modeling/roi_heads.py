@@ -17,7 +17,7 @@ rounding for masks (tests/modeling/test_roi_heads.py).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +32,10 @@ from torchvision.models.detection.roi_heads import (
 )
 from torchvision.ops import boxes as box_ops
 
+from lazytrain.modeling.box_coding import BoxCoder
 from lazytrain.modeling.classification_losses import ClassificationLoss, SoftmaxCrossEntropy
 from lazytrain.modeling.heads import MaskPredictor
+from lazytrain.modeling.sampling import BalancedMaskSampler
 
 __all__ = ["RoIHeads", "box_regression_loss", "mask_loss"]
 
@@ -47,6 +49,9 @@ class _Samples(NamedTuple):
     matched_idxs: list[Tensor]
     labels: list[Tensor]
     regression_targets: list[Tensor]
+    # Per image, how many of its RoIs are foreground when those come first (`RoIHeads.select_training_samples`
+    # with a `BalancedMaskSampler`); None when the RoIs are in torchvision's order.
+    num_foreground: list[int] | None = None
 
 
 class _Batch(NamedTuple):
@@ -69,10 +74,14 @@ def box_regression_loss(box_regression: Tensor, labels: Tensor, regression_targe
         labels: [N] classes, 0 the background.
         regression_targets: [N, 4] encoded target deltas.
     """
-    foreground = torch.where(labels > 0)[0]
-    deltas = box_regression.reshape(len(labels), -1, 4)[foreground, labels[foreground]]
-    loss = F.smooth_l1_loss(deltas, regression_targets[foreground], beta=1 / 9, reduction="sum")
-    return loss / labels.numel()
+    # Every RoI's deltas for its class, with the background's terms zeroed instead of the foreground picked
+    # out with `torch.where` (an output size read from the device, a host sync on a GPU).
+    foreground = (labels > 0)[:, None]
+    index = labels.clamp(min=0)[:, None, None].expand(-1, 1, 4)
+    deltas = box_regression.reshape(len(labels), -1, 4).gather(1, index)[:, 0]
+    targets = regression_targets.masked_fill(~foreground, 0.0)
+    per_coordinate = F.smooth_l1_loss(deltas, targets, beta=1 / 9, reduction="none")
+    return per_coordinate.masked_fill(~foreground, 0.0).sum() / labels.numel()
 
 
 def mask_loss(
@@ -107,6 +116,10 @@ def _check_target_types(targets: list[dict[str, Tensor]], keypoints: bool) -> No
 
 def _foreground(samples: _Samples) -> tuple[list[Tensor], list[Tensor]]:
     """Per image, the foreground training RoIs and their matched target index (for the mask/keypoint heads)."""
+    if samples.num_foreground is not None:  # foreground first: slices, no host sync
+        boxes = [proposals[:count] for proposals, count in zip(samples.proposals, samples.num_foreground)]
+        matched = [index[:count] for index, count in zip(samples.matched_idxs, samples.num_foreground)]
+        return boxes, matched
     boxes, matched = [], []
     for proposals, labels, matched_idxs in zip(samples.proposals, samples.labels, samples.matched_idxs):
         keep = torch.where(labels > 0)[0]
@@ -131,6 +144,55 @@ class RoIHeads(TorchvisionRoIHeads):
     head, ``loss_mask``/``loss_keypoint``; eval returns torchvision's detections, ranked by the loss's scores.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Without host syncs, same results: the box coder (no tensors from Python numbers), the sampler
+        # (the same counts, drawn as masks; a torchvision sampler assigned here is used as torchvision does).
+        self.box_coder = BoxCoder(self.box_coder.weights, self.box_coder.bbox_xform_clip)
+        sampler = self.fg_bg_sampler
+        self.fg_bg_sampler = BalancedMaskSampler(sampler.batch_size_per_image, sampler.positive_fraction)
+
+    def select_training_samples(
+        self, proposals: list[Tensor], targets: list[dict[str, Tensor]] | None
+    ) -> _Samples:
+        """Per image, the sampled RoIs (the ground-truth boxes added to the proposals), their matched
+        ground-truth index, class (0: background) and box regression target.
+
+        With a `BalancedMaskSampler` (the default) each image's foreground RoIs come first, then its
+        background, each in proposal order, and the sampling costs one host read for the whole batch
+        (torchvision's sampler: three per image); with torchvision's sampler, torchvision's method and order.
+        """
+        if not isinstance(self.fg_bg_sampler, BalancedMaskSampler):
+            return _Samples(*super().select_training_samples(proposals, targets))
+        self.check_targets(targets)
+        gt_boxes = [t["boxes"].to(proposals[0].dtype) for t in targets]
+        proposals = self.add_gt_proposals(proposals, gt_boxes)
+        matched_idxs, labels = self.assign_targets_to_proposals(
+            proposals, gt_boxes, [t["labels"] for t in targets]
+        )
+        order, num_foreground, num_sampled = self._draw_samples(labels)
+        kept = [image_order[:count] for image_order, count in zip(order, num_sampled)]
+        proposals = [p[k] for p, k in zip(proposals, kept)]
+        labels = [image_labels[k] for image_labels, k in zip(labels, kept)]
+        matched_idxs = [m[k] for m, k in zip(matched_idxs, kept)]
+        # An image without ground truth: every RoI is background, matched to a placeholder box.
+        gt_boxes = [g if g.numel() else g.new_zeros((1, 4)) for g in gt_boxes]
+        matched_gt_boxes = [g[m] for g, m in zip(gt_boxes, matched_idxs)]
+        regression_targets = self.box_coder.encode(matched_gt_boxes, proposals)
+        return _Samples(proposals, matched_idxs, labels, regression_targets, num_foreground)
+
+    def _draw_samples(self, labels: list[Tensor]) -> tuple[Tensor, list[int], list[int]]:
+        """Each image's RoIs ordered foreground-sampled first, then background-sampled, then the rest (each
+        in proposal order), and per image the numbers of foreground and of all sampled RoIs."""
+        padded = torch.nn.utils.rnn.pad_sequence(labels, batch_first=True, padding_value=-1)
+        positive, negative = self.fg_bg_sampler(padded)
+        rank = positive.to(torch.uint8) * 2 + negative.to(torch.uint8)
+        order = rank.sort(dim=1, descending=True, stable=True).indices
+        # The one host read of the sampling: how many RoIs each image keeps.
+        num_foreground, num_background = torch.stack((positive.sum(dim=1), negative.sum(dim=1))).tolist()
+        num_sampled = [f + b for f, b in zip(num_foreground, num_background)]
+        return order, num_foreground, num_sampled
+
     def get_classification_loss(self) -> ClassificationLoss:
         """The box predictor's ``loss``, or softmax cross-entropy for a predictor without one."""
         loss = getattr(self.box_predictor, "loss", None)
@@ -147,7 +209,7 @@ class RoIHeads(TorchvisionRoIHeads):
             _check_target_types(targets, self.has_keypoint())
         samples = None
         if self.training:
-            samples = _Samples(*self.select_training_samples(proposals, targets))
+            samples = self.select_training_samples(proposals, targets)
             proposals = samples.proposals
         features = self._pooled_maps_in_float32(features)
         box_features = self.box_head(self.box_roi_pool(features, proposals, image_shapes))

@@ -13,7 +13,7 @@ same work for all images at once, on tensors whose sizes do not depend on the da
   survive) and steps repeated until nothing changes (`_nms`); the host reads one small tensor (the number of
   proposals per image) to return torchvision's per-image lists;
 - training (`compute_loss`): `BalancedMaskSampler` draws the anchors as masks, the losses are masked sums,
-  and the matcher adds low-quality matches with a mask (`_Matcher`).
+  and the matcher adds low-quality matches with a mask (`lazytrain.modeling.box_coding.Matcher`).
 
 Where torchvision's results depend on how a sort orders equal scores, this module orders them by position
 (level, then rank within the level), which is what torchvision's own ``nms`` does; see `filter_proposals`.
@@ -30,10 +30,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchvision.models.detection import _utils as det_utils
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.rpn import RegionProposalNetwork as TorchvisionRegionProposalNetwork
 
+from lazytrain.modeling.box_coding import BoxCoder, Matcher
 from lazytrain.modeling.sampling import BalancedMaskSampler
 
 __all__ = ["RegionProposalNetwork"]
@@ -101,8 +101,8 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
             anchor_generator, head, fg_iou_thresh, bg_iou_thresh, batch_size_per_image, positive_fraction,
             pre_nms_top_n, post_nms_top_n, nms_thresh, score_thresh,
         )  # fmt: skip
-        self.box_coder = _BoxCoder(weights=(1.0, 1.0, 1.0, 1.0))
-        self.proposal_matcher = _Matcher(fg_iou_thresh, bg_iou_thresh, allow_low_quality_matches=True)
+        self.box_coder = BoxCoder(weights=(1.0, 1.0, 1.0, 1.0))
+        self.proposal_matcher = Matcher(fg_iou_thresh, bg_iou_thresh, allow_low_quality_matches=True)
         self.fg_bg_sampler = BalancedMaskSampler(batch_size_per_image, positive_fraction)
         self.batched = batched
 
@@ -450,65 +450,3 @@ def _float_below(value: float, dtype: torch.dtype) -> float:
     # One float32 step towards zero (value > 0 here: 0 and negative values are exact or round down).
     (below,) = struct.unpack("<f", struct.pack("<I", bits - 1))
     return below
-
-
-class _BoxCoder(det_utils.BoxCoder):
-    """torchvision's `BoxCoder` without the tensors it builds from Python numbers on every call
-    (``torch.as_tensor(weights, device=)`` in encode, ``torch.tensor(0.5, device=)`` twice in decode): each is a
-    blocking host-to-device copy on a GPU. The arithmetic is the same, in the same order, so are the bits."""
-
-    def encode_single(self, reference_boxes: Tensor, proposals: Tensor) -> Tensor:
-        weight_x, weight_y, weight_w, weight_h = self.weights
-        anchor_widths = proposals[:, 2:3] - proposals[:, 0:1]
-        anchor_heights = proposals[:, 3:4] - proposals[:, 1:2]
-        anchor_x = proposals[:, 0:1] + 0.5 * anchor_widths
-        anchor_y = proposals[:, 1:2] + 0.5 * anchor_heights
-        widths = reference_boxes[:, 2:3] - reference_boxes[:, 0:1]
-        heights = reference_boxes[:, 3:4] - reference_boxes[:, 1:2]
-        center_x = reference_boxes[:, 0:1] + 0.5 * widths
-        center_y = reference_boxes[:, 1:2] + 0.5 * heights
-        return torch.cat(
-            (
-                weight_x * (center_x - anchor_x) / anchor_widths,
-                weight_y * (center_y - anchor_y) / anchor_heights,
-                weight_w * torch.log(widths / anchor_widths),
-                weight_h * torch.log(heights / anchor_heights),
-            ),
-            dim=1,
-        )
-
-    def decode_single(self, rel_codes: Tensor, boxes: Tensor) -> Tensor:
-        boxes = boxes.to(rel_codes.dtype)
-        widths = boxes[:, 2] - boxes[:, 0]
-        heights = boxes[:, 3] - boxes[:, 1]
-        center_x = boxes[:, 0] + 0.5 * widths
-        center_y = boxes[:, 1] + 0.5 * heights
-        weight_x, weight_y, weight_w, weight_h = self.weights
-        dx = rel_codes[:, 0::4] / weight_x
-        dy = rel_codes[:, 1::4] / weight_y
-        dw = (rel_codes[:, 2::4] / weight_w).clamp(max=self.bbox_xform_clip)
-        dh = (rel_codes[:, 3::4] / weight_h).clamp(max=self.bbox_xform_clip)
-        predicted_x = dx * widths[:, None] + center_x[:, None]
-        predicted_y = dy * heights[:, None] + center_y[:, None]
-        half_width = 0.5 * (torch.exp(dw) * widths[:, None])
-        half_height = 0.5 * (torch.exp(dh) * heights[:, None])
-        corners = (
-            predicted_x - half_width,
-            predicted_y - half_height,
-            predicted_x + half_width,
-            predicted_y + half_height,
-        )
-        return torch.stack(corners, dim=2).flatten(1)
-
-
-class _Matcher(det_utils.Matcher):
-    """torchvision's `Matcher`, adding the low-quality matches with a mask instead of ``torch.where(cond)``
-    (whose output size the host reads): the same matches."""
-
-    def set_low_quality_matches_(
-        self, matches: Tensor, all_matches: Tensor, match_quality_matrix: Tensor
-    ) -> None:
-        # Every prediction that is some ground truth's best (ties included) takes its own best match.
-        best_per_target = match_quality_matrix.max(dim=1).values
-        is_a_best = (match_quality_matrix == best_per_target[:, None]).any(dim=0)
-        matches.copy_(torch.where(is_a_best, all_matches, matches))

@@ -7,10 +7,12 @@ import math
 import pytest
 import torch
 from pytest import param
+from torchvision.models.detection._utils import BalancedPositiveNegativeSampler
 from torchvision.models.detection.faster_rcnn import TwoMLPHead
 from torchvision.models.detection.keypoint_rcnn import KeypointRCNNHeads, KeypointRCNNPredictor
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 from torchvision.models.detection.roi_heads import RoIHeads as TorchvisionRoIHeads
+from torchvision.models.detection.roi_heads import fastrcnn_loss
 from torchvision.ops import MultiScaleRoIAlign
 
 from lazytrain.config import LazyCall as L
@@ -24,7 +26,11 @@ from lazytrain.modeling import (
     RoIHeads,
     SeesawLoss,
     SoftmaxCrossEntropy,
+    roi_heads,
 )
+from lazytrain.modeling.roi_heads import box_regression_loss
+from lazytrain.modeling.sampling import BalancedMaskSampler
+from lazytrain.utils.host_syncs import TO_HOST, HostSyncCounter
 from tests.modeling.helpers import build_model, load_model_config, make_record
 
 NUM_CLASSES = 3
@@ -56,9 +62,18 @@ def _heads(branch: str, predictor: torch.nn.Module | None = None, heads_class: t
     )  # fmt: skip
 
 
+def _with_torchvision_sampler(heads: RoIHeads) -> RoIHeads:
+    """`heads` drawing its training RoIs with torchvision's sampler (its random draws, its RoI order)."""
+    sampler = heads.fg_bg_sampler
+    heads.fg_bg_sampler = BalancedPositiveNegativeSampler(
+        sampler.batch_size_per_image, sampler.positive_fraction
+    )
+    return heads
+
+
 def _as_torchvision(heads: RoIHeads) -> TorchvisionRoIHeads:
-    """torchvision's RoIHeads with copies of `heads`' modules and settings."""
-    tv = copy.deepcopy(heads)
+    """torchvision's RoIHeads with copies of `heads`' modules and settings, and torchvision's sampler."""
+    tv = _with_torchvision_sampler(copy.deepcopy(heads))
     tv.__class__ = TorchvisionRoIHeads  # same attributes, torchvision's forward
     return tv
 
@@ -88,7 +103,7 @@ def _inputs(branch: str, seed: int = 0):
 @pytest.mark.parametrize("branch", ["boxes", "masks", "keypoints"])
 def test_softmax_ce_heads_give_torchvisions_losses_gradients_and_detections(branch):
     torch.manual_seed(0)
-    ours = _heads(branch)
+    ours = _with_torchvision_sampler(_heads(branch))
     theirs = _as_torchvision(ours)
     features, proposals, targets = _inputs(branch)
     losses = {}
@@ -103,12 +118,12 @@ def test_softmax_ce_heads_give_torchvisions_losses_gradients_and_detections(bran
     )
     # The mask branch computes one class's logits per RoI (a dot product) where torchvision computes all
     # (a 1x1 convolution): the same sums in another order, so equal up to float rounding.
-    same = _same_up_to_rounding if branch == "masks" else _identical
+    # The box loss sums zeros for the background RoIs where torchvision leaves them out: rounding too.
     for key, value in losses["ours"].items():
-        same(value, losses["theirs"][key], key)
+        _same_up_to_rounding(value, losses["theirs"][key], key)
         assert value.item() > 0
     for (name, ours_p), theirs_p in zip(ours.named_parameters(), theirs.parameters()):
-        same(ours_p.grad, theirs_p.grad, name)
+        _same_up_to_rounding(ours_p.grad, theirs_p.grad, name)
     detections = {}
     for name, heads in (("ours", ours), ("theirs", theirs)):
         heads.eval()
@@ -122,8 +137,8 @@ def test_softmax_ce_heads_give_torchvisions_losses_gradients_and_detections(bran
             == {"boxes", "labels", "scores"}
             | {"masks": {"masks"}, "keypoints": {"keypoints", "keypoints_scores"}}.get(branch, set())
         )
-        for key in mine:
-            same(mine[key], reference[key], key)
+        for key in mine:  # inference: the same detections, only the masks' logits summed in another order
+            (_same_up_to_rounding if key == "masks" else _identical)(mine[key], reference[key], key)
 
 
 def _identical(value, expected, name):
@@ -192,6 +207,8 @@ def test_recipe_model_matches_torchvisions_heads_in_training_and_eval():
     assert type(model.roi_heads) is RoIHeads
     reference = copy.deepcopy(model)
     reference.roi_heads.__class__ = TorchvisionRoIHeads
+    for detector in (model, reference):
+        _with_torchvision_sampler(detector.roi_heads)
     records = [make_record(96, 128, seed=1), make_record(64, 64, seed=2)]
     outputs = []
     for detector in (model, reference):
@@ -355,3 +372,58 @@ def test_cpu_model_trains_under_bf16_autocast_with_the_dense_roi_align():
     sum(losses[1].values()).backward()
     for key, value in losses[1].items():
         assert value.item() == pytest.approx(losses[0][key].item(), rel=0.1), key
+
+
+@pytest.mark.parametrize("branch", ["masks", "keypoints"])
+def test_mask_sampler_keeps_torchvisions_losses_when_every_roi_is_drawn(branch):
+    # With room for every RoI and no cap on positives both samplers draw all of them: the losses then differ
+    # only by the order of the RoIs (foreground first here), so up to float rounding.
+    torch.manual_seed(0)
+    ours = _heads(branch)
+    ours.fg_bg_sampler.batch_size_per_image = 10_000
+    ours.fg_bg_sampler.positive_fraction = 1.0
+    theirs = _as_torchvision(ours)
+    theirs.fg_bg_sampler.batch_size_per_image = 10_000
+    theirs.fg_bg_sampler.positive_fraction = 1.0
+    features, proposals, targets = _inputs(branch)
+    losses = [heads.train()(features, proposals, IMAGE_SHAPES, targets)[1] for heads in (ours, theirs)]
+    assert losses[0].keys() == losses[1].keys() and len(losses[0]) == 3
+    for key, value in losses[0].items():
+        torch.testing.assert_close(value, losses[1][key], rtol=1e-5, atol=0, msg=key)
+        assert value.item() > 0
+
+
+def test_mask_sampler_draws_torchvisions_counts_with_one_host_read():
+    torch.manual_seed(0)
+    heads = _heads("masks").train()
+    assert isinstance(heads.fg_bg_sampler, BalancedMaskSampler)
+    features, proposals, targets = _inputs("masks")
+    with HostSyncCounter() as counter:
+        samples = heads.select_training_samples(proposals, targets)
+    assert dict(counter.counts) == {TO_HOST: 1}
+    for labels, count in zip(samples.labels, samples.num_foreground):
+        # 40 proposals + 3 ground-truth boxes: 32 drawn, at most 8 (25%) foreground, which come first.
+        assert len(labels) == 32 and 0 < count <= 8
+        assert bool((labels[:count] > 0).all()) and bool((labels[count:] == 0).all())
+    boxes, matched = roi_heads._foreground(samples)
+    assert [len(b) for b in boxes] == samples.num_foreground
+    # The box regression targets are the encoded matched ground-truth boxes.
+    for image, (target, index) in enumerate(zip(targets, samples.matched_idxs)):
+        encoded = heads.box_coder.encode_single(target["boxes"][index], samples.proposals[image])
+        torch.testing.assert_close(samples.regression_targets[image], encoded)
+
+
+def test_box_regression_loss_equals_torchvisions_without_host_syncs():
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.tensor([0, 3, 1, 0, 2, 2, 0, 1])
+    box_regression = torch.randn(8, 4 * 4, generator=generator, requires_grad=True)
+    targets = torch.randn(8, 4, generator=generator)
+    targets[labels == 0] = float("inf")  # background targets never reach the loss or the gradient
+    with HostSyncCounter() as counter:
+        loss = box_regression_loss(box_regression, labels, targets)
+    assert counter.total == 0
+    (grad,) = torch.autograd.grad(loss, box_regression)
+    expected = fastrcnn_loss(torch.zeros(8, 4), box_regression, [labels], [targets.nan_to_num(posinf=0)])[1]
+    torch.testing.assert_close(loss, expected)
+    (expected_grad,) = torch.autograd.grad(expected, box_regression)
+    torch.testing.assert_close(grad, expected_grad)

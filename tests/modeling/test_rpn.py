@@ -15,7 +15,7 @@ from torchvision.ops import box_iou
 
 import lazytrain.modeling.rpn as rpn_module
 from lazytrain.config import instantiate
-from lazytrain.modeling import RegionProposalNetwork
+from lazytrain.modeling import RegionProposalNetwork, box_coding
 from lazytrain.utils.host_syncs import TO_HOST, HostSyncCounter
 from tests.modeling.helpers import CPU_RECIPE, R50_RECIPE, build_model, load_model_config
 
@@ -362,7 +362,7 @@ def test_low_quality_matches_equal_torchvisions_ties_included(seed):
     # Few distinct values: many predictions share a ground truth's best quality.
     quality = (torch.rand(5, 200, generator=generator) * 8).floor() / 10
     quality[3] = 0.0  # a ground truth that overlaps nothing
-    matcher = rpn_module._Matcher(0.7, 0.3, allow_low_quality_matches=True)
+    matcher = box_coding.Matcher(0.7, 0.3, allow_low_quality_matches=True)
     expected = Matcher(0.7, 0.3, allow_low_quality_matches=True)(quality)
     with HostSyncCounter() as counter:
         got = matcher(quality)
