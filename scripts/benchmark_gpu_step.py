@@ -31,7 +31,8 @@ GPU busy is the time any kernel, copy or memset runs (torch.profiler, over ``--p
 step over that median; peak memory is torch.cuda.max_memory_allocated; host syncs per step counts one step
 with `lazytrain.utils.host_syncs.HostSyncCounter` (on the CPU, its proxy count) and, on CUDA, the warnings of
 ``torch.cuda.set_sync_debug_mode("warn")`` (the exact number, as far as torch instruments it); host syncs per
-inference counts one eval-mode forward pass of the first batch. ``--sync-table`` prints the counted syncs by
+inference counts one eval-mode forward pass of the first batch; device ops per step counts the step's
+operations that launch device work (`HostSyncCounter.operation_total`: about one per kernel launch). ``--sync-table`` prints the counted syncs by
 operation and calling line. Prints markdown.
 """
 
@@ -319,7 +320,7 @@ def measure(
         "model": name, "batch": batch_size, "precision": precision, "s/it": seconds,
         "images/s": batch_size / seconds, "GPU busy": busy, "peak memory GiB": memory,
         "host syncs / step": training.total, "syncs (CUDA debug mode)": exact,
-        "host syncs / inference": inference.total,
+        "host syncs / inference": inference.total, "device ops / step": training.operation_total,
         "sync tables": tables,
     }  # fmt: skip
 
@@ -342,7 +343,7 @@ def _cell(value) -> str:
 
 def format_table(rows: list[dict], args: argparse.Namespace) -> str:
     columns = ["model", "batch", "precision", "options", "s/it", "images/s", "GPU busy", "peak memory GiB"]
-    columns += ["host syncs / step", "syncs (CUDA debug mode)", "host syncs / inference"]
+    columns += ["host syncs / step", "syncs (CUDA debug mode)", "host syncs / inference", "device ops / step"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         cells = {**row, "options": _options(args)}

@@ -40,6 +40,11 @@ The CPU count is a proxy, not the CUDA count:
   where it offsets the boxes instead (one ``nms``, one host-to-device copy); lazytrain's dense RoIAlign
   (`lazytrain.modeling.poolers`, CPU training only) adds a ``nonzero`` per image and feature map.
 
+`HostSyncCounter` also counts every operation that would launch work on the device (`operations`,
+`is_device_operation`): views and allocations excluded, so about one per kernel launch. A step's kernel count
+is what keeps a GPU busy or idle (each launch costs the host ~5-10 us); the count keeps it from creeping back
+(tests/utils/test_host_syncs.py holds a training step's count).
+
 Count a step after a first one: the first also sets up what later steps reuse (RoI pooler scales, with
 ``.item()`` calls on the host).
 
@@ -60,7 +65,14 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["FROM_PYTHON_DATA", "TO_DEVICE", "TO_HOST", "HostSyncCounter", "get_host_sync_name"]
+__all__ = [
+    "FROM_PYTHON_DATA",
+    "TO_DEVICE",
+    "TO_HOST",
+    "HostSyncCounter",
+    "get_host_sync_name",
+    "is_device_operation",
+]
 
 # Operators whose CUDA kernels read a value or an output size from device memory on every call.
 _ALWAYS_SYNC = frozenset(
@@ -78,6 +90,19 @@ _ALWAYS_SYNC = frozenset(
         "aten.equal",
         "aten.allclose",
         "torchvision.nms",
+    }
+)
+# Operators that are not views by their schema but only make or relabel memory: no kernel runs.
+_NO_KERNEL = frozenset(
+    {
+        torch.ops.aten._unsafe_view.default,
+        torch.ops.aten.empty.memory_format,
+        torch.ops.aten.empty_strided.default,
+        torch.ops.aten.new_empty.default,
+        torch.ops.aten.new_empty_strided.default,
+        torch.ops.aten.empty_like.default,
+        torch.ops.aten.lift_fresh.default,
+        torch.ops.aten.set_.source_Storage_storage_offset,
     }
 )
 _INDEX_PUT = frozenset({"aten.index_put", "aten.index_put_", "aten._index_put_impl_"})
@@ -176,6 +201,22 @@ def get_host_sync_name(
     return None
 
 
+def is_device_operation(
+    func: torch._ops.OpOverload,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    *,
+    treat_cpu_as_device: bool = True,
+) -> bool:
+    """Whether an operator call would launch work on the device: it touches a device tensor (any tensor with
+    `treat_cpu_as_device`) and is not a view or an allocation (those change metadata only). One call is
+    usually one kernel; a few operators launch several and library calls (cuDNN, cuBLAS) count as one, so
+    the count follows the kernel launches of a step without equalling them."""
+    if func.is_view or func in _NO_KERNEL:
+        return False
+    return any(_is_device(tensor, treat_cpu_as_device) for tensor in _tensors(args, kwargs or {}))
+
+
 def _python_call_sync_name(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
     """On the CPU: Python calls that copy between host and device in a GPU run (ATen sees no copy here)."""
     if func in (torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu):
@@ -244,13 +285,19 @@ class HostSyncCounter(TorchDispatchMode):
         self.treat_cpu_as_device = bool(treat_cpu_as_device)
         self.record_sites = bool(record_sites)
         self.counts: Counter[str] = Counter()
+        self.operations: Counter[str] = Counter()
         self.sites: Counter[tuple[str, str]] = Counter()
         self._python_calls: _PythonCallCounter | None = None
 
     @property
     def total(self) -> int:
-        """All counted operations."""
+        """All counted host syncs."""
         return sum(self.counts.values())
+
+    @property
+    def operation_total(self) -> int:
+        """All operations that would run a kernel on the device (`is_device_operation`), syncs or not."""
+        return sum(self.operations.values())
 
     def _add(self, name: str) -> None:
         self.counts[name] += 1
@@ -262,6 +309,8 @@ class HostSyncCounter(TorchDispatchMode):
         name = get_host_sync_name(func, args, kwargs, treat_cpu_as_device=self.treat_cpu_as_device)
         if name is not None:
             self._add(name)
+        if is_device_operation(func, args, kwargs, treat_cpu_as_device=self.treat_cpu_as_device):
+            self.operations[str(func.overloadpacket)] += 1
         return func(*args, **kwargs)
 
     def __enter__(self) -> HostSyncCounter:
