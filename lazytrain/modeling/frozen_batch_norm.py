@@ -37,19 +37,46 @@ class FoldedFrozenBatchNorm2d(FrozenBatchNorm2d):
         eps: added to the running variance before the square root.
     """
 
+    _cache: tuple | None = None
+
     def forward(self, x: Tensor) -> Tensor:
         return x
 
     def scale_and_shift(self) -> tuple[Tensor, Tensor]:
         """``(scale, shift)`` with ``norm(x) == x * scale + shift`` per channel, by torchvision's formula.
 
+        Computed once and cached until a buffer is replaced or changed in place (the buffers are frozen, so a
+        trainable conv before the norm folds with one multiplication per step).
+
         Returns:
             Two ``(C,)`` tensors in float32, or in the buffers' dtype where that is wider (float64).
         """
+        sources = [getattr(self, name) for name in _NORM_BUFFERS]
+        if not _cacheable(sources):
+            self._cache = None
+            return self._scale_and_shift()
+        key = _cache_key(sources, self.eps)
+        if self._cache is not None and _same_key(self._cache[0], key):
+            return self._cache[1], self._cache[2]
+        with torch.no_grad():
+            scale, shift = self._scale_and_shift()
+        self._cache = (key, scale, shift)
+        return scale, shift
+
+    def _scale_and_shift(self) -> tuple[Tensor, Tensor]:
         dtype = torch.promote_types(self.weight.dtype, torch.float32)
         weight, bias, mean, var = (getattr(self, name).to(dtype) for name in _NORM_BUFFERS)
         scale = weight * (var + self.eps).rsqrt()
         return scale, bias - mean * scale
+
+    def _apply(self, fn, recurse: bool = True):
+        self._cache = None  # its tensors keep the old dtype/device and would pin the old memory
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_cache"] = None
+        return state
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.weight.shape[0]}, eps={self.eps}, applied by the preceding conv)"
@@ -111,7 +138,7 @@ class FrozenBatchNormConv2d(nn.Conv2d):
         if not _cacheable(sources):
             self._folded_cache = None  # a later cached forward must not trust a fold from before this one
             return self._fold()
-        key = self._cache_key(sources)
+        key = _cache_key(sources, self._folded_norm.eps)
         cache = self._folded_cache
         if cache is not None and _same_key(cache[0], key):
             return cache[1], cache[2]
@@ -123,11 +150,6 @@ class FrozenBatchNormConv2d(nn.Conv2d):
     def _sources(self) -> list[Tensor]:
         conv = [self.weight] if self.bias is None else [self.weight, self.bias]
         return conv + [getattr(self._folded_norm, name) for name in _NORM_BUFFERS]
-
-    def _cache_key(self, sources: list[Tensor]) -> tuple:
-        # `.to()` swaps `param.data` without bumping `_version`: the pointer, dtype and device catch that too.
-        signature = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in sources)
-        return tuple(sources), signature, self._folded_norm.eps
 
     def _fold(self) -> tuple[Tensor, Tensor]:
         scale, shift = self._folded_norm.scale_and_shift()
@@ -177,6 +199,12 @@ def _cacheable(sources: list[Tensor]) -> bool:
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_inference_mode_enabled():
         return False
     return all(type(t) in _PLAIN_TENSORS and not t.requires_grad and not t.is_inference() for t in sources)
+
+
+def _cache_key(sources: list[Tensor], eps: float) -> tuple:
+    # `.to()` swaps `param.data` without bumping `_version`: the pointer, dtype and device catch that too.
+    signature = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in sources)
+    return tuple(sources), signature, eps
 
 
 def _same_key(old: tuple, new: tuple) -> bool:

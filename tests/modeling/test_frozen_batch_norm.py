@@ -195,9 +195,10 @@ def _to_float64(model: nn.Module) -> None:
         param(_to_float64, id="to-float64"),
     ],
 )
+@pytest.mark.parametrize("frozen", [param(True, id="frozen-conv"), param(False, id="trainable-conv")])
 @pytest.mark.parametrize("bias", [param(False, id="no-bias"), param(True, id="bias")])
-def test_cached_fold_follows_changes(change, bias):
-    reference = _conv_and_norm(bias=bias)
+def test_cached_fold_follows_changes(change, bias, frozen):
+    reference = _conv_and_norm(bias=bias, frozen=frozen)
     folded = _folded_copy(reference)
     image = torch.randn(2, 3, 8, 8)
     assert torch.allclose(folded(image), reference(image), rtol=1e-5, atol=1e-6)
@@ -208,6 +209,23 @@ def test_cached_fold_follows_changes(change, bias):
     actual, expected = folded(image), reference(image)
     assert folded[0].folded_weight_and_bias()[0] is not stale
     assert actual.dtype == expected.dtype == image.dtype
+    assert torch.allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_trainable_conv_reuses_the_norms_cached_scale_and_shift():
+    # The norm is frozen even where the conv trains: its scale and shift are computed once, and the fold
+    # costs one multiplication of the weight per forward.
+    folded = _folded_copy(_conv_and_norm(frozen=False))
+    scale, shift = folded[1].scale_and_shift()
+    assert folded[1].scale_and_shift()[0] is scale and folded[1].scale_and_shift()[1] is shift
+    image = torch.randn(2, 3, 8, 8)
+    folded(image).sum().backward()
+    assert folded[0].weight.grad is not None and folded[1].scale_and_shift()[0] is scale
+    reference = _conv_and_norm(frozen=False)
+    for model in (reference, folded):
+        _scale_running_var(model)
+    assert folded[1].scale_and_shift()[0] is not scale
+    actual, expected = folded(image), reference(image)
     assert torch.allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
