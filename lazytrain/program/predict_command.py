@@ -5,6 +5,8 @@
 
 IMAGE: files, folders (their images, not sub-folders) and globs (``**`` recurses). Keys, in Hydra's override
 grammar: the ``predict.*`` keys below, and any key of the run's config (``model.roi_heads.nms_thresh=0.6``).
+Predicting sets ``model.roi_heads.score_thresh=0.5`` and ``model.roi_heads.detections_per_img=100`` (evaluation
+keeps everything above a low threshold for AP) before the command line's keys, which override them.
 
 Writes into ``predict.output_dir`` (default ``RUN_DIR/predictions``):
 - ``results.json``: COCO results (``image_id``, ``category_id`` in the run's json ids, ``bbox`` XYWH, ``score``,
@@ -51,13 +53,14 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", "
 PREDICT_DEFAULTS: dict[str, Any] = {
     "checkpoint": None,  # default: the run's newest checkpoint
     "output_dir": None,  # default: RUN_DIR/predictions (CONFIG: ./predictions)
-    "score_thresh": 0.5,  # model.roi_heads.score_thresh while predicting
-    "max_dets": 100,  # model.roi_heads.detections_per_img while predicting
     "draw": False,
     "device": None,  # default: cuda when available, else cpu
     "batch_size": None,  # default: dataloader.test.batch_size
     "on_bad_image": "skip",  # or "stop"
 }
+# predict's own defaults for keys of the run's model, applied before the command line's overrides (which win).
+MODEL_DEFAULTS = {"score_thresh": 0.5, "detections_per_img": 100}  # model.roi_heads.*
+_MOVED_KEYS = {"predict.score_thresh": "score_thresh", "predict.max_dets": "detections_per_img"}
 _OVERRIDE = re.compile(r"^[~+]{0,2}[A-Za-z_][\w.\[\]]*=|^~[A-Za-z_][\w.]*$")
 
 
@@ -117,14 +120,17 @@ def load_predict_config(source: str, overrides: list[str]) -> tuple[DictConfig, 
         raise CommandLineError(
             f"{config_file} not found: give a training run's directory (it holds config.yaml) or a config file"
         )
+    _refuse_moved_keys(overrides)
     cfg = LazyConfig.load(config_file)
     cfg.predict = OmegaConf.create(PREDICT_DEFAULTS)
     cfg.predict.output_dir = os.path.join(source if is_run_dir else ".", "predictions")
+    roi_heads = OmegaConf.select(cfg, "model.roi_heads")
+    for key, value in MODEL_DEFAULTS.items():
+        if isinstance(roi_heads, DictConfig) and key in roi_heads:
+            roi_heads[key] = value
     LazyConfig.apply_overrides(cfg, overrides)
     if cfg.predict.on_bad_image not in ("skip", "stop"):
         raise CommandLineError(f"predict.on_bad_image must be skip or stop; got {cfg.predict.on_bad_image!r}")
-    cfg.model.roi_heads.score_thresh = float(cfg.predict.score_thresh)
-    cfg.model.roi_heads.detections_per_img = int(cfg.predict.max_dets)
     if not is_run_dir and not cfg.predict.checkpoint:
         raise CommandLineError(f"{source} is a config: name its weights with predict.checkpoint=PATH")
     try:
@@ -132,6 +138,16 @@ def load_predict_config(source: str, overrides: list[str]) -> tuple[DictConfig, 
     except FileNotFoundError as e:
         raise CommandLineError(str(e)) from None
     return cfg, checkpoint
+
+
+def _refuse_moved_keys(overrides: list[str]) -> None:
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key in _MOVED_KEYS:
+            raise CommandLineError(
+                f"{key} is model.roi_heads.{_MOVED_KEYS[key]} (one key for predict, evaluation and export); "
+                f"write {override.replace(key, 'model.roi_heads.' + _MOVED_KEYS[key], 1)}"
+            )
 
 
 def refuse_existing(paths: list[str], key: str) -> None:

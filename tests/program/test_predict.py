@@ -121,8 +121,8 @@ def test_predict_command_writes_coco_results_and_drawn_images(in_run_datasets, t
     (folder / "broken.png").write_bytes(b"not a picture")
     (folder / "notes.txt").write_text("not an image: ignored")
     out = tmp_path / "out"
-    _predict(in_run_datasets["dir"], folder, images[3]["path"], "predict.draw=true", "predict.score_thresh=0.0",
-             "predict.max_dets=5", f"predict.output_dir={out}")  # fmt: skip
+    _predict(in_run_datasets["dir"], folder, images[3]["path"], "predict.draw=true", "model.roi_heads.score_thresh=0.0",
+             "model.roi_heads.detections_per_img=5", f"predict.output_dir={out}")  # fmt: skip
     printed = capsys.readouterr().out
     assert "Predicted 4 images (20 detections)" in printed and "Skipped 1 unreadable images" in printed
     assert "broken.png" in printed
@@ -155,6 +155,12 @@ def test_predict_command_refuses_bad_input_with_one_line(in_run_datasets, tmp_pa
         ([tmp_path, image], "config.yaml not found"),
         ([in_run_datasets["dir"], image, "predict.on_bad_image=maybe"], "must be skip or stop"),
         ([in_run_datasets["dir"], image, "predict.no_such_key=1"], "no_such_key"),
+        (
+            [in_run_datasets["dir"], image, "predict.score_thresh=0.3"],
+            "predict.score_thresh is model.roi_heads.score_thresh (one key for predict, evaluation and export); "
+            "write model.roi_heads.score_thresh=0.3",
+        ),
+        ([in_run_datasets["dir"], image, "predict.max_dets=5"], "write model.roi_heads.detections_per_img=5"),
         ([in_run_datasets["dir"]], "at least one image"),
     ]
     for argv, message in cases:
@@ -207,10 +213,27 @@ def test_predict_command_takes_a_config_and_named_weights(in_run_datasets, tmp_p
     image = _val_images(in_run_datasets)[0]["path"]
     out = tmp_path / "out"
     _predict(
-        config, image, f"predict.checkpoint={weights}", f"predict.output_dir={out}", "predict.score_thresh=0"
-    )
-    assert "Predicted 1 images (100 detections)" in capsys.readouterr().out  # predict.max_dets
+        config, image, f"predict.checkpoint={weights}", f"predict.output_dir={out}",
+        "model.roi_heads.score_thresh=0",
+    )  # fmt: skip
+    assert "Predicted 1 images (100 detections)" in capsys.readouterr().out  # predict's detections_per_img
     assert json.load(open(out / "images.json"))["categories"][0] == {"id": 1, "name": "red_circle"}
     with pytest.raises(SystemExit):
         _predict(config, image, f"predict.output_dir={tmp_path / 'other'}")
     assert "is a config: name its weights with predict.checkpoint=PATH" in capsys.readouterr().err
+
+
+def test_predict_command_takes_the_models_score_threshold_from_the_command_line(in_run_datasets, tmp_path):
+    # The regression: model.roi_heads.score_thresh=... on predict's command line was overwritten by predict's
+    # own 0.5 after the overrides. The tiny run's scores are all far below 0.5.
+    image = _val_images(in_run_datasets)[0]["path"]
+    counts = {}
+    for threshold in (None, 0.0001):
+        out = tmp_path / f"out_{threshold}"
+        extra = [] if threshold is None else [f"model.roi_heads.score_thresh={threshold}"]
+        _predict(in_run_datasets["dir"], image, f"predict.output_dir={out}", *extra)
+        results = json.load(open(out / "results.json"))
+        counts[threshold] = len(results)
+        if threshold is not None:
+            assert results and min(r["score"] for r in results) >= threshold
+    assert counts[None] == 0 < counts[0.0001] <= 100
