@@ -298,15 +298,8 @@ def check_parity(
     two round overlaps differently), and one such flip changes 2-4 detections (measured). At most
     `max_unmatched` of all detections (both outputs, all images), and always at least 6, may stay unmatched.
 
-    The defaults come from measurements on CPU (torch 2.14.1, onnxruntime 1.32.0), against eager:
-    - the demo model trained with each classification loss (5 models), its 250 validation images (192 px),
-      100 detections each: TorchScript gave identical boxes and scores, onnxruntime boxes within 1.5e-4 px
-      and scores within 7.1e-6; masks agreed on >= 99.968% of their pixels; 5 of the 10 runs left 2 or 4
-      detections unmatched (in one image), at most 0.01% of them;
-    - the R-50 recipe, random init (2 seeds), 3 images of 608-1024 px each, 100 detections per image:
-      onnxruntime boxes within 6.7e-3 px, scores within 4e-5 (TorchScript identical), masks >= 99.9995%.
-    The defaults leave margins of 7x or more over the worst of these and still flag a difference far below
-    a visible one (a twentieth of a pixel).
+    The defaults leave margins of 7x or more over what exports of the demo and the R-50 models measured
+    (docs/benchmarks.md, "Export parity tolerances") and still flag a difference far below a visible one.
 
     Args:
         reference: usually the eager `ExportableRCNN(model)`.
