@@ -5,8 +5,6 @@ import ast
 import os
 import re
 
-import pytest
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "lazytrain")
 
@@ -20,9 +18,6 @@ LAYERS = [
     ("program",),
     ("__main__",),
 ]
-# Old import paths of names that moved up to the program layer; each imports its new home inside a module
-# __getattr__, on first use (docs/architecture.md, "Old import paths").
-COMPATIBILITY_MODULES = {"lazytrain.engine", "lazytrain.engine.defaults", "lazytrain.launch.entrypoint"}
 
 
 def module_files() -> dict[str, str]:
@@ -61,6 +56,8 @@ def package_of(module: str) -> str:
 
 
 def layer_of(package: str) -> int:
+    if package == "":  # lazytrain/__init__.py, the package's face (lazytrain.Predictor): above every layer
+        return len(LAYERS)
     return next(index for index, names in enumerate(LAYERS) if package in names)
 
 
@@ -77,11 +74,9 @@ def test_every_package_has_a_layer():
 def test_modules_import_only_their_own_package_and_lower_layers():
     upward = []
     for module, imports in sorted(import_graph().items()):
-        if module in COMPATIBILITY_MODULES or package_of(module) == "":
-            continue
         for target in sorted(imports):
             source_package, target_package = package_of(module), package_of(target)
-            if target_package == source_package or target_package == "":
+            if target_package == source_package:
                 continue
             if layer_of(target_package) >= layer_of(source_package):
                 upward.append(f"{module} imports {target}")
@@ -113,10 +108,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_modules_import_each_other_in_a_circle():
-    graph = {
-        module: targets for module, targets in import_graph().items() if module not in COMPATIBILITY_MODULES
-    }
-    assert find_cycle(graph) is None
+    assert find_cycle(import_graph()) is None
 
 
 def test_find_cycle_finds_a_circle():
@@ -138,22 +130,3 @@ def test_the_architecture_page_lists_the_same_layers():
     rows = [row for row in section.splitlines() if re.match(r"\|\s*\d+\s*\|", row)]
     documented = {int(row.split("|")[1]): sorted(re.findall(r"`(\w+)/?`", row.split("|")[2])) for row in rows}
     assert documented == {index: sorted(layer) for index, layer in enumerate(LAYERS)}
-
-
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [
-        ("lazytrain.engine.defaults:run", "lazytrain.program.default:run"),
-        ("lazytrain.engine:do_train", "lazytrain.program.default:do_train"),
-        ("lazytrain.engine.run_report:PlotWriter", "lazytrain.engine.plot_writer:PlotWriter"),
-        ("lazytrain.launch.entrypoint:main", "lazytrain.program.entrypoint:main"),
-    ],
-)
-def test_old_import_paths_give_the_moved_names(old, new):
-    import importlib
-
-    def load(spec: str):
-        module, name = spec.split(":")
-        return getattr(importlib.import_module(module), name)
-
-    assert load(old) is load(new)

@@ -2,8 +2,8 @@
 
 Modules: `train_loop` (HookBase, TrainerBase, SimpleTrainer), `hooks`, `checkpoint` (Checkpointer),
 `lr_schedule` (LR multipliers), `optimizer` (param groups), `plot_writer` (curves.png, ap_by_frequency.png).
-The default programs (default_setup, do_train, do_test, run) read the whole config and live in
-`lazytrain.program`; ``from lazytrain.engine import run`` still works.
+The default program (default_setup, do_train, do_test, run) reads the whole config and lives in
+`lazytrain.program.default`.
 
 How a config declares the trainer and hooks (see ``recipes/train.py``): ``train.trainer =
 L(SimpleTrainer)(...)`` and ``train.hooks`` a named mapping in run order. The default program injects
@@ -43,14 +43,3 @@ __all__ = [
     "WarmupCosineMultiplier",
     "WarmupMultiStepMultiplier",
 ]
-
-_PROGRAM_NAMES = ("default_setup", "do_test", "do_train", "run")
-
-
-def __getattr__(name: str):
-    # Imported on first use: the program layer sits above the engine (docs/architecture.md, "Layers").
-    if name in _PROGRAM_NAMES:
-        from lazytrain.program import default
-
-        return getattr(default, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

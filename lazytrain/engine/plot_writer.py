@@ -1,7 +1,7 @@
 """Plots in a run directory: ``curves.png`` (losses, learning rate and AP over iterations) and
 ``ap_by_frequency.png`` (AP per category against its train images), written by the `PlotWriter` hook after each
-evaluation and at the end of training, and the sweep overlay `write_sweep_plots`. Without matplotlib it logs
-one warning and writes nothing. Everything here writes on the main process only.
+evaluation and at the end of training, and the sweep overlay `write_sweep_plots`. Everything here writes on
+the main process only.
 """
 
 from __future__ import annotations
@@ -65,26 +65,6 @@ def get_train_records(data_loader: Any) -> Sequence[dict] | None:
     return records if hasattr(records, "__len__") and hasattr(records, "__getitem__") else None
 
 
-_missing_matplotlib_warned = False
-
-
-def _has_matplotlib() -> bool:
-    """Whether matplotlib imports; logs one warning per process when it does not."""
-    global _missing_matplotlib_warned
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        if not _missing_matplotlib_warned:
-            _missing_matplotlib_warned = True
-            logger.warning(
-                "matplotlib is not installed: no %s or %s in the run directory (pip install matplotlib).",
-                CURVES_FILE,
-                AP_BY_FREQUENCY_FILE,
-            )
-        return False
-    return True
-
-
 def _fill_train_counts(rows: list[dict], image_counts: dict[int, int] | None) -> None:
     """Give rows without a train image count (COCO-style json) the count from the train records, matching
     contiguous ids to the rows' sorted json ids (the evaluators' default mapping)."""
@@ -105,8 +85,6 @@ def write_run_plots(run_dir: str, image_counts: dict[int, int] | None = None) ->
     Returns:
         The paths written.
     """
-    if not _has_matplotlib():
-        return []
     written = []
     try:
         records = (
@@ -139,7 +117,7 @@ def write_sweep_plots(sweep_dir: str) -> str | None:
         rows = run_dirs.read_per_category_ap(job_dir) if os.path.isdir(job_dir) else None
         if rows:
             jobs.append((job_dir, rows))
-    if len(jobs) < 2 or not _has_matplotlib():
+    if len(jobs) < 2:
         return None
     jobs.sort(key=lambda job: (len(job[0]), job[0]))
     labels = run_dirs.get_run_labels([job_dir for job_dir, _ in jobs])

@@ -1,1 +1,1 @@
-"""Launching: the Hydra entrypoint (`python -m lazytrain`), one process per GPU/CPU worker, multi-node."""
+"""Launching: one process per GPU/CPU worker, multi-node (the command line lives in `lazytrain.program`)."""

@@ -4,8 +4,8 @@ One row per job: the overrides that differ between jobs, status (ok/failed), wal
 ``*/AP*`` key of the last evaluation in the job's ``metrics.json``; mask before box, and AP, APr, APc, APf first).
 When the sweep varies ``train.seed``, a second table (in summary.md, and ``summary_seeds.csv``) has one row per
 setting of the other overrides: the number of seeds and each metric's mean, min, max and standard deviation.
-With matplotlib installed, ``summary.png`` plots the final AP, APr, APc, APf (mask and box) against the swept
-numeric key, seeds as error bars. Registered automatically by the entrypoint.
+``summary.png`` plots the final AP, APr, APc, APf (mask and box) against the swept numeric key, seeds as error
+bars. Registered automatically by the entrypoint.
 """
 
 from __future__ import annotations
@@ -208,18 +208,13 @@ def write_summary_plot(sweep_dir: str, rows: list[dict[str, Any]]) -> str | None
     numeric key, seeds as min-max error bars (`lazytrain.utils.plots.build_sweep_figure`).
 
     Returns:
-        The image path, or None (logged) when there is nothing to draw or matplotlib is not installed.
+        The image path, or None (logged) when there is nothing to draw.
     """
     run_dirs = [os.path.join(sweep_dir, row["job"]) for row in rows if row["status"] == "ok"]
     x_key = get_swept_key([row["override_list"] for row in rows])
     points = get_sweep_points(run_dirs, x_key) if x_key else {}
     if not any(points.values()):
         logger.info("No summary.png: no swept key other than train.seed, or no job with final AP metrics.")
-        return None
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        logger.warning("No summary.png: matplotlib is not installed (pip install 'lazytrain[viz]').")
         return None
     return plot_sweep(points, x_key, os.path.join(sweep_dir, "summary.png"))
 

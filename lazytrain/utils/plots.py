@@ -1,9 +1,9 @@
 """Plots users look at: training curves, sweeps, and per-category AP against how often the category occurs in
 training (the long-tail picture).
 
-matplotlib (a default dependency; without it runs only lose their plots) is imported when a plot is made and
-renders with the Agg backend, so plots work on machines without a display. Runs write their plots through
-`lazytrain.engine.plot_writer`; ``scripts/plot_*.py`` are thin wrappers.
+matplotlib is imported when a plot is made, not with this module, and renders with the Agg backend, so plots
+work on machines without a display. Runs write their plots through `lazytrain.engine.plot_writer`;
+``scripts/plot_*.py`` are thin wrappers.
 """
 
 from __future__ import annotations

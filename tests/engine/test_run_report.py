@@ -1,5 +1,5 @@
 """What a run shows and leaves behind: a short console header, a closing block naming files that exist,
-curves.png and ap_by_frequency.png in the run directory, and one warning when matplotlib is missing.
+and curves.png and ap_by_frequency.png in the run directory.
 
 One 2-iteration run of the demo config (tiny generated data, evaluated) is shared by the tests here.
 """
@@ -18,7 +18,7 @@ from PIL import Image
 
 from lazytrain.config import LazyConfig
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
-from lazytrain.engine import plot_writer as run_report
+from lazytrain.engine import plot_writer
 from lazytrain.utils.plots import build_ap_by_frequency_figure, build_metrics_figure
 from lazytrain.utils.run_dirs import read_metrics, read_per_category_ap
 from tests.smoke import TINY_SYNTHETIC_LT, smoke_overrides
@@ -143,28 +143,6 @@ def test_demo_run_writes_readable_plots(demo_run):
     assert len(total_loss.get_xdata()) == sum("total_loss" in r for r in records) == 2
 
 
-def test_missing_matplotlib_gives_one_warning_and_no_file(tmp_path, monkeypatch):
-    with open(tmp_path / "metrics.json", "w") as f:
-        f.write(json.dumps({"iteration": 0, "total_loss": 1.0, "lr": 0.1}) + "\n")
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
-    monkeypatch.setattr(run_report, "_missing_matplotlib_warned", False)
-    records = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    logger = logging.getLogger("lazytrain.engine.plot_writer")
-    logger.addHandler(handler)
-    try:
-        assert run_report.write_run_plots(str(tmp_path)) == []
-        assert run_report.write_run_plots(str(tmp_path)) == []
-    finally:
-        logger.removeHandler(handler)
-    assert [r.getMessage() for r in records] == [
-        "matplotlib is not installed: no curves.png or ap_by_frequency.png in the run directory "
-        "(pip install matplotlib)."
-    ]
-    assert not os.path.exists(tmp_path / "curves.png")
-
-
 def _write_job(job_dir, repeat_thresh, ap_of_rare):
     os.makedirs(job_dir / ".hydra")
     (job_dir / ".hydra" / "overrides.yaml").write_text(
@@ -182,7 +160,7 @@ def _write_job(job_dir, repeat_thresh, ap_of_rare):
 def test_sweep_overlay_has_one_point_set_per_swept_value(tmp_path):
     for job, (threshold, rare) in enumerate([(0, 1.0), (0.1, 6.0)]):
         _write_job(tmp_path / str(job), threshold, rare)
-    path = run_report.write_sweep_plots(str(tmp_path))
+    path = plot_writer.write_sweep_plots(str(tmp_path))
     assert path == str(tmp_path / "ap_by_frequency.png") and os.path.isfile(path)
 
     runs = {f"dataloader.train.sampler.repeat_thresh={t}": read_per_category_ap(str(tmp_path / str(job)))
@@ -234,8 +212,8 @@ def test_per_category_file_without_train_counts_takes_them_from_the_train_record
     lines = ["id,name,frequency,train_images,bbox_AP,segm_AP", "7,b,,,10.00,12.00", "3,a,,,5.00,6.00"]
     (tmp_path / "coco_per_category_ap.csv").write_text("\n".join(lines) + "\n")
     # Contiguous ids follow the sorted json ids: 0 -> json id 3, 1 -> json id 7.
-    written = run_report.write_run_plots(str(tmp_path), image_counts={0: 4, 1: 250})
+    written = plot_writer.write_run_plots(str(tmp_path), image_counts={0: 4, 1: 250})
     assert written == [str(tmp_path / "ap_by_frequency.png")]
     rows = read_per_category_ap(str(tmp_path))
-    run_report._fill_train_counts(rows, {0: 4, 1: 250})
+    plot_writer._fill_train_counts(rows, {0: 4, 1: 250})
     assert {row["name"]: row["train_images"] for row in rows} == {"a": 4, "b": 250}

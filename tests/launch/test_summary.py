@@ -4,7 +4,6 @@ import csv
 import json
 import os
 
-import pytest
 from PIL import Image
 
 from lazytrain.program.sweep_summary import write_summary, write_summary_plot
@@ -69,7 +68,6 @@ def test_no_seed_table_without_a_seed_override(tmp_path):
 
 
 def test_summary_plot_is_written_for_a_seeded_threshold_sweep(tmp_path):
-    pytest.importorskip("matplotlib")
     for job, (t, seed) in enumerate((t, s) for t in ("0", "0.01", "0.1") for s in (0, 1)):
         metrics = {
             f"{task}/{n}": 10.0 + job for task in ("segm", "bbox") for n in ("AP", "APr", "APc", "APf")

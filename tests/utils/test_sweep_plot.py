@@ -3,12 +3,8 @@
 import json
 import os
 
-import pytest
-
 from lazytrain.utils.plots import build_sweep_figure
 from lazytrain.utils.run_dirs import get_sweep_points, get_swept_key
-
-pytest.importorskip("matplotlib")
 
 THRESHOLDS = ("0", "0.001", "0.01", "0.1")
 NAMES = ("AP", "APr", "APc", "APf")
