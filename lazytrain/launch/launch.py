@@ -1,9 +1,9 @@
 """`launch`: run a function in one process per GPU (or CPU worker), on one or several machines.
 
 World size 1 runs in-process. Otherwise processes are spawned with torch.multiprocessing (NCCL + one GPU
-each, or gloo on CPU). Under torchrun or a SLURM/submitit multi-task job the process group is initialised
-from the environment instead (no spawn). A rank that raises stops the others and the error, naming the
-rank, is re-raised in the parent: never a silent hang.
+each, or gloo on CPU). Under torchrun or a SLURM/submitit multi-task job this process is one rank (no spawn),
+placed by what `lazytrain.launch.environment` reads from the environment. A rank that raises stops the others
+and the error, naming the rank, is re-raised in the parent: never a silent hang.
 """
 
 from __future__ import annotations
@@ -18,17 +18,15 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from lazytrain.launch.environment import RankInfo, get_env_rank_info, get_slurm_cpus_per_task
 from lazytrain.launch.rank_watch import is_peer_failure
 from lazytrain.utils.preemption import StopRequest, TrainingInterrupted, signal_name
 
 __all__ = [
     "RankFailedError",
-    "expand_slurm_counts",
     "find_free_port",
     "find_shared_gpus",
-    "first_slurm_host",
     "get_cpu_threads",
-    "get_env_rank_info",
     "get_gpu_index",
     "is_rank_from_environment",
     "launch",
@@ -81,97 +79,6 @@ def _check_port_free(dist_url: str) -> None:
             ) from None
 
 
-def get_env_rank_info() -> dict[str, int] | None:
-    """This process's place in a job started by torchrun, SLURM (``srun``, submitit) or submitit's local executor.
-
-    torchrun: ``RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/GROUP_RANK``. SLURM: ``SLURM_PROCID/SLURM_NTASKS/
-    SLURM_LOCALID/SLURM_NODEID`` with more than one task; the tasks on this node come from
-    ``SLURM_STEP_TASKS_PER_NODE`` (or ``SLURM_TASKS_PER_NODE``, e.g. ``"4(x2),3"``), which srun sets with and
-    without ``--ntasks-per-node`` and for block and cyclic distributions; MASTER_ADDR defaults to the first
-    node of the job, MASTER_PORT to a port derived from the job id. submitit local:
-    ``SUBMITIT_LOCAL_GLOBALID/NTASKS/LOCALID``.
-
-    Returns:
-        ``rank``, ``world_size``, ``local_rank``, ``local_size`` (processes on this node), ``node_rank`` and
-        ``num_nodes``; None when no such launcher started the process (or it started a single task, which
-        then spawns as usual).
-    """
-    env = os.environ
-    if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
-        world_size = int(env["WORLD_SIZE"])
-        local_size = int(env.get("LOCAL_WORLD_SIZE", world_size))
-        rank = int(env["RANK"])
-        return {
-            "rank": rank,
-            "world_size": world_size,
-            "local_rank": int(env.get("LOCAL_RANK", 0)),
-            "local_size": local_size,
-            "node_rank": int(env.get("GROUP_RANK", rank // max(local_size, 1))),
-            "num_nodes": int(env.get("GROUP_WORLD_SIZE", max(world_size // max(local_size, 1), 1))),
-        }
-    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
-        return _get_slurm_rank_info(env)
-    if int(env.get("SUBMITIT_LOCAL_NTASKS", "1")) > 1 and "SUBMITIT_LOCAL_GLOBALID" in env:
-        env.setdefault("MASTER_ADDR", "127.0.0.1")
-        env.setdefault("MASTER_PORT", _port_from_job_id(env.get("SUBMITIT_LOCAL_JOB_ID", "0")))
-        tasks = int(env["SUBMITIT_LOCAL_NTASKS"])
-        return {
-            "rank": int(env["SUBMITIT_LOCAL_GLOBALID"]),
-            "world_size": tasks,
-            "local_rank": int(env.get("SUBMITIT_LOCAL_LOCALID", 0)),
-            "local_size": tasks,
-            "node_rank": 0,
-            "num_nodes": 1,
-        }
-    return None
-
-
-def _get_slurm_rank_info(env: os._Environ) -> dict[str, int]:
-    env.setdefault("MASTER_ADDR", first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
-    env.setdefault("MASTER_PORT", _port_from_job_id(env.get("SLURM_JOB_ID", "0")))
-    world_size = int(env["SLURM_NTASKS"])
-    node_rank = int(env.get("SLURM_NODEID", 0))
-    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-    if per_node:
-        tasks_per_node = expand_slurm_counts(per_node)
-    elif env.get("SLURM_NTASKS_PER_NODE"):
-        tasks_per_node = [int(env["SLURM_NTASKS_PER_NODE"].split("(")[0])] * (node_rank + 1)
-    else:
-        tasks_per_node = [world_size]
-    if node_rank >= len(tasks_per_node):
-        raise ValueError(
-            f"launch: SLURM_NODEID={node_rank} but the tasks per node {per_node!r} list {len(tasks_per_node)} "
-            "node(s); start the job with srun (which sets both consistently)."
-        )
-    return {
-        "rank": int(env["SLURM_PROCID"]),
-        "world_size": world_size,
-        "local_rank": int(env.get("SLURM_LOCALID", 0)),
-        "local_size": tasks_per_node[node_rank],
-        "node_rank": node_rank,
-        "num_nodes": int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or len(tasks_per_node)),
-    }
-
-
-def _port_from_job_id(job_id: str) -> str:
-    # Every task derives the same port from the job id; jobs running side by side get different ones.
-    digits = "".join(c for c in job_id if c.isdigit()) or "0"
-    return str(20000 + int(digits) % 20000)
-
-
-def expand_slurm_counts(text: str) -> list[int]:
-    """SLURM's compressed per-node counts: ``"4(x2),3"`` -> ``[4, 4, 3]``."""
-    counts = []
-    for part in text.split(","):
-        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
-        if match is None:
-            raise ValueError(
-                f"launch: cannot read the SLURM per-node counts {text!r} (expected e.g. '4(x2),3')"
-            )
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts
-
-
 def get_gpu_index(local_rank: int, local_size: int, visible: int) -> int:
     """The CUDA device of the process with `local_rank` of the `local_size` processes on its node.
 
@@ -191,14 +98,6 @@ def get_gpu_index(local_rank: int, local_size: int, visible: int) -> int:
         "needed. Give every process all GPUs of its node (srun --gpus-per-node=N) or exactly one "
         "(srun --gpus-per-task=1), or start one task per node and let lazytrain spawn one process per GPU."
     )
-
-
-def first_slurm_host(nodelist: str) -> str:
-    """The first host of a SLURM node list: ``"gpu-node[03-05,9],other"`` -> ``"gpu-node03"``."""
-    match = re.match(r"([^,\[]+)(?:\[([^\],\-]+))?", nodelist.strip())
-    if match is None:
-        raise ValueError(f"cannot read the SLURM node list {nodelist!r}; set MASTER_ADDR")
-    return match.group(1) + (match.group(2) or "")
 
 
 def _choose_backend(backend: str, use_gpu: bool | None) -> str:
@@ -228,8 +127,26 @@ def _store_address(init_method: str) -> tuple[str, int]:
     """Host and port of the job's TCP store: ``tcp://host:port``, or MASTER_ADDR/MASTER_PORT for ``env://``."""
     if init_method.startswith("tcp://"):
         host, port = init_method[len("tcp://") :].rsplit(":", 1)
-        return host, int(port)
+        return host.strip("[]"), int(port)
     return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+
+def _tcp_url(host: str, port: str) -> str:
+    """``tcp://host:port``, with an IPv6 address in brackets as URLs write it."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def _get_rendezvous_url(env_info: RankInfo) -> str:
+    """Where the ranks of a launched job meet, as an ``init_process_group`` init method.
+
+    torchrun: ``env://``, the store its agent serves at the MASTER_ADDR and MASTER_PORT it exported (torch
+    joins that store instead of starting one when an address equals those variables, so they are used as they
+    are). SLURM and submitit: ``tcp://`` at the address `get_env_rank_info` read or derived, so that nothing
+    writes it into the environment for ``env://`` to read back.
+    """
+    if env_info["launcher"] == "torchrun":
+        return "env://"
+    return _tcp_url(env_info["master_addr"], env_info["master_port"])
 
 
 def _run_in_group(
@@ -438,30 +355,30 @@ def launch(
 
 
 def _run_as_launched_rank(
-    main_func: Callable, args: tuple, env_info: dict[str, int], backend: str, timeout: timedelta
+    main_func: Callable, args: tuple, env_info: RankInfo, backend: str, timeout: timedelta
 ) -> Any:
     """This process is one rank of a job a launcher started (torchrun, several SLURM tasks per node)."""
     logger.info("Process group from the environment: %s", env_info)
     # A SLURM task's own CPUs (--cpus-per-task) are its share; torchrun's processes share the node's.
-    slurm_cpus = os.environ.get("SLURM_CPUS_PER_TASK", "") if "SLURM_PROCID" in os.environ else ""
+    slurm_cpus = get_slurm_cpus_per_task()
     return _run_in_group(
         main_func,
         args,
         **env_info_for_group(env_info),
-        init_method="env://",
+        init_method=_get_rendezvous_url(env_info),
         backend=backend,
         timeout=timeout,
-        cpu_threads=get_cpu_threads(1, int(slurm_cpus))
-        if slurm_cpus.isdigit()
+        cpu_threads=get_cpu_threads(1, slurm_cpus)
+        if slurm_cpus is not None
         else get_cpu_threads(env_info["local_size"]),
     )
 
 
-def _spawn_from_task_per_node(env_info: dict[str, int], num_gpus_per_machine: int) -> tuple[int, int, str]:
+def _spawn_from_task_per_node(env_info: RankInfo, num_gpus_per_machine: int) -> tuple[int, int, str]:
     """Machines, this machine's rank and the rendezvous URL when each node's single task spawns its ranks."""
     # One task per node (srun --ntasks-per-node=1, submitit tasks_per_node=1): it spawns this node's ranks.
     num_machines, machine_rank = env_info["num_nodes"], env_info["node_rank"]
-    dist_url = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    dist_url = _tcp_url(env_info["master_addr"], env_info["master_port"])
     logger.info(
         "One task per node: spawning %d processes on node %d of %d",
         num_gpus_per_machine,
@@ -484,14 +401,14 @@ def _resolve_dist_url(dist_url: str | None, num_machines: int, machine_rank: int
     return dist_url
 
 
-def is_rank_from_environment(env_info: dict[str, int] | None, num_per_machine: int) -> bool:
+def is_rank_from_environment(env_info: RankInfo | None, num_per_machine: int) -> bool:
     """Whether this process is one rank started by a launcher (torchrun, several SLURM tasks per node), as
     opposed to a process that spawns the ranks of its machine (no launcher, or one task per node asking for
     several processes)."""
     return env_info is not None and not (env_info["local_size"] == 1 and num_per_machine > 1)
 
 
-def env_info_for_group(env_info: dict[str, int]) -> dict[str, int]:
+def env_info_for_group(env_info: RankInfo) -> dict[str, int]:
     """The keys of `get_env_rank_info` that `_run_in_group` takes."""
     return {key: env_info[key] for key in ("rank", "world_size", "local_rank", "local_size", "node_rank")}
 

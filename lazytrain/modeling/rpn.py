@@ -8,9 +8,8 @@ loops over the levels with ``unique`` and ``where``), samples the training ancho
 same work for all images at once, on tensors whose sizes do not depend on the data:
 
 - proposals (`filter_proposals`): clip with a per-image size tensor; small and low-scoring boxes are masked,
-  not removed; greedy NMS for every (image, level) group at once, from a bit matrix of who suppresses whom
-  (IoUs computed with the float32 operations of torchvision's CPU ``nms`` kernel, so the same boxes
-  survive) and steps repeated until nothing changes (`_nms`); the host reads one small tensor (the number of
+  not removed; greedy NMS for every (image, level) group at once (`lazytrain.modeling.nms.grouped_nms`, the
+  same boxes survive as with torchvision's CPU ``nms``); the host reads one small tensor (the number of
   proposals per image) to return torchvision's per-image lists;
 - training (`compute_loss`): `BalancedMaskSampler` draws the anchors as masks, the losses are masked sums,
   and the matcher adds low-quality matches with a mask (`lazytrain.modeling.box_coding.Matcher`).
@@ -21,10 +20,7 @@ Where torchvision's results depend on how a sort orders equal scores, this modul
 
 from __future__ import annotations
 
-import itertools
 import math
-import struct
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -34,22 +30,15 @@ from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.rpn import RegionProposalNetwork as TorchvisionRegionProposalNetwork
 
 from lazytrain.modeling.box_coding import BoxCoder, Matcher
+from lazytrain.modeling.nms import grouped_nms
 from lazytrain.modeling.sampling import BalancedMaskSampler
 
 __all__ = ["RegionProposalNetwork"]
 
-# Greedy NMS is solved by repeated steps on a bit matrix of who suppresses whom (see `_nms`); NMS_STEPS run
-# before the host looks at the result. Measured on the demo model (192 px, 600 candidates per level), trained
-# and at random initialisation: settled within 11 steps.
-NMS_STEPS = 16
 # NMS decides only each level's first DECIDED_PER_RESULT * post_nms_top_n() valid candidates (by score): lower
 # ones rarely reach the result, which a check confirms (else every candidate is decided, at the cost of a
 # second host read). Needed on the demo model: up to 1.33 at random initialisation, 1.0 trained.
 DECIDED_PER_RESULT = 1.5
-# Elements of one IoU tile (`_iou_above_tiles`): small enough on the CPU to stay in cache (fastest at 2**17 on one
-# thread, measured), large on GPUs, where each tile costs a few kernel launches.
-_TILE_ELEMENTS = {"cpu": 1 << 17}
-_DEVICE_TILE_ELEMENTS = 1 << 24
 
 
 class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
@@ -141,12 +130,13 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
             return super().filter_proposals(proposals, objectness, image_shapes, num_anchors_per_level)
         candidates = self._candidates(proposals, objectness, image_shapes, num_anchors_per_level)
         limit = self.post_nms_top_n()
-        keep, is_final = _nms(candidates, self.nms_thresh, limit, math.ceil(DECIDED_PER_RESULT * limit))
+        decided = math.ceil(DECIDED_PER_RESULT * limit)
+        keep, is_final = grouped_nms(*candidates, self.nms_thresh, limit=limit, decided=decided)
         counts = keep.sum(dim=1).clamp(max=limit)
         # The one host read: how many proposals each image returns, and whether NMS needs more work.
         *counts, is_final = torch.cat((counts, is_final.reshape(1))).tolist()
         if not is_final:
-            keep, _ = _nms(candidates, self.nms_thresh, limit, decided=None)
+            keep, _ = grouped_nms(*candidates, self.nms_thresh, limit=limit, decided=None)
             counts = keep.sum(dim=1).clamp(max=limit).tolist()
         return _best_kept(candidates, keep, counts, limit)
 
@@ -221,7 +211,7 @@ def _batch_mask(drawn: Tensor | list[Tensor]) -> Tensor:
 class _Candidates(NamedTuple):
     """The NMS candidates of a batch, [N, K] per image: the levels' blocks one after the other, each block
     holding its valid candidates (`valid`: large enough, scoring at least ``score_thresh``) in decreasing score
-    order (top-k's order), then its invalid ones."""
+    order (top-k's order), then its invalid ones. The fields come in the order `grouped_nms` takes them."""
 
     boxes: Tensor
     scores: Tensor
@@ -240,7 +230,7 @@ def _clip_to_images(boxes: Tensor, sizes: Tensor) -> Tensor:
 
 def _valid_first(candidates: _Candidates) -> _Candidates:
     """The same candidates with each level's valid ones moved first, in their order. torchvision removes the
-    invalid ones; here a level's first candidates, which `_nms` may decide alone, are then all valid."""
+    invalid ones; here a level's first candidates, which `grouped_nms` may decide alone, are then all valid."""
     boxes, scores, valid, level_sizes = candidates
     level = torch.cat(
         [torch.full((size,), index, device=valid.device) for index, size in enumerate(level_sizes)]
@@ -259,194 +249,3 @@ def _best_kept(
     boxes = candidates.boxes.gather(1, order[..., None].expand(-1, -1, 4))
     scores = candidates.scores.gather(1, order)
     return [b[:count] for b, count in zip(boxes, counts)], [s[:count] for s, count in zip(scores, counts)]
-
-
-def _nms(
-    candidates: _Candidates, iou_threshold: float, limit: int, decided: int | None
-) -> tuple[Tensor, Tensor]:
-    """Greedy NMS within every (image, level) group at once, for each level's first `decided` candidates
-    (all when None, then stepping, with a host read per `NMS_STEPS` steps, until the result is final).
-
-    Greedy NMS keeps a box unless an earlier kept box of its group overlaps it by IoU above the threshold.
-    That is a fixed point, keep = valid & ~(some earlier kept box suppresses it), with one solution, which
-    the step keep <- valid & ~suppressed_by(keep) reaches from any start within M steps (after step t the
-    first t boxes of each group are final) and then no longer changes. A box's fate depends only on earlier
-    boxes, so deciding each level's first candidates is exact for them; an image's best `limit` kept boxes are
-    final once at least `limit` kept boxes score above every valid undecided candidate.
-
-    Returns:
-        ``(keep, is_final)``: [N, K] survivors among the decided candidates, and a 0-dim bool: false when the
-        steps have not settled or an undecided candidate might belong among an image's best `limit`.
-    """
-    levels = _level_slices(candidates.level_sizes, decided)
-    is_decided = torch.zeros_like(candidates.valid)
-    if not levels:
-        return is_decided, is_decided.new_ones(())
-    for level in levels:
-        is_decided[:, level] = True
-    suppression = _suppression_bits(candidates, levels, iou_threshold)
-    valid = _stack_levels(candidates.valid, levels, suppression.shape[2])
-    keep, settled = _greedy_steps(suppression, valid, valid)
-    if decided is None:
-        keep, settled = _settle(suppression, valid, keep, settled)
-    keep = _unstack_levels(keep, levels, is_decided)
-    return keep, settled & _is_complete(candidates, keep, is_decided, limit)
-
-
-def _settle(suppression: Tensor, valid: Tensor, keep: Tensor, settled: Tensor) -> tuple[Tensor, Tensor]:
-    """More `_greedy_steps` until they change nothing, reading that on the host after each round."""
-    # M steps always settle (see `_nms`): at most M // NMS_STEPS more rounds.
-    for _ in range(suppression.shape[2] // NMS_STEPS):
-        if bool(settled):
-            break
-        keep, settled = _greedy_steps(suppression, valid, keep)
-    assert bool(settled), "greedy NMS steps did not settle within the number of boxes"
-    return keep, settled
-
-
-def _is_complete(candidates: _Candidates, keep: Tensor, is_decided: Tensor, limit: int) -> Tensor:
-    """0-dim bool: whether every image's best `limit` kept candidates are final, that is, at least `limit` kept
-    candidates score above every valid undecided one (or there is no such one)."""
-    undecided = candidates.scores.masked_fill(is_decided | ~candidates.valid, -math.inf)
-    best_undecided = undecided.amax(dim=1, keepdim=True)
-    enough = (keep & (candidates.scores > best_undecided)).sum(dim=1) >= limit
-    return (enough | (best_undecided[:, 0] == -math.inf)).all()
-
-
-def _greedy_steps(suppression: Tensor, valid: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
-    """`NMS_STEPS` steps of keep <- valid & ~(a kept box suppresses it), on [N, L, M] boxes with the bit matrix
-    of `_suppression_bits`; returns keep and a 0-dim bool: whether the last step changed nothing."""
-    previous = keep
-    bit_values = _bit_values(keep.device)
-    for _ in range(NMS_STEPS):
-        previous = keep
-        suppressed = (suppression & _pack_bits(previous, bit_values)[:, :, None, :]).any(dim=-1)
-        keep = valid & ~suppressed
-    return keep, (keep == previous).all()
-
-
-def _suppression_bits(candidates: _Candidates, levels: list[slice], iou_threshold: float) -> Tensor:
-    """[N, L, M, M / 64] int64: bit i of row j (as `_pack_bits` packs flag i) is set when
-    candidate i of the level suppresses candidate j (`_iou_above_tiles`); M: the largest level's size rounded
-    up to 64. Rows and bits past a level's size are 0."""
-    size = _round_up(max(level.stop - level.start for level in levels), 64)
-    num_images = candidates.valid.shape[0]
-    bits = candidates.valid.new_zeros((num_images, len(levels), size, size // 64), dtype=torch.int64)
-    bit_values = _bit_values(bits.device)
-    for index, level in enumerate(levels):
-        boxes = _nms_boxes(candidates.boxes[:, level])
-        for columns, above in _iou_above_tiles(boxes, candidates.valid[:, level], iou_threshold):
-            bits[:, index, columns, : above.shape[2] // 64] = _pack_bits(above, bit_values)
-    return bits
-
-
-def _iou_above_tiles(boxes: Tensor, valid: Tensor, iou_threshold: float) -> Iterator[tuple[slice, Tensor]]:
-    """Who suppresses whom among G groups of M boxes, by tiles of columns: yields ``(columns, above)`` with
-    `above` [G, len(columns), R] uint8, R = columns.stop rounded up to 64, 1 at [g, j, i] where box i is
-    valid, comes before box j (i < j) and IoU(i, j) > `iou_threshold`, else 0. `above` is overwritten by the
-    next tile.
-
-    IoUs are torchvision's CPU ``nms`` kernel's, bit for bit: the same float operations in the same order
-    (areas (x2 - x1) * (y2 - y1); inter = w * h, w and h clamped at 0; IoU = inter / ((area_i + area_j) -
-    inter)) and the comparison in double precision (`_float_below`).
-    """
-    groups, count = valid.shape
-    padded = _round_up(count, 64)
-    # nan coordinates for invalid boxes and the padding: their IoUs are nan, above no threshold.
-    x1, y1, x2, y2 = (
-        F.pad(boxes[..., index].masked_fill(~valid, math.nan), (0, padded - count), value=math.nan)
-        for index in range(4)
-    )
-    areas = (x2 - x1) * (y2 - y1)
-    threshold = _float_below(iou_threshold, boxes.dtype)
-    budget = _TILE_ELEMENTS.get(boxes.device.type, _DEVICE_TILE_ELEMENTS)
-    width = min(count, max(1, budget // (groups * padded)))
-    # One workspace for all tiles, written with out=: fresh temporaries per operation cost more than the
-    # arithmetic on the CPU (allocation and first-touch page faults).
-    workspace = boxes.new_empty((3, groups * width * padded))
-    above_workspace = valid.new_empty(groups * width * padded, dtype=torch.uint8)
-    for start in range(0, count, width):
-        columns = slice(start, min(count, start + width))
-        rows = _round_up(columns.stop, 64)
-        shape = (groups, columns.stop - columns.start, rows)
-        overlap_x, overlap_y, union = (buffer[: math.prod(shape)].view(shape) for buffer in workspace)
-        row = [values[:, None, :rows] for values in (x1, y1, x2, y2, areas)]
-        column = [values[:, columns, None] for values in (x1, y1, x2, y2, areas)]
-        torch.minimum(row[2], column[2], out=overlap_x)
-        overlap_x.sub_(torch.maximum(row[0], column[0], out=overlap_y)).clamp_(min=0)
-        torch.minimum(row[3], column[3], out=overlap_y)
-        overlap_y.sub_(torch.maximum(row[1], column[1], out=union))
-        # Only the width is clamped: with a negative height and a positive width the IoU comes out
-        # negative, which no threshold in [0, 1] exceeds, as torchvision's 0 does not.
-        intersection = overlap_x.mul_(overlap_y)
-        torch.add(row[4], column[4], out=union).sub_(intersection)
-        above = torch.gt(
-            intersection.div_(union), threshold, out=above_workspace[: math.prod(shape)].view(shape)
-        )
-        # From the tile's first column on, box i suppresses box j only when i < j (rows past the last
-        # column, up to the multiple of 64, included).
-        above[:, :, columns.start :].tril_(-1)
-        yield columns, above
-
-
-def _pack_bits(flags: Tensor, bit_values: Tensor) -> Tensor:
-    """[..., 64 * W] flags (bool or 0/1 uint8) as [..., W] int64 words, with `_bit_values`: flag k is bit k % 8
-    of byte k // 8 (the words' bytes in memory order, so the packings of the matrix rows and of the kept boxes
-    agree on any machine)."""
-    as_bytes = flags.view(torch.uint8).unflatten(-1, (-1, 8)) * bit_values
-    return as_bytes.sum(dim=-1, dtype=torch.uint8).view(torch.int64)
-
-
-def _bit_values(device: torch.device) -> Tensor:
-    """1, 2, 4, ..., 128 as uint8, made on `device` (no copy from the host)."""
-    return 2 ** torch.arange(8, dtype=torch.uint8, device=device)
-
-
-def _level_slices(level_sizes: list[int], first: int | None = None) -> list[slice]:
-    """Each non-empty level's candidates, or only its `first` ones."""
-    starts = [0, *itertools.accumulate(level_sizes)]
-    ends = (
-        starts[1:] if first is None else [min(start + first, stop) for start, stop in zip(starts, starts[1:])]
-    )
-    return [slice(start, stop) for start, stop in zip(starts, ends) if stop > start]
-
-
-def _stack_levels(values: Tensor, levels: list[slice], size: int) -> Tensor:
-    """[N, K] values as [N, L, size], one row per level, padded with 0 (False)."""
-    stacked = values.new_zeros((values.shape[0], len(levels), size))
-    for index, level in enumerate(levels):
-        stacked[:, index, : level.stop - level.start] = values[:, level]
-    return stacked
-
-
-def _unstack_levels(stacked: Tensor, levels: list[slice], like: Tensor) -> Tensor:
-    """The inverse of `_stack_levels`, into a tensor shaped like `like` (0 outside the levels)."""
-    values = torch.zeros_like(like)
-    for index, level in enumerate(levels):
-        values[:, level] = stacked[:, index, : level.stop - level.start]
-    return values
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def _nms_boxes(boxes: Tensor) -> Tensor:
-    """Boxes in the dtype torchvision's nms computes IoUs in: float32 for half and bfloat16 (its autocast
-    kernel casts them; without autocast it refuses them), else their own."""
-    return boxes.float() if boxes.dtype in (torch.float16, torch.bfloat16) else boxes
-
-
-def _float_below(value: float, dtype: torch.dtype) -> float:
-    """The largest number of `dtype` not above `value`: for x of that dtype, x > value exactly when x is
-    above it. torchvision's CPU nms compares its float IoU with the threshold in double; a tensor compared
-    with a Python float would round the float to the tensor's dtype instead (0.3 rounds up in float32)."""
-    if dtype != torch.float32:
-        return value  # float64 holds `value` exactly
-    (nearest,) = struct.unpack("<f", struct.pack("<f", value))
-    if nearest <= value:
-        return nearest
-    (bits,) = struct.unpack("<I", struct.pack("<f", nearest))
-    # One float32 step towards zero (value > 0 here: 0 and negative values are exact or round down).
-    (below,) = struct.unpack("<f", struct.pack("<I", bits - 1))
-    return below

@@ -1,11 +1,13 @@
-"""`launch` pieces that need no spawn: environment detection, port checks, SLURM node lists."""
+"""`launch` pieces that need no spawn: ranks from the environment, their GPU and threads, port checks."""
 
 import socket
 
 import pytest
+from pytest import param
 
 from lazytrain.launch import launch as launch_module
-from lazytrain.launch.launch import first_slurm_host, get_env_rank_info, get_gpu_index, launch
+from lazytrain.launch.environment import get_env_rank_info
+from lazytrain.launch.launch import get_gpu_index, launch
 
 _LAUNCHER_VARIABLES = (
     "RANK",
@@ -28,13 +30,6 @@ def clean_env(monkeypatch):
         if name in _LAUNCHER_VARIABLES or name.startswith(("SLURM_", "SUBMITIT_")):
             monkeypatch.delenv(name)
     return monkeypatch
-
-
-def test_no_launcher_means_spawn(clean_env):
-    assert get_env_rank_info() is None
-    clean_env.setenv("SLURM_NTASKS", "1")  # one SLURM task per node spawns its ranks itself
-    clean_env.setenv("SLURM_PROCID", "0")
-    assert get_env_rank_info() is None
 
 
 # Each documented way to start a job, as the environment its processes see (one representative rank each):
@@ -199,25 +194,31 @@ def test_every_start_up_way_picks_the_right_gpu(clean_env, environment, visible,
     assert get_gpu_index(local_rank, local_size, visible) == gpu
 
 
-def test_slurm_master_address_and_port(clean_env):
-    import os
-
-    env = dict(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_TASKS_PER_NODE="4(x2)")
-    for name, value in {**env, "SLURM_JOB_NODELIST": "gpu-node[07-08]", "SLURM_JOB_ID": "123456"}.items():
-        clean_env.setenv(name, value)
-    assert get_env_rank_info()["local_size"] == 4
-    assert os.environ["MASTER_ADDR"] == "gpu-node07"
-    assert os.environ["MASTER_PORT"] == str(20000 + 123456 % 20000)
-
-
-def test_submitit_local_address_and_port(clean_env):
-    import os
-
-    env = dict(SUBMITIT_LOCAL_NTASKS="2", SUBMITIT_LOCAL_GLOBALID="1", SUBMITIT_LOCAL_LOCALID="1")
-    for name, value in {**env, "SUBMITIT_LOCAL_JOB_ID": "4242"}.items():
-        clean_env.setenv(name, value)
-    assert get_env_rank_info()["rank"] == 1
-    assert os.environ["MASTER_ADDR"] == "127.0.0.1" and os.environ["MASTER_PORT"] == "24242"
+@pytest.mark.parametrize(
+    "environment, init_method, store",
+    [
+        param(
+            dict(RANK="1", WORLD_SIZE="2", MASTER_ADDR="Head", MASTER_PORT="9"), "env://", None, id="torchrun"
+        ),
+        param(
+            dict(SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_JOB_NODELIST="gpu[07-08]", SLURM_JOB_ID="4242"),
+            "tcp://gpu07:24242",
+            ("gpu07", 24242),
+            id="SLURM",
+        ),
+        param(
+            dict(SUBMITIT_LOCAL_NTASKS="2", SUBMITIT_LOCAL_GLOBALID="1", MASTER_ADDR="::1", MASTER_PORT="7"),
+            "tcp://[::1]:7",
+            ("::1", 7),
+            id="submitit local, IPv6",
+        ),
+    ],
+)
+def test_launched_ranks_meet_where_the_environment_says(environment, init_method, store):
+    # torchrun's agent serves the store at its MASTER_ADDR:MASTER_PORT, which env:// reads as they are.
+    assert launch_module._get_rendezvous_url(get_env_rank_info(environment)) == init_method
+    if store is not None:
+        assert launch_module._store_address(init_method) == store
 
 
 @pytest.mark.parametrize(
@@ -236,14 +237,6 @@ def test_two_ranks_on_one_gpu_are_named():
     identities = [("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-a"), ("n1", "GPU-a")]
     assert "ranks 0, 3 all use GPU GPU-a on n1" in launch_module.find_shared_gpus(identities)
     assert launch_module.find_shared_gpus(identities[:3]) is None
-
-
-@pytest.mark.parametrize(
-    "text, counts",
-    [("8", [8]), ("4(x2),3", [4, 4, 3]), ("2,1(x3)", [2, 1, 1, 1])],
-)
-def test_expand_slurm_counts(text, counts):
-    assert launch_module.expand_slurm_counts(text) == counts
 
 
 def test_cpu_threads_follow_the_affinity_mask_not_the_core_count(clean_env, monkeypatch):
@@ -270,18 +263,6 @@ def test_bad_timeout_is_refused(value):
         launch_module.parse_timeout(value)
 
 
-@pytest.mark.parametrize(
-    "nodelist, host",
-    [
-        pytest.param("node7", "node7", id="single"),
-        pytest.param("a1,b2", "a1", id="list"),
-        pytest.param("gpu-node[03-05,9],cpu[1]", "gpu-node03", id="ranges"),
-    ],
-)
-def test_first_slurm_host(nodelist, host):
-    assert first_slurm_host(nodelist) == host
-
-
 def test_port_in_use_fails_before_spawning(clean_env, monkeypatch):
     def no_spawn(*args, **kwargs):
         raise AssertionError("spawned although the port is taken")
@@ -299,3 +280,48 @@ def test_backend_choice():
     assert launch_module._choose_backend("auto", use_gpu=True) == "nccl"
     assert launch_module._choose_backend("auto", use_gpu=False) == "gloo"
     assert launch_module._choose_backend("gloo", use_gpu=True) == "gloo"
+
+
+_SLURM_TASK_PROGRAM = """
+import os
+from lazytrain.launch.launch import launch
+from lazytrain.utils import comm
+
+ranks = launch(lambda: comm.all_gather(comm.get_rank()), 2, use_gpu=False)
+print(ranks, [name for name in ("MASTER_ADDR", "MASTER_PORT") if name in os.environ])
+"""
+
+
+def test_slurm_tasks_meet_at_the_first_node_without_writing_it_into_the_environment(tmp_path):
+    # Two SLURM tasks on one node (srun -n2), each a rank: they meet at the node list's first host.
+    import os
+    import subprocess
+    import sys
+
+    port = launch_module.find_free_port()
+    base = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in _LAUNCHER_VARIABLES and not name.startswith(("SLURM_", "SUBMITIT_"))
+    }
+    slurm = dict(SLURM_NTASKS="2", SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2", SLURM_JOB_NODELIST="127.0.0.1")
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SLURM_TASK_PROGRAM],
+            env={
+                **base,
+                **slurm,
+                "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(rank),
+                "MASTER_PORT": str(port),
+            },
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = [task.communicate(timeout=120)[0] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outputs
+    assert [output.strip().splitlines()[-1] for output in outputs] == ["[0, 1] ['MASTER_PORT']"] * 2

@@ -13,6 +13,7 @@ from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.rpn import RegionProposalNetwork as TorchvisionRegionProposalNetwork
 from torchvision.ops import box_iou
 
+import lazytrain.modeling.nms as nms_module
 import lazytrain.modeling.rpn as rpn_module
 from lazytrain.config import instantiate
 from lazytrain.modeling import RegionProposalNetwork, box_coding
@@ -202,14 +203,16 @@ def test_ious_at_the_threshold_are_decided_as_torchvisions_nms_decides(threshold
 
 
 @pytest.mark.parametrize(
-    "setting, value",
+    "module, setting, value",
     [
-        param("NMS_STEPS", 1, id="steps that do not settle"),
-        param("DECIDED_PER_RESULT", 0.1, id="too few candidates decided"),
+        param(nms_module, "NMS_STEPS", 1, id="steps that do not settle"),
+        param(rpn_module, "DECIDED_PER_RESULT", 0.1, id="too few candidates decided"),
     ],
 )
-def test_when_the_first_pass_is_not_final_the_result_is_still_torchvisions(monkeypatch, setting, value):
-    monkeypatch.setattr(rpn_module, setting, value)
+def test_when_the_first_pass_is_not_final_the_result_is_still_torchvisions(
+    monkeypatch, module, setting, value
+):
+    monkeypatch.setattr(module, setting, value)
     rpn = _recipe_rpn().eval()
     candidates = _candidates(rpn, DEMO_SIZES, seed=0)
     with HostSyncCounter() as counter:
@@ -425,7 +428,7 @@ def test_on_the_cpu_the_default_is_torchvisions_loop(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the batched selection ran on the CPU")
 
-    monkeypatch.setattr(rpn_module, "_nms", fail)
+    monkeypatch.setattr(rpn_module, "grouped_nms", fail)
     _assert_same_proposals(rpn.filter_proposals(*candidates), expected)
     rpn.batched = True
     with pytest.raises(AssertionError, match="batched selection ran"):

@@ -9,7 +9,7 @@ import torchvision
 from pytest import param
 
 from lazytrain.config import LazyConfig, instantiate
-from lazytrain.modeling import rpn
+from lazytrain.modeling import nms
 from lazytrain.utils.host_syncs import (
     FROM_PYTHON_DATA,
     TO_DEVICE,
@@ -233,7 +233,7 @@ def test_inference_host_syncs_stay_at_or_below_today_and_results_are_unchanged()
 def test_training_step_device_operations_stay_at_or_below_today(recipe, num_classes, monkeypatch):
     # As on a GPU: the RPN's NMS in tiles of a device's size (the CPU's are smaller: more, smaller
     # operations), SGD's multi-tensor step (torch's default on CUDA; a loop per parameter on the CPU).
-    monkeypatch.setattr(rpn, "_TILE_ELEMENTS", {})
+    monkeypatch.setattr(nms, "_TILE_ELEMENTS", {})
     torch.manual_seed(0)
     model = _gpu_paths_model(recipe, num_classes).train()
     optimizer = _recipe_optimizer(model, foreach=True)
