@@ -24,8 +24,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from lazytrain.program.predict_command import find_images  # noqa: E402
 from lazytrain.program.predictor import Predictor, to_image_tensor  # noqa: E402
+from lazytrain.program.run_command import find_images  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,6 +1,7 @@
 """`Checkpointer`: save and load model + checkpointables, atomically, with safe (weights-only) loading.
 
-Files: ``<save_dir>/<name>.pth`` and ``<save_dir>/last_checkpoint`` (the basename of the newest one).
+Files: ``<save_dir>/<name>.pth`` and ``<save_dir>/last_checkpoint`` (the basename of the newest one, read by
+`get_last_checkpoint`).
 A write goes to a temporary file in the same directory, is fsynced and renamed into place; only then is
 ``last_checkpoint`` replaced the same way, so a process killed at any moment leaves a loadable newest
 checkpoint. Loading uses ``torch.load(weights_only=True)``; a file that needs arbitrary unpickling is
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from lazytrain.engine.batch_norm import average_batch_norm_statistics
 from lazytrain.utils import comm
 
 # Re-exported: these were defined here and are still imported from here. `Checkpointer.save` calls
@@ -28,6 +30,7 @@ __all__ = [
     "Checkpointer",
     "LoadReport",
     "PathManager",
+    "get_last_checkpoint",
     "get_non_checkpoint_reason",
     "load_model_state",
     "load_torch_file",
@@ -90,6 +93,18 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
     return report
 
 
+def get_last_checkpoint(save_dir: str) -> str | None:
+    """Path of the newest complete checkpoint in `save_dir`, the file its ``last_checkpoint`` names; None when
+    there is none (no `save_dir`, no ``last_checkpoint``, or one that cannot be read)."""
+    if not save_dir:
+        return None
+    try:
+        with open(os.path.join(save_dir, "last_checkpoint")) as f:
+            return os.path.join(save_dir, f.read().strip())
+    except OSError:
+        return None
+
+
 def _remove_stale_temporary_files(directory: str) -> None:
     """Delete what writes killed before their rename left behind (`atomic_write`'s ``.<name>.tmp<pid>``, a
     checkpoint's size each); only rank 0 of one run writes into a directory, and its own write has just
@@ -131,7 +146,10 @@ class Checkpointer:
         self.last_saved_iteration: int | None = None  # the ``iteration`` of the last `save`, on every rank
 
     def save(self, name: str, **extra: Any) -> str | None:
-        """Write ``<save_dir>/<name>.pth`` (all ranks must call: trainer state is gathered; rank 0 writes)."""
+        """Write ``<save_dir>/<name>.pth`` (all ranks must call: trainer state is gathered; rank 0 writes).
+
+        BatchNorm running statistics are averaged over the ranks first (`average_batch_norm_statistics`)."""
+        average_batch_norm_statistics(self.model)
         data = {"model": _unwrap(self.model).state_dict()}
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(extra)
@@ -155,15 +173,12 @@ class Checkpointer:
         return path
 
     def has_checkpoint(self) -> bool:
-        return bool(self.save_dir) and os.path.exists(os.path.join(self.save_dir, "last_checkpoint"))
+        """Whether `save_dir` names a newest checkpoint (`get_last_checkpoint`)."""
+        return get_last_checkpoint(self.save_dir) is not None
 
     def get_checkpoint_file(self) -> str:
-        """Path of the newest complete checkpoint ("" when there is none)."""
-        try:
-            with open(os.path.join(self.save_dir, "last_checkpoint")) as f:
-                return os.path.join(self.save_dir, f.read().strip())
-        except OSError:
-            return ""
+        """Path of the newest complete checkpoint ("" when there is none; see `get_last_checkpoint`)."""
+        return get_last_checkpoint(self.save_dir) or ""
 
     def get_all_checkpoint_files(self) -> list[str]:
         if not os.path.isdir(self.save_dir):

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from lazytrain.engine.batch_norm import average_batch_norm_statistics
 from lazytrain.engine.train_loop import HookBase, get_rng_state, set_rng_state
 from lazytrain.utils import comm
 from lazytrain.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardWriter
@@ -234,7 +235,8 @@ class EvalHook(HookBase):
     The final evaluation (after the last step) is recorded at iteration ``max_iter``, so the writer hook
     that follows writes it to ``metrics.json`` as its own line. Results (computed on the main process) are
     shared with all ranks, and the global RNG states are put back after evaluating so that evaluation does
-    not change the training random stream (which exact resume relies on). The results are also kept in
+    not change the training random stream (which exact resume relies on). BatchNorm running statistics are
+    averaged over the ranks before each evaluation (`lazytrain.engine.batch_norm`). The results are also kept in
     ``trainer.last_eval_results`` (what the default program returns).
 
     A stop signal (SIGTERM, Ctrl-C) during an evaluation abandons it within seconds on every rank (see
@@ -267,6 +269,8 @@ class EvalHook(HookBase):
                 "EvalHook: no eval_function given and trainer.test_function is not set; pass "
                 "eval_function=... or remove the hook with ~train.hooks.eval."
             )
+        # Every rank evaluates with every rank's BatchNorm statistics (DDP leaves them rank-local).
+        average_batch_norm_statistics(self.trainer.model)
         rng_state = get_rng_state()
         stopped = 0
         try:

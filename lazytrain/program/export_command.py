@@ -15,7 +15,8 @@ Each export is checked right after it is written: it must give the eager model's
 `lazytrain.modeling.export.check_parity`; the command prints the measured differences and the versions the
 parity tests ran with. Keys: ``export.format`` (``all``, ``onnx``, ``torchscript``), ``export.output_dir``
 (default ``RUN_DIR/export``; existing files are never overwritten), ``export.checkpoint``, ``export.opset``,
-``export.check_images``, and any key of the run's config.
+``export.check_images``, and any key of the run's config. Instead of RUN_DIR, a config file with
+``export.checkpoint=PATH`` works as for predict (`lazytrain.program.run_command.load_run` reads both).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lazytrain.program.predict_command import (
+from lazytrain.program.run_command import (
     CommandLineError,
     find_images,
+    load_run,
     refuse_existing,
     run_command,
     split_arguments,
@@ -40,7 +42,7 @@ __all__ = ["EXPORT_DEFAULTS", "main"]
 
 EXPORT_DEFAULTS: dict[str, Any] = {
     "format": "all",  # onnx, torchscript or all
-    "output_dir": None,  # default: RUN_DIR/export
+    "output_dir": None,  # default: RUN_DIR/export (CONFIG: ./export)
     "checkpoint": None,  # default: the run's newest checkpoint
     "opset": None,  # default: lazytrain.modeling.export.ONNX_OPSET
     "check_images": 4,  # test-set images the exports are checked on when no IMAGE is given
@@ -50,24 +52,16 @@ _FILES = {"torchscript": "model.ts", "onnx": "model.onnx"}
 
 def load_export_config(run_dir: str, overrides: list[str]) -> tuple[DictConfig, str]:
     """The run's config with ``export.*`` and `overrides` applied, and the weights file to export."""
-    from lazytrain.config import LazyConfig
-    from lazytrain.program.predictor import get_checkpoint_path
-
-    config_file = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(config_file):
-        raise CommandLineError(
-            f"{config_file} not found: give a training run's directory (it holds config.yaml)"
-        )
-    cfg = LazyConfig.load(config_file)
-    cfg.export = OmegaConf.create(EXPORT_DEFAULTS)
-    cfg.export.output_dir = os.path.join(run_dir, "export")
-    LazyConfig.apply_overrides(cfg, overrides)
+    cfg, checkpoint = load_run(
+        run_dir, overrides, checkpoint_key="export.checkpoint", set_defaults=_set_export_defaults
+    )
     if cfg.export.format not in ("all", *_FILES):
         raise CommandLineError(f"export.format must be all, onnx or torchscript; got {cfg.export.format!r}")
-    try:
-        return cfg, get_checkpoint_path(run_dir, cfg.export.checkpoint)
-    except FileNotFoundError as e:
-        raise CommandLineError(str(e)) from None
+    return cfg, checkpoint
+
+
+def _set_export_defaults(cfg: DictConfig, directory: str) -> None:
+    cfg.export = OmegaConf.create({**EXPORT_DEFAULTS, "output_dir": os.path.join(directory, "export")})
 
 
 def get_check_files(cfg: DictConfig, image_arguments: list[str]) -> list[str]:
@@ -98,13 +92,8 @@ def main(argv: list[str]) -> None:
 
 
 def _export(argv: list[str]) -> None:
-    from lazytrain.errors import ConfigError
-
     run_dir, image_arguments, overrides = split_arguments(argv, images_required=False)
-    try:
-        cfg, checkpoint = load_export_config(run_dir, overrides)
-    except ConfigError as e:
-        raise CommandLineError(str(e)) from None
+    cfg, checkpoint = load_export_config(run_dir, overrides)
     formats = _formats(cfg)
     output_dir = str(cfg.export.output_dir)
     written = [_FILES[f] for f in formats] + ["model.json"]

@@ -1,5 +1,6 @@
 """A Hydra job's config made ready for the ranks: interpolations the ranks cannot resolve are resolved here
-(``${hydra:...}``, ``${now:...}``), and a requeued SLURM job resumes. `prepare_job_config` does both."""
+(``${hydra:...}``, ``${now:...}``), and a requeued SLURM job or restarted torchrun workers resume.
+`prepare_job_config` does both."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 def prepare_job_config(cfg: DictConfig) -> None:
-    """Resolve `cfg`'s values in place and make a requeued SLURM job resume (see the two functions)."""
+    """Resolve `cfg`'s values in place and make a restarted job resume (see the two functions)."""
     resolve_values(cfg)
     resume_if_requeued(cfg)
 
@@ -61,14 +62,29 @@ def _unresolvable(cfg: DictConfig) -> Iterator[tuple[str, str]]:
                 yield entry.path, str(tree.raw_value(entry.node))
 
 
+# The variables a launcher sets when it runs the same command again after a failure or a requeue, and how the
+# warning names the restart.
+_RESTART_COUNTS = {
+    "SLURM_RESTART_COUNT": "Requeued SLURM job",
+    "TORCHELASTIC_RESTART_COUNT": "Restarted torchrun workers",  # torchrun --max-restarts=N
+}
+
+
 def resume_if_requeued(cfg: DictConfig) -> None:
-    """A requeued SLURM job (SLURM_RESTART_COUNT >= 1) runs its command again: it must continue from its last
-    checkpoint, not start over and overwrite it."""
-    restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+    """A requeued SLURM job (SLURM_RESTART_COUNT >= 1) or a worker group restarted by torchrun
+    (TORCHELASTIC_RESTART_COUNT >= 1) runs its command again: it must continue from its last checkpoint, not
+    start over and overwrite it."""
     train = cfg.get("train")
-    if restarts not in ("", "0") and train is not None and not train.get("resume", False):
-        logger.warning(
-            "Requeued SLURM job (SLURM_RESTART_COUNT=%s): resuming from the last checkpoint (train.resume=true).",
-            restarts,
-        )
-        train.resume = True
+    if train is None or train.get("resume", False):
+        return
+    for variable, restart in _RESTART_COUNTS.items():
+        restarts = os.environ.get(variable, "0")
+        if restarts not in ("", "0"):
+            logger.warning(
+                "%s (%s=%s): resuming from the last checkpoint (train.resume=true).",
+                restart,
+                variable,
+                restarts,
+            )
+            train.resume = True
+            return

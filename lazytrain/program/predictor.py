@@ -27,12 +27,12 @@ from omegaconf import DictConfig
 from PIL import Image
 from torch import Tensor
 
-from lazytrain.config import LazyConfig, instantiate
+from lazytrain.config import instantiate
 from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
 from lazytrain.data.mappers import DatasetMapper, read_image
 from lazytrain.engine.checkpoint import Checkpointer
-from lazytrain.evaluation.predictions import get_coco_entries, pack_instances
-from lazytrain.utils.file_io import atomic_write
+from lazytrain.evaluation.predictions import ImagePredictions, get_coco_entries, pack_instances
+from lazytrain.program.run_command import load_run, write_json
 
 __all__ = [
     "CATEGORIES_FILE",
@@ -41,7 +41,6 @@ __all__ = [
     "Prediction",
     "Predictor",
     "get_categories",
-    "get_checkpoint_path",
     "read_categories",
     "save_categories",
     "to_image_tensor",
@@ -100,10 +99,15 @@ class Prediction:
     def to_coco(self, image_id: int) -> list[dict[str, Any]]:
         """COCO result dicts (``image_id``, ``category_id``, ``bbox`` XYWH, ``score``, ``segmentation`` as
         compressed RLE): what the evaluators write to ``*_instances_results.json``."""
+        return get_coco_entries(self.to_image_predictions(image_id))
+
+    def to_image_predictions(self, image_id: int) -> ImagePredictions:
+        """The detections as the evaluators keep them; `lazytrain.evaluation.predictions.write_coco_results`
+        streams these into a COCO results json."""
         instances = {"boxes": self.boxes, "scores": self.scores, "classes": self.classes}
         if self.masks is not None:
             instances["masks"] = self.masks
-        return get_coco_entries(pack_instances(instances, image_id, self.categories.ids))
+        return pack_instances(instances, image_id, self.categories.ids)
 
 
 def to_image_tensor(image: ImageInput) -> Tensor:
@@ -137,42 +141,6 @@ def to_image_tensor(image: ImageInput) -> Tensor:
     )
 
 
-def get_checkpoint_path(run_dir: str, checkpoint: str | None = None) -> str:
-    """The weights file to predict with: `checkpoint` (a path, or a file name inside `run_dir`), else the
-    run's newest checkpoint (``last_checkpoint``), else ``model_final.pth``.
-
-    Raises:
-        FileNotFoundError: naming the run directory or file, and the fix.
-    """
-    if checkpoint:
-        inside = os.path.join(run_dir, checkpoint)
-        path = inside if not os.path.isabs(checkpoint) and os.path.isfile(inside) else checkpoint
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"Predictor: checkpoint {checkpoint} not found (nor in {run_dir}).")
-        return path
-    newest = Checkpointer(torch.nn.Module(), run_dir).get_checkpoint_file()
-    if newest and os.path.isfile(newest):
-        return newest
-    final = os.path.join(run_dir, "model_final.pth")
-    if os.path.isfile(final):
-        return final
-    raise FileNotFoundError(
-        f"Predictor: run directory {run_dir} has no weights (no last_checkpoint, no model_final.pth): the run "
-        "saves them at train.checkpointer.period and at its end. Let it train, or name a file with "
-        "checkpoint=PATH."
-    )
-
-
-def _load_run_config(run_dir: str, overrides: Sequence[str]) -> DictConfig:
-    path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"Predictor: {path} not found; a run directory holds the config.yaml its run saved. Give the "
-            "directory of a training run (or build the Predictor from a config and a checkpoint)."
-        )
-    return LazyConfig.apply_overrides(LazyConfig.load(path), list(overrides))
-
-
 CATEGORIES_FILE = "categories.json"
 """Written into a run's directory when training starts (`save_categories`): ``[{"id", "name"}, ...]`` in
 contiguous class order, so a run predicts with its class names where its data set is not at hand."""
@@ -200,7 +168,7 @@ def get_categories(cfg: DictConfig, loader: str = "test") -> Categories | None:
 def save_categories(directory: str, categories: Categories) -> None:
     """Write `categories` to ``directory/categories.json`` (`CATEGORIES_FILE`)."""
     entries = [{"id": i, "name": n} for i, n in zip(categories.ids, categories.names)]
-    atomic_write(os.path.join(directory, CATEGORIES_FILE), lambda f: f.write(json.dumps(entries).encode()))
+    write_json(os.path.join(directory, CATEGORIES_FILE), entries)
 
 
 def read_categories(directory: str) -> Categories | None:
@@ -257,10 +225,12 @@ class Predictor:
         overrides: Sequence[str] = (),
         batch_size: int | None = None,
     ) -> Predictor:
-        """The model of a training run, with its weights, on `device`.
+        """The model of a training run, with its weights, on `device` (the run is read by
+        `lazytrain.program.run_command.load_run`).
 
         Args:
-            run_dir: a run's output directory (``config.yaml`` and its checkpoints).
+            run_dir: a run's output directory (``config.yaml`` and its checkpoints), or a config file whose
+                weights `checkpoint` names.
             checkpoint: a weights file (a path, or a name in `run_dir` such as ``model_0000299.pth``); default:
                 the newest (``last_checkpoint``), else ``model_final.pth``.
             device: ``cpu``, ``cuda``, ``cuda:1``, ...; default: ``cuda`` when available, else ``cpu``.
@@ -269,10 +239,10 @@ class Predictor:
             batch_size: images per forward pass; default: the run's ``dataloader.test.batch_size`` (or 1).
         """
         run_dir = os.fspath(run_dir)
-        cfg = _load_run_config(run_dir, overrides)
+        cfg, weights = load_run(run_dir, overrides, checkpoint=checkpoint)
         return cls.from_config(
             cfg,
-            get_checkpoint_path(run_dir, checkpoint),
+            weights,
             device=device,
             batch_size=batch_size,
             categories=read_categories(run_dir),

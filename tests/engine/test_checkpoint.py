@@ -9,7 +9,7 @@ from iopath.common.file_io import PathHandler
 from pytest import param
 
 from lazytrain.engine import checkpoint as checkpoint_module
-from lazytrain.engine.checkpoint import Checkpointer, load_model_state
+from lazytrain.engine.checkpoint import Checkpointer, get_last_checkpoint, load_model_state
 from lazytrain.errors import CheckpointError
 from tests.engine import toy
 
@@ -31,6 +31,17 @@ def test_save_load_round_trip_with_checkpointables(tmp_path):
         optimizer.state_dict()["state"][0]["momentum_buffer"]
     )
     assert (tmp_path / "last_checkpoint").read_text() == "model_0000001.pth"
+
+
+def test_get_last_checkpoint_reads_what_save_names_and_none_without_it(tmp_path):
+    assert get_last_checkpoint(str(tmp_path)) is None and get_last_checkpoint("") is None
+    checkpointer = Checkpointer(toy.ToyRegressor(), str(tmp_path))
+    assert not checkpointer.has_checkpoint() and checkpointer.get_checkpoint_file() == ""
+    checkpointer.save("model_0000002", iteration=2)
+    assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "model_0000002.pth")
+    assert checkpointer.has_checkpoint() and checkpointer.get_checkpoint_file() == str(
+        tmp_path / "model_0000002.pth"
+    )
 
 
 def toy_batch():

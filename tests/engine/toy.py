@@ -152,6 +152,14 @@ def kill_self_at(trainer, iteration: int) -> None:
         os.kill(os.getpid(), 9)
 
 
+def kill_rank_before_any_restart(trainer, iteration: int, rank: int) -> None:
+    """SIGKILL rank `rank` after step `iteration`, in the first run of a torchrun job only (torchrun's restarted
+    workers have ``TORCHELASTIC_RESTART_COUNT`` >= 1)."""
+    first_run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if trainer.iter == iteration and comm.get_rank() == rank and first_run:
+        os.kill(os.getpid(), 9)
+
+
 class RandomDrawingHook(HookBase):
     """Draws from every global RNG in before_train (setup code may do so); resume must not be affected."""
 

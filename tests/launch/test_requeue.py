@@ -1,14 +1,17 @@
 """SLURM requeue, as far as it can run here: submitit's local executor (the same signal handler and requeue
-protocol as on SLURM, with a local restart instead of ``scontrol requeue``) and a faked requeued SLURM job."""
+protocol as on SLURM, with a local restart instead of ``scontrol requeue``) and a faked requeued SLURM job; and
+torchrun's own restart of a failed rank group (``--max-restarts``)."""
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from tests.engine.test_preemption import callback_hook
-from tests.launch.test_entrypoint import ENGINE_TOY, lazytrain
+from tests.launch.test_entrypoint import ENGINE_TOY, REPO, lazytrain
 
 
 def final_weights(run_dir):
@@ -72,3 +75,38 @@ def test_a_requeued_slurm_job_resumes_without_being_told(tmp_path, reference):
     assert "Resuming from iteration 14" in log
     assert_same_weights(reference, final_weights(run_dir))
     assert os.path.exists(run_dir / "model_0000013.pth")
+
+
+def torchrun(*args, cwd):
+    """``torchrun --standalone --nproc-per-node=2 --max-restarts=1 -m lazytrain ARGS`` on CPU."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    # torch's shared rendezvous store keeps the failed group's keys, which restarted workers would read.
+    environment = {**os.environ, "PYTHONPATH": REPO, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    return subprocess.run(
+        [*command, "--max-restarts=1", "-m", "lazytrain", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+    )
+
+
+@pytest.mark.slow
+def test_a_rank_group_restarted_by_torchrun_resumes_from_the_last_checkpoint(tmp_path):
+    uninterrupted = torchrun(ENGINE_TOY, f"hydra.run.dir={tmp_path}/reference", cwd=tmp_path)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+
+    # Rank 1 dies after step 12 (the last checkpoint is step 9's); torchrun restarts both ranks, once.
+    run_dir = tmp_path / "run"
+    kill = callback_hook("kill", "kill_rank_before_any_restart", iteration=12, rank=1)
+    restarted = torchrun(ENGINE_TOY, f"hydra.run.dir={run_dir}", kill, cwd=tmp_path)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    log = (run_dir / "log.txt").read_text()
+    assert "rank 1 died" in log
+    assert (
+        "Restarted torchrun workers (TORCHELASTIC_RESTART_COUNT=1): resuming from the last checkpoint"
+        in restarted.stdout + restarted.stderr + log
+    )
+    assert "Resuming from iteration 10" in log
+    assert_same_weights(final_weights(tmp_path / "reference"), final_weights(run_dir))
