@@ -8,7 +8,7 @@ and the rest of argv goes to a ``hydra.main`` app, so every Hydra habit works (o
 `lazytrain.program.job.run_hydra_job`.
 
     main(argv)
-      -> load_primary_config(CONFIG); check_command_line(cfg, overrides)
+      -> load_primary_config(CONFIG); check_command_line(cfg, overrides); get_search_overrides
       -> _run_hydra(cfg, overrides)      Hydra runs run_hydra_job once per job
       -> exit status 1 when a job of a sweep failed
 """
@@ -75,13 +75,16 @@ def main(argv: list[str] | None = None) -> None:
             return
         _fail(f"no CONFIG file given.\n{_USAGE}")
     from lazytrain.errors import ConfigError
+    from lazytrain.program.objective import get_search_overrides
     from lazytrain.program.preflight import check_command_line
+    from lazytrain.program.preflight.command_line import apply_plain_overrides
     from lazytrain.program.primary_config import DEFAULT_MAIN, load_primary_config
 
     try:
         cfg = load_primary_config(config_path)
+        check_command_line(cfg, overrides, DEFAULT_MAIN)
         # A search sweeper (hydra/sweeper=optuna, ...) is told the objective's direction.
-        overrides = overrides + check_command_line(cfg, overrides, DEFAULT_MAIN)
+        overrides = overrides + get_search_overrides(apply_plain_overrides(cfg, overrides), overrides)
     except ConfigError as e:
         _fail(str(e))
     failed_jobs = _run_hydra(cfg, config_path, overrides)
@@ -114,7 +117,7 @@ def _run_hydra(cfg, config_path: str, overrides: list[str]) -> int:
 
 def _quiet_non_main_rank(overrides: list[str]) -> list[str]:
     """Under torchrun/SLURM every rank runs the Hydra app: only rank 0 writes ``.hydra/`` and Hydra's log."""
-    from lazytrain.launch.launch import get_env_rank_info
+    from lazytrain.launch.environment import get_env_rank_info
 
     info = get_env_rank_info()
     if info is None or info["rank"] == 0:

@@ -20,15 +20,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from lazytrain.config import locate
 from lazytrain.errors import LazytrainError
-from lazytrain.launch.launch import RankFailedError, get_env_rank_info, launch, parse_timeout
+from lazytrain.launch.environment import get_env_rank_info
+from lazytrain.launch.launch import RankFailedError, launch, parse_timeout
 from lazytrain.launch.parent_watch import watch_sweep_parent
 from lazytrain.modeling.weights import prefetch_init_weights
 from lazytrain.program.default import INJECTED_ARGUMENTS
 from lazytrain.program.job_config import prepare_job_config
+from lazytrain.program.job_plan import get_processes_per_machine, resumes_from_checkpoint, uses_gpu
 from lazytrain.program.objective import FailedJobValue, check_objective, get_job_value, worst_value
 from lazytrain.program.preflight import preflight, raise_problems
-from lazytrain.program.preflight.checkpoints import resumes_from_checkpoint
-from lazytrain.program.preflight.processes import get_processes_per_machine, uses_gpu
 from lazytrain.utils import comm
 from lazytrain.utils.preemption import TrainingInterrupted, hand_over_requeue_signal
 
@@ -81,8 +81,7 @@ def launch_job(cfg: DictConfig) -> Any:
     per GPU or CPU worker (or in this process, for one). Returns rank 0's results."""
     prepare_job_config(cfg)
     raise_problems(preflight(cfg, INJECTED_ARGUMENTS))
-    main_path = str(cfg.launch.main)
-    locate(main_path)  # fail here, not in every rank
+    main_path = str(cfg.launch.main)  # importable: checked by preflight
     _fetch_init_weights(cfg)
     launch_cfg = cfg.launch
     return launch(

@@ -133,7 +133,7 @@ def get_search_sweeper(overrides: Sequence[str]) -> str | None:
     return chosen[-1] if chosen and chosen[-1] != "basic" else None
 
 
-def check_search(cfg: Any, overrides: Sequence[str], default_main: str) -> list[str]:
+def check_search(cfg: Any, overrides: Sequence[str], default_main: str) -> None:
     """Before a search sweep starts: the config must have an objective its jobs can produce.
 
     Args:
@@ -141,16 +141,13 @@ def check_search(cfg: Any, overrides: Sequence[str], default_main: str) -> list[
         overrides: the command line (Hydra overrides and flags).
         default_main: the default per-rank program (the only one whose hooks are checked for an EvalHook).
 
-    Returns:
-        Overrides telling the chosen sweeper the objective's direction (see `get_sweeper_direction_overrides`).
-
     Raises:
         ConfigError: no ``objective`` node, an invalid one, or (default program) no evaluation hook.
     """
     objective = check_objective(cfg.objective) if cfg.get("objective") is not None else None
     sweeper = get_search_sweeper(overrides)
     if sweeper is None:
-        return []
+        return
     if objective is None:
         raise ConfigError(
             f"hydra/sweeper={sweeper} searches for the best value of the config's objective, and this config has "
@@ -166,7 +163,19 @@ def check_search(cfg: Any, overrides: Sequence[str], default_main: str) -> list[
             f"EvalHook (removed with ~train.hooks.eval?): hydra/sweeper={sweeper} needs it to score each "
             "trial. Keep the eval hook (train.eval_period=0 evaluates once, after training)."
         )
-    return get_sweeper_direction_overrides(overrides, objective["direction"])
+
+
+def get_search_overrides(cfg: Any, overrides: Sequence[str]) -> list[str]:
+    """The overrides that tell a search sweeper chosen in `overrides` the direction of the config's objective
+    (see `get_sweeper_direction_overrides`); none for a grid sweep or a config without an objective.
+
+    Args:
+        cfg: the config with the command line's plain overrides applied (checked by `check_search`).
+        overrides: the command line (Hydra overrides and flags).
+    """
+    if get_search_sweeper(overrides) is None or cfg.get("objective") is None:
+        return []
+    return get_sweeper_direction_overrides(overrides, check_objective(cfg.objective)["direction"])
 
 
 def _has_eval_hook(hooks: Mapping) -> bool:

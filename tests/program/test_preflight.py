@@ -54,6 +54,17 @@ def test_preflight_checks_the_gpu_count_once_the_launch_values_are_sound(tmp_pat
     ]
 
 
+def test_a_launch_main_that_does_not_import_is_a_problem_naming_the_key(tmp_path):
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.train.output_dir = str(tmp_path)
+    cfg.launch.main = "lazytrain.engine.defaults.run"  # the default program's path in earlier versions
+    assert preflight(cfg, INJECTED_ARGUMENTS) == [
+        "launch.main=lazytrain.engine.defaults.run: cannot import 'lazytrain.engine.defaults.run': "
+        "'lazytrain.engine' has no attribute 'defaults'. It names the function each rank runs (default: "
+        f"{DEFAULT_MAIN})."
+    ]
+
+
 def _data_overrides(export: dict[str, str], train_json: str) -> list[str]:
     given = {**export, "data.train.json": train_json}
     return [f"{key}={value}" for key, value in given.items()]
@@ -64,7 +75,7 @@ def test_every_value_of_a_grid_sweep_over_a_data_file_is_checked(export, tmp_pat
     good = export["data.train.json"]
     copy = str(tmp_path / "copy.json")
     shutil.copy(good, copy)
-    assert check_command_line(cfg, ["-m", *_data_overrides(export, f"{good},{copy}")], DEFAULT_MAIN) == []
+    check_command_line(cfg, ["-m", *_data_overrides(export, f"{good},{copy}")], DEFAULT_MAIN)  # no problem
     missing = str(tmp_path / "missing.json")
     with pytest.raises(ConfigError) as error:
         check_command_line(cfg, ["-m", *_data_overrides(export, f"{good},{missing}")], DEFAULT_MAIN)

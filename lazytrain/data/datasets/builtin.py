@@ -8,7 +8,8 @@ Layout:
     $LAZYTRAIN_DATASETS/lvis/lvis_v1_{train,val}.json (images from coco/)   -> lvis_v1_{train,val}
     $LAZYTRAIN_DATASETS/synthetic_lt/ (generated on first use)              -> synthetic_lt_{train,val}
 
-This module lists them (`get_builtin_datasets`) and does not use the catalog, which the loaders use:
+This module lists them (`get_builtin_datasets`) and the files each needs (`get_required_files`, which the
+checks before a run use) and does not use the catalog, which the loaders use:
 ``import lazytrain.data`` hands the list to `lazytrain.data.catalog`, which registers it on first use.
 """
 
@@ -22,7 +23,15 @@ from lazytrain.data.datasets.coco import load_coco_json
 from lazytrain.data.datasets.lvis import load_lvis_json
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 
-__all__ = ["SYNTHETIC_LT_OPTIONS", "BuiltinDataset", "get_builtin_datasets", "get_datasets_root"]
+__all__ = [
+    "SYNTHETIC_LT_OPTIONS",
+    "BuiltinDataset",
+    "get_builtin_datasets",
+    "get_datasets_root",
+    "get_required_files",
+]
+
+_SPLITS = ("train", "val")
 
 SYNTHETIC_LT_OPTIONS: dict[str, Any] = {}
 """Keyword arguments for `generate_synthetic_lt` when ``synthetic_lt_*`` is generated on first use (tests
@@ -34,20 +43,31 @@ def get_datasets_root() -> str:
     return os.path.abspath(os.path.expanduser(os.environ.get("LAZYTRAIN_DATASETS", "./datasets")))
 
 
+def _coco_files(split: str) -> tuple[str, str]:
+    """(json file, image folder) of ``coco_2017_<split>``."""
+    coco = os.path.join(get_datasets_root(), "coco")
+    return os.path.join(coco, "annotations", f"instances_{split}2017.json"), os.path.join(
+        coco, f"{split}2017"
+    )
+
+
+def _lvis_files(split: str) -> tuple[str, str]:
+    """(json file, image root) of ``lvis_v1_<split>``: its file names are relative to coco/ (LVIS v1 val also
+    uses COCO train2017 images)."""
+    root = get_datasets_root()
+    return os.path.join(root, "lvis", f"lvis_v1_{split}.json"), os.path.join(root, "coco")
+
+
 def _coco_loader(split: str) -> Callable[[], list[dict]]:
     def load() -> list[dict]:
-        root = get_datasets_root()
-        json_file = os.path.join(root, "coco", "annotations", f"instances_{split}2017.json")
-        return load_coco_json(json_file, os.path.join(root, "coco", f"{split}2017"), f"coco_2017_{split}")
+        return load_coco_json(*_coco_files(split), f"coco_2017_{split}")
 
     return load
 
 
 def _lvis_loader(split: str) -> Callable[[], list[dict]]:
     def load() -> list[dict]:
-        root = get_datasets_root()
-        json_file = os.path.join(root, "lvis", f"lvis_v1_{split}.json")
-        return load_lvis_json(json_file, os.path.join(root, "coco"), f"lvis_v1_{split}")
+        return load_lvis_json(*_lvis_files(split), f"lvis_v1_{split}")
 
     return load
 
@@ -62,6 +82,18 @@ def _synthetic_loader(split: str) -> Callable[[], list[dict]]:
     return load
 
 
+def get_required_files(name: str) -> list[str]:
+    """The files and folders built-in data set `name` needs on disk, under ``$LAZYTRAIN_DATASETS`` (none for
+    ``synthetic_lt_*``, generated on first use, and for names that are not built in)."""
+    split = name.rsplit("_", 1)[-1]
+    if name in (f"coco_2017_{s}" for s in _SPLITS):
+        return list(_coco_files(split))
+    if name in (f"lvis_v1_{s}" for s in _SPLITS):
+        json_file, coco = _lvis_files(split)
+        return [json_file, os.path.join(coco, "train2017"), os.path.join(coco, "val2017")]
+    return []
+
+
 class BuiltinDataset(NamedTuple):
     """A built-in data set: its name, the function returning its records and its ``evaluator_type``."""
 
@@ -74,7 +106,7 @@ def get_builtin_datasets() -> list[BuiltinDataset]:
     """Every built-in data set, with its loader (no I/O here: a loader finds its files when called)."""
     return [
         dataset
-        for split in ("train", "val")
+        for split in _SPLITS
         for dataset in (
             BuiltinDataset(f"coco_2017_{split}", _coco_loader(split), "coco"),
             BuiltinDataset(f"lvis_v1_{split}", _lvis_loader(split), "lvis"),

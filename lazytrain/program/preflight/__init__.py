@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from lazytrain.config import validate
 from lazytrain.errors import ConfigError
+from lazytrain.program.job_plan import get_processes_per_machine
 from lazytrain.program.objective import check_search, get_search_sweeper
 from lazytrain.program.preflight.builtin_data import find_missing_data
 from lazytrain.program.preflight.checkpoints import find_checkpoint_problems
@@ -32,7 +33,7 @@ from lazytrain.program.preflight.command_line import (
     iter_swept_values,
 )
 from lazytrain.program.preflight.json_data import find_swept_json_dataset_problems
-from lazytrain.program.preflight.processes import find_launch_problems, get_processes_per_machine
+from lazytrain.program.preflight.processes import find_launch_problems
 
 __all__ = ["INFO_FLAGS", "check_command_line", "preflight", "raise_problems"]
 
@@ -40,8 +41,9 @@ __all__ = ["INFO_FLAGS", "check_command_line", "preflight", "raise_problems"]
 INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion"}
 
 
-def check_command_line(cfg: DictConfig, overrides: list[str], default_main: str) -> list[str]:
-    """Check the command line before Hydra starts; return the overrides it adds (a search sweeper's direction).
+def check_command_line(cfg: DictConfig, overrides: list[str], default_main: str) -> None:
+    """Check the command line before Hydra starts (what it adds for a search sweeper is planned by the entry
+    point: `lazytrain.program.objective.get_search_overrides`).
 
     Args:
         cfg: the primary config (the loaded CONFIG file with the launch defaults, without Hydra's node).
@@ -52,11 +54,10 @@ def check_command_line(cfg: DictConfig, overrides: list[str], default_main: str)
         ConfigError: naming every problem found.
     """
     overridden = apply_plain_overrides(cfg, overrides)
-    added = check_search(overridden, overrides, default_main)
-    check_output_dirs(overrides + added)
+    check_search(overridden, overrides, default_main)
+    check_output_dirs(overrides)
     if not INFO_FLAGS.intersection(overrides):
         raise_problems(_find_command_line_json_problems(overridden, overrides))
-    return added
 
 
 def _find_command_line_json_problems(cfg: DictConfig, overrides: list[str]) -> list[str]:

@@ -9,26 +9,9 @@ import os
 from omegaconf import DictConfig, ListConfig
 
 from lazytrain.config import tree
-from lazytrain.data.datasets.builtin import get_datasets_root
+from lazytrain.data.datasets.builtin import get_required_files
 
 __all__ = ["find_missing_data"]
-
-
-def _required_files(name: str) -> list[str]:
-    root = get_datasets_root()
-    split = name.rsplit("_", 1)[-1]
-    if name.startswith("lvis_v1_"):
-        return [
-            os.path.join(root, "lvis", f"lvis_v1_{split}.json"),
-            os.path.join(root, "coco", "train2017"),  # LVIS v1 val also uses COCO train2017 images
-            os.path.join(root, "coco", "val2017"),
-        ]
-    if name.startswith("coco_2017_"):
-        return [
-            os.path.join(root, "coco", "annotations", f"instances_{split}2017.json"),
-            os.path.join(root, "coco", f"{split}2017"),
-        ]
-    return []  # synthetic_lt is generated on first use; user data sets are checked when loaded
 
 
 def _dataset_names(cfg: DictConfig) -> list[str]:
@@ -60,7 +43,7 @@ def find_missing_data(cfg) -> list[str]:
     process is spawned)."""
     missing = []
     for name in dict.fromkeys(_dataset_names(cfg)):
-        absent = [p for p in _required_files(name) if not os.path.exists(p)]
+        absent = [p for p in get_required_files(name) if not os.path.exists(p)]
         if absent:
             missing.append(
                 f"data set '{name}' is not on disk; looked for: {', '.join(absent)}. Set LAZYTRAIN_DATASETS to the "

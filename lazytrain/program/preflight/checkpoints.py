@@ -8,27 +8,17 @@ import os
 
 from omegaconf import DictConfig
 
-from lazytrain.engine.checkpoint import Checkpointer, get_non_checkpoint_reason
+from lazytrain.engine.checkpoint import get_non_checkpoint_reason
+from lazytrain.program.job_plan import get_resume_checkpoint, resumes_from_checkpoint
 
-__all__ = ["find_checkpoint_problems", "resumes_from_checkpoint"]
-
-
-def resumes_from_checkpoint(cfg: DictConfig) -> bool:
-    """Whether the run continues from a checkpoint of its own (``train.resume`` and a ``last_checkpoint``)."""
-    train = cfg.get("train") or {}
-    return bool(train.get("resume")) and _checkpointer(cfg).has_checkpoint()
-
-
-def _checkpointer(cfg: DictConfig) -> Checkpointer:
-    # Only reads last_checkpoint: no model, nothing to save.
-    return Checkpointer(None, str(cfg.train.get("output_dir") or ""))
+__all__ = ["find_checkpoint_problems"]
 
 
 def find_checkpoint_problems(cfg: DictConfig) -> list[str]:
     """The problem with the file the run resumes from, or with a local ``train.init_checkpoint`` (none, or
     one message naming the key, the file and the fix)."""
     if resumes_from_checkpoint(cfg):
-        return _resume_problems(_checkpointer(cfg).get_checkpoint_file())
+        return _resume_problems(get_resume_checkpoint(cfg))
     path = str((cfg.get("train") or {}).get("init_checkpoint") or "")
     if not path or "://" in path:
         return []
