@@ -187,3 +187,17 @@ def first_slurm_host(nodelist: str) -> str:
     if match is None:
         raise ValueError(f"cannot read the SLURM node list {nodelist!r}; set MASTER_ADDR")
     return match.group(1) + (match.group(2) or "")
+
+
+def get_attempt_prefix(env: Mapping[str, str] | None = None) -> str:
+    """Under torchrun, a store-key prefix naming this attempt of the worker group (``""`` elsewhere).
+
+    torchrun's agent serves one TCP store for the whole job (``TORCHELASTIC_USE_AGENT_STORE=True``) and keeps
+    it when it restarts a failed worker group, so a restarted group would read the failed one's keys (its
+    ranks' addresses, a recorded failure). Keys under a prefix of their own start each attempt afresh.
+    """
+    env = os.environ if env is None else env
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "")
+    if attempt and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return f"lazytrain/attempt_{attempt}/"
+    return ""

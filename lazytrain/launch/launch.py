@@ -18,7 +18,12 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from lazytrain.launch.environment import RankInfo, get_env_rank_info, get_slurm_cpus_per_task
+from lazytrain.launch.environment import (
+    RankInfo,
+    get_attempt_prefix,
+    get_env_rank_info,
+    get_slurm_cpus_per_task,
+)
 from lazytrain.launch.rank_watch import is_peer_failure
 from lazytrain.utils.preemption import StopRequest, TrainingInterrupted, signal_name
 
@@ -123,6 +128,25 @@ def get_cpu_threads(processes_sharing: int, cpus_per_process: int | None = None)
     return max(1, min(threads, cpus_per_process) if cpus_per_process else threads)
 
 
+def _init_process_group(
+    backend: str, init_method: str, world_size: int, rank: int, timeout: timedelta
+) -> None:
+    """`torch.distributed.init_process_group`; under torchrun with this attempt's keys under their own prefix
+    (`get_attempt_prefix`), so that a restarted worker group does not meet the failed one's keys."""
+    import torch.distributed as dist
+
+    prefix = get_attempt_prefix() if init_method == "env://" else ""
+    if not prefix:
+        dist.init_process_group(
+            backend=backend, init_method=init_method, world_size=world_size, rank=rank, timeout=timeout
+        )
+        return
+    host, port = _store_address(init_method)
+    client = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    store = dist.PrefixStore(prefix, client)
+    dist.init_process_group(backend=backend, store=store, world_size=world_size, rank=rank, timeout=timeout)
+
+
 def _store_address(init_method: str) -> tuple[str, int]:
     """Host and port of the job's TCP store: ``tcp://host:port``, or MASTER_ADDR/MASTER_PORT for ``env://``."""
     if init_method.startswith("tcp://"):
@@ -172,9 +196,7 @@ def _run_in_group(
     torch.set_num_threads(cpu_threads)
     if backend == "nccl":
         torch.cuda.set_device(get_gpu_index(local_rank, local_size, torch.cuda.device_count()))
-    dist.init_process_group(
-        backend=backend, init_method=init_method, world_size=world_size, rank=rank, timeout=timeout
-    )
+    _init_process_group(backend, init_method, world_size, rank, timeout)
     try:
         comm.create_local_process_group(node_rank, timeout=timeout)
         if backend == "nccl":

@@ -27,6 +27,8 @@ import socket
 import threading
 from datetime import timedelta
 
+from lazytrain.launch.environment import get_attempt_prefix
+
 __all__ = ["RankWatch", "is_peer_failure"]
 
 logger = logging.getLogger(__name__)
@@ -80,6 +82,9 @@ class RankWatch:
             timeout=timedelta(seconds=60),
             wait_for_workers=False,
         )
+        prefix = get_attempt_prefix()  # under torchrun: this attempt's keys, not a failed attempt's
+        if prefix:
+            self._store = dist.PrefixStore(prefix, self._store)
         # The kernel completes connections to a listening socket without accept(), and resets them when
         # this process ends: the watcher of this rank needs nothing else from it.
         self._listener = socket.create_server(("", 0), backlog=4)

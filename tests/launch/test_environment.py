@@ -9,6 +9,7 @@ from pytest import param
 from lazytrain.launch.environment import (
     expand_slurm_counts,
     first_slurm_host,
+    get_attempt_prefix,
     get_env_rank_info,
     get_slurm_cpus_per_task,
 )
@@ -181,3 +182,11 @@ def test_unreadable_slurm_counts_are_refused():
 )
 def test_first_slurm_host(nodelist, host):
     assert first_slurm_host(nodelist) == host
+
+
+def test_attempt_prefix_names_the_torchrun_attempt_only_on_the_agents_store():
+    agent = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert get_attempt_prefix({**agent, "TORCHELASTIC_RESTART_COUNT": "0"}) == "lazytrain/attempt_0/"
+    assert get_attempt_prefix({**agent, "TORCHELASTIC_RESTART_COUNT": "2"}) == "lazytrain/attempt_2/"
+    assert get_attempt_prefix({"TORCHELASTIC_RESTART_COUNT": "1"}) == ""  # a store of its own per attempt
+    assert get_attempt_prefix({"SLURM_RESTART_COUNT": "1"}) == ""

@@ -80,8 +80,7 @@ def test_a_requeued_slurm_job_resumes_without_being_told(tmp_path, reference):
 def torchrun(*args, cwd):
     """``torchrun --standalone --nproc-per-node=2 --max-restarts=1 -m lazytrain ARGS`` on CPU."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    # torch's shared rendezvous store keeps the failed group's keys, which restarted workers would read.
-    environment = {**os.environ, "PYTHONPATH": REPO, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    environment = {**os.environ, "PYTHONPATH": REPO}
     return subprocess.run(
         [*command, "--max-restarts=1", "-m", "lazytrain", *args],
         cwd=cwd,
