@@ -25,7 +25,23 @@ _PLAIN_TENSORS = (Tensor, nn.Parameter)
 _CONV_NAME = re.compile(r"conv(\d+)")
 
 
-class FoldedFrozenBatchNorm2d(FrozenBatchNorm2d):
+class _ForgetsCacheOnMove(nn.Module):
+    """A module with a `_cache` of computed tensors that moves, casts, copies and pickles without it: its
+    tensors keep the old dtype and device and would pin the old memory; a copy recomputes them."""
+
+    _cache: tuple | None = None
+
+    def _apply(self, fn, recurse: bool = True):
+        self._cache = None
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_cache"] = None
+        return state
+
+
+class FoldedFrozenBatchNorm2d(_ForgetsCacheOnMove, FrozenBatchNorm2d):
     """A `FrozenBatchNorm2d` whose affine the `FrozenBatchNormConv2d` before it applies; its forward is the identity.
 
     Buffers and state-dict keys are torchvision's (``weight``, ``bias``, ``running_mean``, ``running_var``; a
@@ -36,8 +52,6 @@ class FoldedFrozenBatchNorm2d(FrozenBatchNorm2d):
         num_features: number of channels ``C`` of an ``(N, C, H, W)`` input.
         eps: added to the running variance before the square root.
     """
-
-    _cache: tuple | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         return x
@@ -69,20 +83,11 @@ class FoldedFrozenBatchNorm2d(FrozenBatchNorm2d):
         scale = weight * (var + self.eps).rsqrt()
         return scale, bias - mean * scale
 
-    def _apply(self, fn, recurse: bool = True):
-        self._cache = None  # its tensors keep the old dtype/device and would pin the old memory
-        return super()._apply(fn, recurse)
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state["_cache"] = None
-        return state
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.weight.shape[0]}, eps={self.eps}, applied by the preceding conv)"
 
 
-class FrozenBatchNormConv2d(nn.Conv2d):
+class FrozenBatchNormConv2d(_ForgetsCacheOnMove, nn.Conv2d):
     """A `Conv2d` followed by a `FoldedFrozenBatchNorm2d`, computed as one conv with folded weight and bias.
 
     It shares the original conv's ``weight`` (and ``bias``) parameters, so its state-dict keys are the conv's.
@@ -116,7 +121,6 @@ class FrozenBatchNormConv2d(nn.Conv2d):
         self.train(conv.training)
         # object.__setattr__ keeps nn.Module from registering the norm a second time, under this conv.
         object.__setattr__(self, "_folded_norm", norm)
-        self._folded_cache: tuple | None = None
 
     @property
     def norm(self) -> FoldedFrozenBatchNorm2d:
@@ -136,15 +140,15 @@ class FrozenBatchNormConv2d(nn.Conv2d):
         """
         sources = self._sources()
         if not _cacheable(sources):
-            self._folded_cache = None  # a later cached forward must not trust a fold from before this one
+            self._cache = None  # a later cached forward must not trust a fold from before this one
             return self._fold()
         key = _cache_key(sources, self._folded_norm.eps)
-        cache = self._folded_cache
+        cache = self._cache
         if cache is not None and _same_key(cache[0], key):
             return cache[1], cache[2]
         with torch.no_grad():
             weight, bias = self._fold()
-        self._folded_cache = (key, weight, bias)
+        self._cache = (key, weight, bias)
         return weight, bias
 
     def _sources(self) -> list[Tensor]:
@@ -157,16 +161,6 @@ class FrozenBatchNormConv2d(nn.Conv2d):
         weight = self.weight.to(dtype) * scale.to(dtype).reshape(-1, 1, 1, 1)
         bias = shift if self.bias is None else torch.addcmul(shift, self.bias.to(dtype), scale)
         return weight.to(self.weight.dtype), bias.to(self.weight.dtype)
-
-    def _apply(self, fn, recurse: bool = True):
-        self._folded_cache = None  # its tensors keep the old dtype/device and would pin the old memory
-        return super()._apply(fn, recurse)
-
-    def __getstate__(self) -> dict:
-        # A deepcopy or pickle recomputes the fold instead of carrying a copy of it.
-        state = super().__getstate__()
-        state["_folded_cache"] = None
-        return state
 
     def _replicate_for_data_parallel(self):
         raise TypeError(

@@ -42,6 +42,7 @@ def _worker(rank, world_size, port, json_file, result_file, output_dir):
             model, shard, COCOEvaluator(json_file=json_file, output_dir=output_dir)
         )
         torch.save(results, f"{result_file}.{rank}")
+        dist.barrier()  # no rank tears gloo down while the other still talks to it (seen: SIGABRT, rarely)
     finally:
         dist.destroy_process_group()
 
