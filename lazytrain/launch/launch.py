@@ -18,21 +18,15 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from lazytrain.launch.environment import (
-    RankInfo,
-    get_attempt_prefix,
-    get_env_rank_info,
-    get_slurm_cpus_per_task,
-)
+from lazytrain.launch.environment import RankInfo, get_env_rank_info, get_slurm_cpus_per_task
+from lazytrain.launch.process_group import get_rendezvous_url, get_tcp_url, run_in_group
 from lazytrain.launch.rank_watch import is_peer_failure
 from lazytrain.utils.preemption import StopRequest, TrainingInterrupted, signal_name
 
 __all__ = [
     "RankFailedError",
     "find_free_port",
-    "find_shared_gpus",
     "get_cpu_threads",
-    "get_gpu_index",
     "is_rank_from_environment",
     "launch",
     "parse_timeout",
@@ -84,27 +78,6 @@ def _check_port_free(dist_url: str) -> None:
             ) from None
 
 
-def get_gpu_index(local_rank: int, local_size: int, visible: int) -> int:
-    """The CUDA device of the process with `local_rank` of the `local_size` processes on its node.
-
-    A process that sees every GPU of its node takes ``cuda:{local_rank}``; one bound to a single GPU
-    (``srun --gpus-per-task=1``, ``--gpu-bind``, CUDA_VISIBLE_DEVICES set per process) takes ``cuda:0``.
-
-    Raises:
-        ValueError: when neither holds (no GPU, or fewer GPUs than processes but more than one).
-    """
-    if visible >= local_size > local_rank:
-        return local_rank
-    if visible == 1:
-        return 0
-    raise ValueError(
-        f"launch: local rank {local_rank} of {local_size} process(es) on this node sees {visible} GPU(s) "
-        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one GPU per process is "
-        "needed. Give every process all GPUs of its node (srun --gpus-per-node=N) or exactly one "
-        "(srun --gpus-per-task=1), or start one task per node and let lazytrain spawn one process per GPU."
-    )
-
-
 def _choose_backend(backend: str, use_gpu: bool | None) -> str:
     """The process-group backend: nccl for one GPU per process, gloo on CPU."""
     if backend != "auto":
@@ -126,126 +99,6 @@ def get_cpu_threads(processes_sharing: int, cpus_per_process: int | None = None)
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = available // max(1, processes_sharing)
     return max(1, min(threads, cpus_per_process) if cpus_per_process else threads)
-
-
-def _init_process_group(
-    backend: str, init_method: str, world_size: int, rank: int, timeout: timedelta
-) -> None:
-    """`torch.distributed.init_process_group`; under torchrun with this attempt's keys under their own prefix
-    (`get_attempt_prefix`), so that a restarted worker group does not meet the failed one's keys."""
-    import torch.distributed as dist
-
-    prefix = get_attempt_prefix() if init_method == "env://" else ""
-    if not prefix:
-        dist.init_process_group(
-            backend=backend, init_method=init_method, world_size=world_size, rank=rank, timeout=timeout
-        )
-        return
-    host, port = _store_address(init_method)
-    client = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
-    store = dist.PrefixStore(prefix, client)
-    dist.init_process_group(backend=backend, store=store, world_size=world_size, rank=rank, timeout=timeout)
-
-
-def _store_address(init_method: str) -> tuple[str, int]:
-    """Host and port of the job's TCP store: ``tcp://host:port``, or MASTER_ADDR/MASTER_PORT for ``env://``."""
-    if init_method.startswith("tcp://"):
-        host, port = init_method[len("tcp://") :].rsplit(":", 1)
-        return host.strip("[]"), int(port)
-    return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-
-
-def _tcp_url(host: str, port: str) -> str:
-    """``tcp://host:port``, with an IPv6 address in brackets as URLs write it."""
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-
-
-def _get_rendezvous_url(env_info: RankInfo) -> str:
-    """Where the ranks of a launched job meet, as an ``init_process_group`` init method.
-
-    torchrun: ``env://``, the store its agent serves at the MASTER_ADDR and MASTER_PORT it exported (torch
-    joins that store instead of starting one when an address equals those variables, so they are used as they
-    are). SLURM and submitit: ``tcp://`` at the address `get_env_rank_info` read or derived, so that nothing
-    writes it into the environment for ``env://`` to read back.
-    """
-    if env_info["launcher"] == "torchrun":
-        return "env://"
-    return _tcp_url(env_info["master_addr"], env_info["master_port"])
-
-
-def _run_in_group(
-    main_func: Callable,
-    args: tuple,
-    *,
-    rank: int,
-    world_size: int,
-    local_rank: int,
-    local_size: int,
-    node_rank: int,
-    init_method: str,
-    backend: str,
-    timeout: timedelta,
-    cpu_threads: int,
-) -> Any:
-    import torch
-    import torch.distributed as dist
-
-    from lazytrain.launch.rank_watch import RankWatch
-    from lazytrain.utils import comm
-
-    torch.set_num_threads(cpu_threads)
-    if backend == "nccl":
-        torch.cuda.set_device(get_gpu_index(local_rank, local_size, torch.cuda.device_count()))
-    _init_process_group(backend, init_method, world_size, rank, timeout)
-    try:
-        comm.create_local_process_group(node_rank, timeout=timeout)
-        if backend == "nccl":
-            _check_distinct_gpus()
-        comm.synchronize()
-        with RankWatch(*_store_address(init_method), rank, world_size):
-            return main_func(*args)
-    except Exception as e:
-        if "timed out" in str(e).lower() or "timeout" in type(e).__name__.lower():
-            raise RuntimeError(
-                f"rank {rank}: a collective waited longer than launch.timeout ({timeout}) for the other ranks: "
-                f"{str(e).strip().splitlines()[0]}. If one rank legitimately works alone that long (the main "
-                "process's final evaluation on a large data set), raise launch.timeout (e.g. launch.timeout=8h)."
-            ) from e
-        raise
-    finally:
-        # Multirun jobs run back to back in one process: leave no group behind for the next job.
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        comm.reset_process_groups()
-
-
-def _check_distinct_gpus() -> None:
-    """Two ranks on one GPU would fail deep inside NCCL ("Duplicate GPU detected"): say which, and why."""
-    import torch
-
-    from lazytrain.utils import comm
-
-    device = torch.cuda.current_device()
-    identity = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
-    message = find_shared_gpus(comm.all_gather(identity))
-    if message:
-        raise ValueError(message)
-
-
-def find_shared_gpus(identities: list[tuple[str, str]]) -> str | None:
-    """A message naming the ranks that share a GPU, given every rank's (host, GPU uuid); None if none do."""
-    ranks_of: dict[tuple[str, str], list[int]] = {}
-    for rank, identity in enumerate(identities):
-        ranks_of.setdefault(identity, []).append(rank)
-    shared = [(identity, ranks) for identity, ranks in ranks_of.items() if len(ranks) > 1]
-    if not shared:
-        return None
-    (host, uuid), ranks = shared[0]
-    return (
-        f"launch: ranks {', '.join(map(str, ranks))} all use GPU {uuid} on {host}: each process needs its own "
-        "GPU. Give every task all GPUs of its node (srun --gpus-per-node=N) or one GPU each "
-        "(srun --gpus-per-task=1), and start as many tasks per node as it has GPUs."
-    )
 
 
 def _spawned_worker(
@@ -271,7 +124,7 @@ def _spawned_worker(
     rank = machine_rank * num_per_machine + local_rank
     os.environ.update(LOCAL_RANK=str(local_rank), RANK=str(rank), LOCAL_WORLD_SIZE=str(num_per_machine))
     try:
-        result = _run_in_group(
+        result = run_in_group(
             main_func,
             args,
             rank=rank,
@@ -383,11 +236,11 @@ def _run_as_launched_rank(
     logger.info("Process group from the environment: %s", env_info)
     # A SLURM task's own CPUs (--cpus-per-task) are its share; torchrun's processes share the node's.
     slurm_cpus = get_slurm_cpus_per_task()
-    return _run_in_group(
+    return run_in_group(
         main_func,
         args,
         **env_info_for_group(env_info),
-        init_method=_get_rendezvous_url(env_info),
+        init_method=get_rendezvous_url(env_info),
         backend=backend,
         timeout=timeout,
         cpu_threads=get_cpu_threads(1, slurm_cpus)
@@ -400,7 +253,7 @@ def _spawn_from_task_per_node(env_info: RankInfo, num_gpus_per_machine: int) -> 
     """Machines, this machine's rank and the rendezvous URL when each node's single task spawns its ranks."""
     # One task per node (srun --ntasks-per-node=1, submitit tasks_per_node=1): it spawns this node's ranks.
     num_machines, machine_rank = env_info["num_nodes"], env_info["node_rank"]
-    dist_url = _tcp_url(env_info["master_addr"], env_info["master_port"])
+    dist_url = get_tcp_url(env_info["master_addr"], env_info["master_port"])
     logger.info(
         "One task per node: spawning %d processes on node %d of %d",
         num_gpus_per_machine,
@@ -431,7 +284,7 @@ def is_rank_from_environment(env_info: RankInfo | None, num_per_machine: int) ->
 
 
 def env_info_for_group(env_info: RankInfo) -> dict[str, int]:
-    """The keys of `get_env_rank_info` that `_run_in_group` takes."""
+    """The keys of `get_env_rank_info` that `run_in_group` takes."""
     return {key: env_info[key] for key in ("rank", "world_size", "local_rank", "local_size", "node_rank")}
 
 

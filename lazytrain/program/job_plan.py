@@ -49,7 +49,7 @@ def get_processes_per_machine(cfg: DictConfig) -> int:
         return int(cfg.launch.num_processes)
     env_info = get_env_rank_info()
     if env_info is not None and env_info["local_size"] > 1:
-        return 1  # launch.get_gpu_index picks this process's GPU
+        return 1  # launch.process_group.get_gpu_index picks this process's GPU
     return _count_gpus(num_gpus)
 
 

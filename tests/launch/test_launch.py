@@ -6,8 +6,10 @@ import pytest
 from pytest import param
 
 from lazytrain.launch import launch as launch_module
+from lazytrain.launch import process_group
 from lazytrain.launch.environment import get_env_rank_info
-from lazytrain.launch.launch import get_gpu_index, launch
+from lazytrain.launch.launch import launch
+from lazytrain.launch.process_group import get_gpu_index
 
 _LAUNCHER_VARIABLES = (
     "RANK",
@@ -190,7 +192,7 @@ def test_every_start_up_way_picks_the_right_gpu(clean_env, environment, visible,
         assert (info["local_size"], info["node_rank"]) == (local_size, node)
     elif info is not None:  # one task per node: it spawns `per_machine` ranks, node by node
         assert info["num_nodes"] * per_machine == world_size and info["node_rank"] == node
-    # The GPU of (spawned or started) local rank `local_rank`: launch.get_gpu_index under the mocked count.
+    # The GPU of (spawned or started) local rank `local_rank`: process_group.get_gpu_index under the mocked count.
     assert get_gpu_index(local_rank, local_size, visible) == gpu
 
 
@@ -216,9 +218,9 @@ def test_every_start_up_way_picks_the_right_gpu(clean_env, environment, visible,
 )
 def test_launched_ranks_meet_where_the_environment_says(environment, init_method, store):
     # torchrun's agent serves the store at its MASTER_ADDR:MASTER_PORT, which env:// reads as they are.
-    assert launch_module._get_rendezvous_url(get_env_rank_info(environment)) == init_method
+    assert process_group.get_rendezvous_url(get_env_rank_info(environment)) == init_method
     if store is not None:
-        assert launch_module._store_address(init_method) == store
+        assert process_group._store_address(init_method) == store
 
 
 @pytest.mark.parametrize(
@@ -235,8 +237,8 @@ def test_gpu_choice_that_cannot_work_says_why(local_rank, local_size, visible):
 
 def test_two_ranks_on_one_gpu_are_named():
     identities = [("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-a"), ("n1", "GPU-a")]
-    assert "ranks 0, 3 all use GPU GPU-a on n1" in launch_module.find_shared_gpus(identities)
-    assert launch_module.find_shared_gpus(identities[:3]) is None
+    assert "ranks 0, 3 all use GPU GPU-a on n1" in process_group.find_shared_gpus(identities)
+    assert process_group.find_shared_gpus(identities[:3]) is None
 
 
 def test_cpu_threads_follow_the_affinity_mask_not_the_core_count(clean_env, monkeypatch):
