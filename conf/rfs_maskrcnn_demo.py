@@ -4,15 +4,14 @@ Command:   python -m lazytrain conf/rfs_maskrcnn_demo.py
 Sweep:     python -m lazytrain conf/rfs_maskrcnn_demo.py -m dataloader.train.sampler.repeat_thresh=0,0.3 hydra/launcher=joblib
            (RFS against uniform sampling, the two jobs side by side with one core each)
 Hardware:  2 CPU cores, no GPU.
-Runtime:   4 min 26 s (0.57 s/it, quiet machine) and 5 min 5 s (0.66 s/it), measured 2026-11-25 on 2 CPU
-           cores with nothing else running (fresh data dir: start-up and generation ~8 s, 400 training
-           iterations, inference on 250 val images 25-26 s; docs/benchmarks.md); the same model took 4 min 16 s
-           to 5 min 47 s in seven runs the day before. The machine's own speed varies (scripts/machine_speed.py
-           shows it): on a busy day the same step took 0.9-1.3 s, and the job 7-9 min.
-Expected:  box AP 36.9 (APr 21.0), mask AP 36.4 (APr 26.0) (2 threads, seed 0; both runs above gave exactly
-           these). The README sweep (one thread per job), RFS t=0.3 against uniform, seeds 0 / 1:
-           mask APr 29.4 / 26.4 vs 5.1 / 4.9, box APr 25.6 / 21.1 vs 3.8 / 3.2, mask AP 39.2 / 35.0 vs
-           29.1 / 29.4; over seeds 0-4 mask APr 7.0 -> 22.7 on average, +9 to +24 per seed (docs/results.md).
+Runtime:   2 min 30 s (0.32 s/it), measured 2026-11-26 on 2 CPU cores (load average 1.7 at the start; fresh
+           data dir: start-up and generation ~6 s, 400 training iterations, inference on 250 val images);
+           4 min 26 s to 5 min 5 s (0.57-0.66 s/it) on 2026-11-25. The machine's own speed varies
+           (scripts/machine_speed.py shows it): on a busy day the same step took 0.9-1.3 s, and the job 7-9 min.
+Expected:  box AP 40.8 (APr 22.7), mask AP 40.0 (APr 25.2) (2 threads, seed 0; two runs gave exactly these).
+           The README sweep (one thread per job), RFS t=0.3 against uniform, seeds 0 / 1: mask APr 20.5 / 22.5
+           vs 5.3 / 5.6, box APr 18.2 / 18.3 vs 3.7 / 3.1, mask AP 35.4 / 36.6 vs 27.3 / 27.0 (2026-11-26;
+           docs/results.md, which also has five seeds of the code before).
 
 What differs from conf/rfs_maskrcnn.py: data (synthetic_lt, 192 px images kept at their size), the CPU-sized
 model (ResNet-18, 64-channel FPN, narrow heads, trainable BN), a short cosine schedule, gradient clipping,
