@@ -304,6 +304,7 @@ def _record_rank(rank, port, out_dir):
             result[str(grouping)] = {"seed": loader.batch_sampler.seed, "items": items}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
+        dist.barrier()  # no rank tears gloo down while the other still uses it (seen: SIGABRT, rarely)
     finally:
         dist.destroy_process_group()
 
