@@ -201,3 +201,22 @@ def get_attempt_prefix(env: Mapping[str, str] | None = None) -> str:
     if attempt and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return f"lazytrain/attempt_{attempt}/"
     return ""
+
+
+# The variables a launcher sets when it runs the same command again after a failure or a requeue.
+RESTART_COUNT_VARIABLES = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+
+
+def get_restart_count(env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """``(variable, count)`` when this process belongs to a job its launcher started again (a requeued SLURM
+    job, a worker group restarted by ``torchrun --max-restarts=N``), else None.
+
+    Args:
+        env: the environment to read (default ``os.environ``).
+    """
+    env = os.environ if env is None else env
+    for variable in RESTART_COUNT_VARIABLES:
+        count = env.get(variable, "")
+        if count not in ("", "0"):
+            return variable, count
+    return None

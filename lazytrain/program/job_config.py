@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 
 from omegaconf import DictConfig
@@ -13,6 +12,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from lazytrain.config import tree
 from lazytrain.errors import ConfigError
+from lazytrain.launch.environment import get_restart_count
 
 __all__ = ["prepare_job_config", "resolve_values", "resume_if_requeued"]
 
@@ -62,11 +62,9 @@ def _unresolvable(cfg: DictConfig) -> Iterator[tuple[str, str]]:
                 yield entry.path, str(tree.raw_value(entry.node))
 
 
-# The variables a launcher sets when it runs the same command again after a failure or a requeue, and how the
-# warning names the restart.
-_RESTART_COUNTS = {
+_RESTARTED = {
     "SLURM_RESTART_COUNT": "Requeued SLURM job",
-    "TORCHELASTIC_RESTART_COUNT": "Restarted torchrun workers",  # torchrun --max-restarts=N
+    "TORCHELASTIC_RESTART_COUNT": "Restarted torchrun workers",
 }
 
 
@@ -75,16 +73,14 @@ def resume_if_requeued(cfg: DictConfig) -> None:
     (TORCHELASTIC_RESTART_COUNT >= 1) runs its command again: it must continue from its last checkpoint, not
     start over and overwrite it."""
     train = cfg.get("train")
-    if train is None or train.get("resume", False):
+    restart = get_restart_count()
+    if train is None or train.get("resume", False) or restart is None:
         return
-    for variable, restart in _RESTART_COUNTS.items():
-        restarts = os.environ.get(variable, "0")
-        if restarts not in ("", "0"):
-            logger.warning(
-                "%s (%s=%s): resuming from the last checkpoint (train.resume=true).",
-                restart,
-                variable,
-                restarts,
-            )
-            train.resume = True
-            return
+    variable, count = restart
+    logger.warning(
+        "%s (%s=%s): resuming from the last checkpoint (train.resume=true).",
+        _RESTARTED[variable],
+        variable,
+        count,
+    )
+    train.resume = True

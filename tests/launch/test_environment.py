@@ -11,6 +11,7 @@ from lazytrain.launch.environment import (
     first_slurm_host,
     get_attempt_prefix,
     get_env_rank_info,
+    get_restart_count,
     get_slurm_cpus_per_task,
 )
 
@@ -190,3 +191,10 @@ def test_attempt_prefix_names_the_torchrun_attempt_only_on_the_agents_store():
     assert get_attempt_prefix({**agent, "TORCHELASTIC_RESTART_COUNT": "2"}) == "lazytrain/attempt_2/"
     assert get_attempt_prefix({"TORCHELASTIC_RESTART_COUNT": "1"}) == ""  # a store of its own per attempt
     assert get_attempt_prefix({"SLURM_RESTART_COUNT": "1"}) == ""
+
+
+def test_restart_count_names_the_launchers_variable():
+    assert get_restart_count({}) is None
+    assert get_restart_count({"SLURM_RESTART_COUNT": "0", "TORCHELASTIC_RESTART_COUNT": ""}) is None
+    assert get_restart_count({"SLURM_RESTART_COUNT": "2"}) == ("SLURM_RESTART_COUNT", "2")
+    assert get_restart_count({"TORCHELASTIC_RESTART_COUNT": "1"}) == ("TORCHELASTIC_RESTART_COUNT", "1")
