@@ -2,6 +2,7 @@
 and each ``python -m lazytrain`` / ``python scripts/...`` command is run here as written, in README order, with
 smoke overrides appended (2 iterations, tiny images, a tiny stand-in of the embedded data set)."""
 
+import concurrent.futures
 import glob
 import json
 import os
@@ -101,17 +102,32 @@ def run_command(command: str, cwd, env) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_every_readme_command_runs(datasets_root, tmp_path):
     env = dict(os.environ, LAZYTRAIN_DATASETS=datasets_root, OMP_NUM_THREADS="1")
-    (tmp_path / "datasets").symlink_to(datasets_root)  # "your own data" commands name ./datasets/... files
     commands = [c.split(" && ")[-1] for c in readme_commands()]
     commands = [c for c in commands if c.startswith(("python -m lazytrain", "python scripts/"))]
     assert len(commands) >= 8, commands  # the tour, the sweep, resume, eval-only, the benchmark
-    for command in dict.fromkeys(commands):  # README order; the quickstart's run appears twice
-        before = snapshot(tmp_path / "runs" / "a")
-        result = run_command(command, tmp_path, env)
+    commands = list(dict.fromkeys(commands))  # README order; the quickstart's run appears twice
+    # Two lanes side by side, each in README order in its own directory (Hydra names run directories by the
+    # second): the commands that build on runs/a, and the others. Most commands keep one core busy.
+    lanes = {
+        tmp_path / "runs_a_lane": [c for c in commands if "runs/a" in c],
+        tmp_path / "other_lane": [c for c in commands if "runs/a" not in c],
+    }
+    with concurrent.futures.ThreadPoolExecutor(len(lanes)) as pool:
+        results = [pool.submit(run_lane, c, cwd, env, datasets_root) for cwd, c in lanes.items()]
+        for result in results:
+            result.result()  # re-raises a lane's failure
+
+
+def run_lane(commands: list[str], cwd, env, datasets_root: str) -> None:
+    cwd.mkdir()
+    (cwd / "datasets").symlink_to(datasets_root)  # "your own data" commands name ./datasets/... files
+    for command in commands:
+        before = snapshot(cwd / "runs" / "a")
+        result = run_command(command, cwd, env)
         assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
-        check_outputs(command, result, tmp_path)
+        check_outputs(command, result, cwd)
         if "runs/a/config.yaml" in command:  # a new run from the saved config leaves runs/a as it was
-            assert snapshot(tmp_path / "runs" / "a") == before
+            assert snapshot(cwd / "runs" / "a") == before
 
 
 def snapshot(directory) -> dict[str, tuple[int, int]]:

@@ -140,8 +140,8 @@ def test_ranks_resume_from_the_checkpoint_rank_0_chose(tmp_path):
     assert [open(tmp_path / f"start_iter.rank{rank}").read() for rank in (0, 1)] == ["6", "6"]
 
 
-def _run_cli(tmp_path, *overrides):
-    return subprocess.run(
+def _start_cli(tmp_path, *overrides) -> subprocess.Popen:
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -153,19 +153,26 @@ def _run_cli(tmp_path, *overrides):
         ],
         cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
     )
+
+
+def _finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 @pytest.mark.slow
 def test_evaluation_longer_than_launch_timeout(tmp_path):
-    long_evaluation = ["train.max_iter=4", "+dataloader.evaluator.sleep_seconds=8"]
-    allowed = _run_cli(tmp_path / "allowed", *long_evaluation, "launch.timeout=60s")
+    long_evaluation = ["train.max_iter=4", "+dataloader.evaluator.sleep_seconds=6"]
+    # Both jobs mostly wait (on the sleeping evaluation, on the timeout): they run side by side.
+    allowed = _start_cli(tmp_path / "allowed", *long_evaluation, "launch.timeout=60s")
+    too_short = _start_cli(tmp_path / "short", *long_evaluation, "launch.timeout=2s")
+    allowed, too_short = _finish(allowed), _finish(too_short)
     assert allowed.returncode == 0, allowed.stderr[-3000:]
     assert "toy/AP" in open(tmp_path / "allowed" / "metrics.json").read()
 
-    too_short = _run_cli(tmp_path / "short", *long_evaluation, "launch.timeout=3s")
     assert too_short.returncode != 0
     assert "launch.timeout" in too_short.stderr, too_short.stderr[-3000:]
