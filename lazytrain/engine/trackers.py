@@ -35,6 +35,7 @@ import logging
 import netrc
 import os
 import re
+import shutil
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -526,8 +527,13 @@ class WandbTracker(Tracker):
         self._run.log(dict(metrics), step=step)
 
     def log_files(self, paths: Sequence[str]) -> None:
+        # Copied into the W&B run's folder, then saved from there: an offline run folder is complete on its
+        # own, and saving files already in place prints no link warning per file.
         for path in paths:
-            self._run.save(path, base_path=self.output_dir, policy="now")
+            target = os.path.join(self._run.dir, os.path.relpath(path, self.output_dir))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(path, target)
+            self._run.save(target, base_path=self._run.dir, policy="end")
 
     def close_run(self, status: str) -> None:
         import wandb

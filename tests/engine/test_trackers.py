@@ -223,10 +223,11 @@ def read_items(items):
 
 
 def read_wandb_run(run_dir):
-    """(run record, config, {step: metrics}, summary) of each offline W&B run under `run_dir`, oldest first."""
+    """(run record, config, {step: metrics}, summary, saved files) of each offline W&B run under `run_dir`,
+    oldest first."""
     runs = []
     for path in sorted(glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))):
-        run_record, config, history, summary = None, {}, {}, {}
+        run_record, config, history, summary, files = None, {}, {}, {}, set()
         for record in read_wandb_records(path):
             kind = record.WhichOneof("record_type")
             if kind == "run":
@@ -239,7 +240,9 @@ def read_wandb_run(run_dir):
                 history[items["_step"]] = {k: v for k, v in items.items() if not k.startswith("_")}
             elif kind == "summary":
                 summary.update(read_items(record.summary.update))
-        runs.append((run_record, config, history, summary))
+            elif kind == "files":
+                files.update(item.path for item in record.files.files)
+        runs.append((run_record, config, history, summary, files))
     return runs
 
 
@@ -262,7 +265,7 @@ def test_wandb_offline_run_has_the_config_metrics_and_files(tmp_path):
     tracker = WandbTracker(str(run_dir), period=2, project="toy")
     train_toy(run_dir, tracker)
 
-    ((run_record, config, history, summary),) = read_wandb_run(run_dir)
+    ((run_record, config, history, summary, files),) = read_wandb_run(run_dir)
     assert run_record.run_id == tracker.run_id and run_record.project == "toy"
     assert run_record.display_name == "run train.seed=1"
     assert config["train.max_iter"] == 30 and config["train.output_dir"] == str(run_dir)
@@ -271,8 +274,9 @@ def test_wandb_offline_run_has_the_config_metrics_and_files(tmp_path):
     for step, values in written.items():
         assert history[step] == pytest.approx(values)
     assert summary["toy/AP"] == 56.0
-    files = os.listdir(glob.glob(str(run_dir / "wandb" / "offline-run-*" / "files"))[0])
-    assert {"config.yaml", "curves.png", "lvis_per_category_ap.csv", "metrics.json"} <= set(files)
+    assert {"config.yaml", "curves.png", "lvis_per_category_ap.csv", "metrics.json"} <= files
+    (files_dir,) = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "files"))
+    assert open(os.path.join(files_dir, "metrics.json")).read() == open(run_dir / "metrics.json").read()
     assert wandb_core_children() == []  # finish and teardown at after_train: W&B's service is gone
 
 
@@ -289,7 +293,7 @@ def test_wandb_resume_continues_the_same_run_id_and_a_sweep_is_a_group(tmp_path,
     train_toy(job_dir, resumed, max_iter=8, start_iter=4)
 
     assert resumed.run_id == first.run_id
-    (run_a, _, history_a, _), (run_b, _, history_b, _) = read_wandb_run(job_dir)
+    (run_a, _, history_a, _, _), (run_b, _, history_b, _, _) = read_wandb_run(job_dir)
     assert run_a.run_id == run_b.run_id == first.run_id
     assert run_a.run_group == "sweep" and run_a.project == "toy_config"
     assert sorted(history_a) == [1, 3, 4] and sorted(history_b) == [5, 7, 8]
@@ -330,7 +334,7 @@ def test_tracker_hook_contract(tmp_path, store_uri, factory):
     if factory is MLflowTracker:
         assert mlflow.MlflowClient(store_uri).get_run(tracker.run_id).info.status == "FAILED"
     else:
-        (run_record, _, history, _) = read_wandb_run(tmp_path / "run")[0]
+        history = read_wandb_run(tmp_path / "run")[0][2]
         assert sorted(history) == [1, 2]  # after_train sends what iteration 2 put before it failed
 
 
@@ -477,6 +481,7 @@ def test_demo_recipe_with_mlflow_from_the_command_line(tmp_path):
         [*command, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "MLflowTracker: run " in result.stdout and "  mlflow.db  " in result.stdout  # the closing block
 
     client = mlflow.MlflowClient(f"sqlite:///{run_dir}/mlflow.db")
     (experiment,) = [e for e in client.search_experiments() if e.name == "rfs_maskrcnn_demo"]
