@@ -102,6 +102,9 @@ def run_command(command: str, cwd, env) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_every_readme_command_runs(datasets_root, tmp_path):
     env = dict(os.environ, LAZYTRAIN_DATASETS=datasets_root, OMP_NUM_THREADS="1")
+    # The tracker commands write local files only, whatever this machine's tracker settings are.
+    env.update(WANDB_MODE="offline", MLFLOW_DISABLE_TELEMETRY="true", WANDB_ERROR_REPORTING="false")
+    env.pop("MLFLOW_TRACKING_URI", None)
     commands = [c.split(" && ")[-1] for c in readme_commands()]
     commands = [c for c in commands if c.startswith(("python -m lazytrain", "python scripts/"))]
     assert len(commands) >= 8, commands  # the tour, the sweep, resume, eval-only, the benchmark
@@ -139,7 +142,13 @@ def snapshot(directory) -> dict[str, tuple[int, int]]:
 def check_outputs(command: str, result: subprocess.CompletedProcess, cwd) -> None:
     """What each kind of command must leave behind, beyond exiting 0."""
     output = result.stdout + result.stderr  # logs go to stdout, progress bars to stderr
-    if "hydra/sweeper=optuna" in command:
+    if "MLflowTracker" in command:
+        assert "in experiment 'rfs_maskrcnn_demo'" in output
+        assert os.path.isfile(cwd / "runs" / "mlflow" / "mlflow.db")
+    elif "WandbTracker" in command:
+        assert glob.glob(str(cwd / "runs" / "wandb" / "wandb" / "offline-run-*" / "run-*.wandb"))
+        assert "wandb sync " in output
+    elif "hydra/sweeper=optuna" in command:
         (best,) = glob.glob(str(cwd / "multirun" / "*" / "*" / "optimization_results.yaml"))
         assert "best_params" in open(best).read() and "Best value:" in output
     elif "conf/rfs_maskrcnn_custom.py" in command:

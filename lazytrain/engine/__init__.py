@@ -1,7 +1,8 @@
 """The engine: the hook-driven trainer, standard hooks, checkpointing and the plots a run leaves.
 
 Modules: `train_loop` (HookBase, TrainerBase, SimpleTrainer), `hooks`, `checkpoint` (Checkpointer),
-`lr_schedule` (LR multipliers), `optimizer` (param groups), `plot_writer` (curves.png, ap_by_frequency.png).
+`lr_schedule` (LR multipliers), `optimizer` (param groups), `plot_writer` (curves.png, ap_by_frequency.png),
+`trackers` (MLflowTracker, WandbTracker: experiment trackers as hooks; their libraries are optional extras).
 The default program (default_setup, do_train, do_test, run) reads the whole config and lives in
 `lazytrain.program.default`.
 

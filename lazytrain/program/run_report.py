@@ -173,6 +173,7 @@ _FILES = (  # (file name, what it holds), in the order the summary lists them
     (CURVES_FILE, "losses, learning rate and AP over iterations"),
     (AP_BY_FREQUENCY_FILE, "AP per category against its train images, rare/common/frequent"),
     ("log.txt", "the full log, with the config, environment and model"),
+    ("mlflow.db", "MLflowTracker's runs: mlflow ui --backend-store-uri sqlite:///<this file>"),
 )
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "JSONWriter",
     "TensorboardWriter",
     "get_event_storage",
+    "get_scalars_by_iteration",
 ]
 
 logger = logging.getLogger(__name__)
@@ -238,12 +239,8 @@ class JSONWriter(EventWriter):
         self._last_written = -1
 
     def write(self) -> None:
-        storage = get_event_storage()
-        by_iter: dict[int, dict[str, float]] = defaultdict(dict)
-        for name, (value, iteration) in storage.latest_with_smoothing_hint(self._window).items():
-            if iteration > self._last_written:
-                by_iter[iteration][name] = value
-        for iteration in sorted(by_iter):
+        by_iter = get_scalars_by_iteration(get_event_storage(), self._window, after=self._last_written)
+        for iteration in by_iter:
             self._file.write(
                 json.dumps({"iteration": iteration, **by_iter[iteration]}, sort_keys=True) + "\n"
             )
@@ -257,6 +254,19 @@ class JSONWriter(EventWriter):
 
     def close(self) -> None:
         self._file.close()
+
+
+def get_scalars_by_iteration(
+    storage: EventStorage, window: int = 20, *, after: int = -1
+) -> dict[int, dict[str, float]]:
+    """The latest scalars put at iterations after `after`, grouped by iteration in increasing order: what
+    ``metrics.json`` gets on its next line(s), windowed medians for smoothed scalars (as `JSONWriter` writes
+    them). Experiment trackers (`lazytrain.engine.trackers`) log the same values."""
+    by_iter: dict[int, dict[str, float]] = defaultdict(dict)
+    for name, (value, iteration) in storage.latest_with_smoothing_hint(window).items():
+        if iteration > after:
+            by_iter[iteration][name] = value
+    return {iteration: by_iter[iteration] for iteration in sorted(by_iter)}
 
 
 def _drop_lines_from(json_file: str, start_iter: int) -> None:

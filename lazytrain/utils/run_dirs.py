@@ -8,10 +8,13 @@ import json
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_EVAL_METRICS",
     "SWEEP_METRICS",
+    "HydraJob",
+    "read_hydra_job",
     "read_metrics",
     "read_overrides",
     "get_run_dirs",
@@ -55,6 +58,47 @@ def read_overrides(run_dir: str) -> list[str]:
         return []
     with open(path) as f:
         return [str(o) for o in (yaml.safe_load(f) or [])]
+
+
+@dataclass
+class HydraJob:
+    """What Hydra recorded about the job that wrote a run directory.
+
+    Attributes:
+        name: the job's name (lazytrain names it after the config file: ``rfs_maskrcnn_demo``).
+        sweep_dir: the sweep's directory when the job is one of a sweep (``-m``), else None.
+    """
+
+    name: str
+    sweep_dir: str | None
+
+
+def read_hydra_job(run_dir: str) -> HydraJob | None:
+    """The Hydra job of `run_dir`, read from ``.hydra/hydra.yaml``; None when Hydra wrote none (a run started
+    without Hydra, ``hydra.output_subdir=null``) or it cannot be read.
+
+    Spawned ranks have no Hydra of their own: this file is how they learn what the Hydra process knew. A sweep
+    job's directory is ``hydra.sweep.dir/hydra.sweep.subdir``; the sweep directory is what remains of it
+    without the subdirectory (the parent when the subdirectory cannot be worked out).
+    """
+    from omegaconf import OmegaConf
+
+    path = os.path.join(run_dir, ".hydra", "hydra.yaml")
+    try:
+        hydra = OmegaConf.load(path).hydra
+        name, mode = str(hydra.job.name), str(hydra.mode)
+    except Exception:  # absent, unreadable, or not written by a Hydra we know
+        return None
+    if mode != "MULTIRUN":
+        return HydraJob(name, None)
+    job_dir = os.path.normpath(os.path.abspath(run_dir))
+    try:
+        subdir = os.path.normpath(str(hydra.sweep.subdir))  # ``${hydra.job.num}`` resolves within the file
+    except Exception:
+        subdir = os.path.basename(job_dir)
+    if job_dir.endswith(os.sep + subdir):
+        return HydraJob(name, job_dir[: -len(subdir) - 1])
+    return HydraJob(name, os.path.dirname(job_dir))
 
 
 def get_run_dirs(paths: Sequence[str]) -> list[str]:

@@ -13,7 +13,13 @@ from lazytrain.engine.hooks import (
     TorchProfiler,
 )
 from lazytrain.engine.train_loop import SimpleTrainer
-from lazytrain.utils.events import EventStorage, JSONWriter, TensorboardWriter, get_event_storage
+from lazytrain.utils.events import (
+    EventStorage,
+    JSONWriter,
+    TensorboardWriter,
+    get_event_storage,
+    get_scalars_by_iteration,
+)
 from tests.engine import toy
 
 
@@ -111,3 +117,17 @@ def test_metric_printer_logs_one_line_per_period_with_losses_times_and_lr(tmp_pa
         key in lines[0]
         for key in ("eta: ", "loss_mse: ", "loss_zero: ", "time: ", "data_time: ", "lr: 0.005")
     )
+
+
+def test_scalars_by_iteration_are_what_metrics_json_writes_next():
+    with EventStorage(0) as storage:
+        for iteration in range(3):
+            storage.iter = iteration
+            storage.put_scalar("loss", float(iteration))  # smoothed: the windowed median is written
+            storage.put_scalar("lr", 0.1 * iteration, smoothing_hint=False)
+        storage.put_scalars(**{"bbox/AP": 5.0}, smoothing_hint=False, cur_iter=3)
+        assert get_scalars_by_iteration(storage, window=20) == {
+            2: {"loss": 1.0, "lr": 0.2},
+            3: {"bbox/AP": 5.0},
+        }
+        assert get_scalars_by_iteration(storage, window=20, after=2) == {3: {"bbox/AP": 5.0}}
