@@ -82,7 +82,8 @@ class TrainerBase:
     """Runs iterations ``start_iter .. max_iter - 1`` and calls hooks in registration order.
 
     Subclasses implement `run_step`. Attributes the default program sets for hooks to use:
-    ``checkpointer`` (a `Checkpointer` holding this trainer), ``test_function`` (``() -> results``) and
+    ``checkpointer`` (a `Checkpointer` holding this trainer), ``test_function`` (``() -> results``),
+    ``model_ema`` (a `lazytrain.engine.ema.ModelEMA` when ``train.ema.enabled``, else None) and
     ``last_eval_results`` (set by `EvalHook`).
 
     Stopping early on a signal (SIGTERM/SIGINT, `lazytrain.utils.preemption`) is this class's state: every
@@ -98,6 +99,7 @@ class TrainerBase:
         self.storage: EventStorage | None = None
         self.checkpointer = None
         self.test_function = None
+        self.model_ema = None
         self.last_eval_results: dict = {}
         self._pending_rng_state: dict | None = None
         self._pending_storage_state: dict | None = None
