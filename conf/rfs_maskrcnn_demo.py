@@ -45,5 +45,6 @@ train.checkpointer.max_to_keep = 1
 train.clip_grad.enabled = True
 train.clip_grad.max_norm = 10.0
 train.device = "cpu"
+train.auto_scale_lr.base_batch_size = 4  # the batch its lr 0.02 was chosen for (synthetic_lt's total batch)
 
 launch = dict(num_gpus=0, num_processes=1)

@@ -15,6 +15,14 @@ reach all of these through ``self.trainer`` and hold only plain values here, so 
 In a config file, ``train.hooks.my_hook = L(MyHook)(...)`` adds one (dict order is run order). Keep ``eval``
 before ``writer`` so the final evaluation reaches ``metrics.json``. ``resume=True`` continues from
 ``output_dir/last_checkpoint`` exactly, or starts fresh with a warning when there is none.
+
+The batch and the weights (README, "Batch size, accumulation, EMA"):
+
+    train.images_per_forward=2          gradient accumulation: dataloader.train.total_batch_size stays the batch
+                                        of one optimizer step; each process runs its share 2 images at a time
+    train.auto_scale_lr.enabled=true    lr x total_batch_size / base_batch_size (mmdet's auto_scale_lr)
+    train.ema.enabled=true              an EMA of the weights (engine/ema.py): evaluated, and saved as the
+                                        checkpoints' "model" (predict and export use it)
 """
 
 from lazytrain.config import LazyCall as L
@@ -37,12 +45,19 @@ train = dict(
     amp=dict(enabled=False, dtype="bfloat16"),  # or "float16" (with a checkpointed grad scaler)
     clip_grad=dict(enabled=False, max_norm=None),  # e.g. enabled=True, max_norm=10.0 (global gradient norm)
     checkpointer=dict(period=5000, max_to_keep=None),  # None keeps every periodic checkpoint
+    # Images per process and forward pass; None: the whole share of total_batch_size at once. Must divide it.
+    images_per_forward=None,
+    # lr x dataloader.train.total_batch_size / base_batch_size, the batch recipes/optim.py's lr 0.02 is for.
+    auto_scale_lr=dict(enabled=False, base_batch_size=16),
+    # decay after t optimizer steps: decay * (1 - exp(-t / tau)); 0.9998 averages over ~5000 steps.
+    ema=dict(enabled=False, decay=0.9998, tau=2000),
     ddp=dict(find_unused_parameters=False, broadcast_buffers=False, gradient_as_bucket_view=True),
     trainer=L(SimpleTrainer)(
         clip_grad_enabled="${train.clip_grad.enabled}",
         clip_grad_max_norm="${train.clip_grad.max_norm}",
         amp_enabled="${train.amp.enabled}",
         amp_dtype="${train.amp.dtype}",
+        images_per_forward="${train.images_per_forward}",
     ),
     hooks=dict(
         timer=L(hooks.IterationTimer)(),

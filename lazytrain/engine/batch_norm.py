@@ -14,7 +14,45 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from lazytrain.utils import comm
 
-__all__ = ["average_batch_norm_statistics"]
+__all__ = ["average_batch_norm_statistics", "average_over_ranks", "get_batch_norm_statistics"]
+
+
+def get_batch_norm_statistics(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The rank-local BatchNorm statistics of `model` by state-dict name: every BatchNorm's ``running_mean``
+    and ``running_var``, except those of `torch.nn.SyncBatchNorm` layers (the same on every rank already).
+
+    Args:
+        model: the model, not DDP-wrapped (the names are those of its own state dict).
+    """
+    statistics = {}
+    for name, module in model.named_modules():
+        if isinstance(module, _BatchNorm) and not isinstance(module, torch.nn.SyncBatchNorm):
+            for key in ("running_mean", "running_var"):
+                buffer = getattr(module, key)
+                if buffer is not None:
+                    statistics[f"{name}.{key}" if name else key] = buffer
+    return statistics
+
+
+def average_over_ranks(tensors: list[torch.Tensor]) -> None:
+    """Replace, in place, each of `tensors` by its mean over the ranks (one all-reduce per device and dtype).
+
+    Every rank must call it at the same moment with tensors of the same shapes; with one process or no
+    process group it does nothing.
+    """
+    world_size = comm.get_world_size()
+    if world_size == 1:
+        return
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+    with torch.no_grad():
+        for group in groups.values():
+            flat = torch.cat([tensor.reshape(-1) for tensor in group])
+            dist.all_reduce(flat)
+            flat /= world_size
+            for tensor, mean in zip(group, flat.split([tensor.numel() for tensor in group])):
+                tensor.copy_(mean.view_as(tensor))
 
 
 def average_batch_norm_statistics(model: torch.nn.Module) -> None:
@@ -29,19 +67,5 @@ def average_batch_norm_statistics(model: torch.nn.Module) -> None:
     Args:
         model: the model, DDP-wrapped or not.
     """
-    world_size = comm.get_world_size()
-    if world_size == 1:
-        return
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for module in model.modules():
-        if isinstance(module, _BatchNorm) and not isinstance(module, torch.nn.SyncBatchNorm):
-            for buffer in (module.running_mean, module.running_var):
-                if buffer is not None:
-                    groups.setdefault((buffer.device, buffer.dtype), []).append(buffer)
-    with torch.no_grad():
-        for buffers in groups.values():
-            flat = torch.cat([buffer.reshape(-1) for buffer in buffers])
-            dist.all_reduce(flat)
-            flat /= world_size
-            for buffer, mean in zip(buffers, flat.split([buffer.numel() for buffer in buffers])):
-                buffer.copy_(mean.view_as(buffer))
+    if comm.get_world_size() > 1:
+        average_over_ranks(list(get_batch_norm_statistics(model).values()))

@@ -6,6 +6,11 @@ A write goes to a temporary file in the same directory, is fsynced and renamed i
 ``last_checkpoint`` replaced the same way, so a process killed at any moment leaves a loadable newest
 checkpoint. Loading uses ``torch.load(weights_only=True)``; a file that needs arbitrary unpickling is
 refused unless ``allow_unsafe=True`` (for files you trust).
+
+With an EMA of the weights (``model_ema``, `lazytrain.engine.ema`), ``model`` holds the EMA weights (what
+evaluation measured; what loading weights only gives: predict, export, ``train.init_checkpoint``), and
+``training_model`` the trained weights with ``ema`` the average's counters (what a full load, a resumed run,
+restores).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -25,6 +30,9 @@ from lazytrain.utils import comm
 # `atomic_write` through this module's name, so replacing ``checkpoint.atomic_write`` reaches it (the
 # recipe kill/resume tests do, tests/conf/interruptions.py).
 from lazytrain.utils.file_io import PathManager, atomic_write, get_non_checkpoint_reason, load_torch_file
+
+if TYPE_CHECKING:
+    from lazytrain.engine.ema import ModelEMA
 
 __all__ = [
     "Checkpointer",
@@ -124,10 +132,14 @@ class Checkpointer:
     (iteration, hook states, grad scaler, and per rank the data-loader state and RNG states) and
     ``iteration``; everything loads with ``torch.load(weights_only=True)``.
 
+    With `model_ema`, ``model`` is the EMA's weights, and ``training_model`` and ``ema`` are added (see the
+    module docstring).
+
     Args:
         model: the model (DDP-wrapped or not; the saved keys never carry ``module.``).
         save_dir: local directory of checkpoints and ``last_checkpoint`` ("" disables saving).
         allow_unsafe: allow loading files that need arbitrary unpickling (only for files you trust).
+        model_ema: the run's `ModelEMA` (``train.ema.enabled``), or None.
         **checkpointables: e.g. ``optimizer=..., trainer=...``.
     """
 
@@ -137,11 +149,13 @@ class Checkpointer:
         save_dir: str = "",
         *,
         allow_unsafe: bool = False,
+        model_ema: ModelEMA | None = None,
         **checkpointables: Any,
     ) -> None:
         self.model = model
         self.save_dir = save_dir
         self.allow_unsafe = allow_unsafe
+        self.model_ema = model_ema
         self.checkpointables = checkpointables
         self.last_saved_iteration: int | None = None  # the ``iteration`` of the last `save`, on every rank
 
@@ -149,8 +163,7 @@ class Checkpointer:
         """Write ``<save_dir>/<name>.pth`` (all ranks must call: trainer state is gathered; rank 0 writes).
 
         BatchNorm running statistics are averaged over the ranks first (`average_batch_norm_statistics`)."""
-        average_batch_norm_statistics(self.model)
-        data = {"model": _unwrap(self.model).state_dict()}
+        data = self._model_entries()
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(extra)
         self.last_saved_iteration = extra.get("iteration")
@@ -171,6 +184,16 @@ class Checkpointer:
         logger.info("Saved checkpoint to %s", path)
         _remove_stale_temporary_files(self.save_dir)
         return path
+
+    def _model_entries(self) -> dict[str, Any]:
+        """``model`` (and with an EMA ``training_model`` and ``ema``), BatchNorm statistics averaged first."""
+        average_batch_norm_statistics(self.model)
+        weights = _unwrap(self.model).state_dict()
+        if self.model_ema is None:
+            return {"model": weights}
+        self.model_ema.average_batch_norm_statistics()
+        ema = self.model_ema.state_dict()
+        return {"model": ema.pop("weights"), "training_model": weights, "ema": ema}
 
     def has_checkpoint(self) -> bool:
         """Whether `save_dir` names a newest checkpoint (`get_last_checkpoint`)."""
@@ -199,7 +222,8 @@ class Checkpointer:
 
         Args:
             path: a local path or an iopath URI.
-            checkpointables: names to restore; None restores all, ``[]`` only the model.
+            checkpointables: names to restore; None restores all, ``[]`` only the model (a checkpoint of a run
+                with an EMA then gives its EMA weights; any other value its training weights and the EMA).
 
         Returns:
             The remaining items of the file (e.g. ``{"iteration": 99}``).
@@ -208,7 +232,7 @@ class Checkpointer:
         data = self.read(path)
         if "model" not in data:  # a bare state dict (e.g. torchvision weights)
             data = {"model": data}
-        self.last_report = load_model_state(self.model, data.pop("model"))
+        self.last_report = load_model_state(self.model, self._pop_model_weights(data, checkpointables == []))
         names = self.checkpointables if checkpointables is None else checkpointables
         for key in names:
             if key in data:
@@ -216,6 +240,27 @@ class Checkpointer:
             else:
                 logger.warning("Checkpointer: %s has no '%s' state; it is not restored.", path, key)
         return data
+
+    def _pop_model_weights(self, data: dict, weights_only: bool) -> dict[str, torch.Tensor]:
+        """The weights to load into the model, taking the model entries out of `data` (restoring the EMA from
+        them on a full load)."""
+        weights, training, ema = data.pop("model"), data.pop("training_model", None), data.pop("ema", None)
+        if training is None or weights_only:
+            if training is not None:
+                logger.info("Checkpointer: loading the EMA weights (the run trained with train.ema).")
+            elif self.model_ema is not None and not weights_only:
+                logger.warning(
+                    "Checkpointer: the checkpoint has no EMA of the weights; the EMA starts from its weights."
+                )
+            return weights
+        if self.model_ema is not None:
+            self.model_ema.load_state_dict({**(ema or {}), "weights": weights})
+        else:
+            logger.warning(
+                "Checkpointer: the checkpoint's EMA weights are not restored (train.ema.enabled is false): "
+                "training continues from its training weights, without an EMA."
+            )
+        return training
 
     def resume_or_load(self, path: str, *, resume: bool = True) -> dict:
         """Resume from ``last_checkpoint`` (everything) when `resume` and one exists; else load only the

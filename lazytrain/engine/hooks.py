@@ -14,6 +14,7 @@ their decisions must therefore be the same on all ranks.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import math
@@ -236,8 +237,10 @@ class EvalHook(HookBase):
     that follows writes it to ``metrics.json`` as its own line. Results (computed on the main process) are
     shared with all ranks, and the global RNG states are put back after evaluating so that evaluation does
     not change the training random stream (which exact resume relies on). BatchNorm running statistics are
-    averaged over the ranks before each evaluation (`lazytrain.engine.batch_norm`). The results are also kept in
-    ``trainer.last_eval_results`` (what the default program returns).
+    averaged over the ranks before each evaluation (`lazytrain.engine.batch_norm`). With an EMA of the weights
+    (``trainer.model_ema``, ``train.ema.enabled``) the model holds the EMA weights while it is evaluated
+    (`lazytrain.engine.ema.ModelEMA.applied_to`). The results are also kept in ``trainer.last_eval_results``
+    (what the default program returns).
 
     A stop signal (SIGTERM, Ctrl-C) during an evaluation abandons it within seconds on every rank (see
     `lazytrain.utils.preemption.abandon_on_stop`): training stops at this iteration with its checkpoint saved,
@@ -274,7 +277,8 @@ class EvalHook(HookBase):
         rng_state = get_rng_state()
         stopped = 0
         try:
-            results = function() or {}
+            with self._weights_to_evaluate():
+                results = function() or {}
         except EvaluationStopped as e:
             results, stopped = {}, e.signum
         finally:
@@ -297,6 +301,15 @@ class EvalHook(HookBase):
         self._last_eval_iter = iteration
         self._pending_iter = None
         comm.synchronize()
+
+    def _weights_to_evaluate(self) -> contextlib.AbstractContextManager:
+        """The EMA weights in the model during the evaluation when the trainer has an EMA (``train.ema``)."""
+        ema = getattr(self.trainer, "model_ema", None)
+        if ema is None:
+            return contextlib.nullcontext()
+        ema.average_batch_norm_statistics()
+        logger.info("Evaluating with EMA weights (%s)", ema.describe())
+        return ema.applied_to(self.trainer.model)
 
     def _abandon(self, signum: int, iteration: int) -> None:
         """Stop training now, keeping this evaluation for the resumed run (a final one runs again anyway)."""

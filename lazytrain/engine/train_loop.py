@@ -1,8 +1,9 @@
 """The training loop: `HookBase`, `TrainerBase` (iterations and hook calls) and `SimpleTrainer` (one step).
 
 A step of `SimpleTrainer`: next batch -> forward (a dict of losses) -> non-finite check -> backward ->
-``after_backward`` hooks -> optional gradient clipping -> optimizer step -> metrics. Mixed precision is an
-option of the same trainer. Hooks do everything else (LR schedule, checkpoints, eval, logging).
+``after_backward`` hooks -> optional gradient clipping -> optimizer step -> metrics. Mixed precision and
+gradient accumulation (``images_per_forward``: the batch in several forward/backward passes, one optimizer
+step) are options of the same trainer. Hooks do everything else (LR schedule, checkpoints, eval, logging).
 
 How hooks reach shared objects: the default program builds the model, optimizer and data loader once and
 passes them to the trainer; it then attaches ``trainer.checkpointer`` and ``trainer.test_function``. A hook
@@ -18,11 +19,13 @@ stream.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
 import weakref
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +41,7 @@ from lazytrain.utils.preemption import (
     signal_name,
 )
 
-__all__ = ["HookBase", "SimpleTrainer", "TrainerBase"]
+__all__ = ["HookBase", "SimpleTrainer", "TrainerBase", "get_batch_size", "split_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +85,8 @@ class TrainerBase:
     """Runs iterations ``start_iter .. max_iter - 1`` and calls hooks in registration order.
 
     Subclasses implement `run_step`. Attributes the default program sets for hooks to use:
-    ``checkpointer`` (a `Checkpointer` holding this trainer), ``test_function`` (``() -> results``) and
+    ``checkpointer`` (a `Checkpointer` holding this trainer), ``test_function`` (``() -> results``),
+    ``model_ema`` (a `lazytrain.engine.ema.ModelEMA` when ``train.ema.enabled``, else None) and
     ``last_eval_results`` (set by `EvalHook`).
 
     Stopping early on a signal (SIGTERM/SIGINT, `lazytrain.utils.preemption`) is this class's state: every
@@ -98,6 +102,7 @@ class TrainerBase:
         self.storage: EventStorage | None = None
         self.checkpointer = None
         self.test_function = None
+        self.model_ema = None
         self.last_eval_results: dict = {}
         self._pending_rng_state: dict | None = None
         self._pending_storage_state: dict | None = None
@@ -297,6 +302,41 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def get_batch_size(batch: Any) -> int:
+    """The number of samples in `batch`: a list's length (a list of per-image dicts, as lazytrain's loaders
+    yield), a tensor's first dimension, or that of the elements of a tuple or dict (which must agree)."""
+    if isinstance(batch, list):
+        return len(batch)
+    if isinstance(batch, torch.Tensor) and batch.dim() > 0:
+        return batch.shape[0]
+    elements = list(batch.values()) if isinstance(batch, Mapping) else batch
+    if isinstance(elements, (list, tuple)) and elements:
+        sizes = {get_batch_size(element) for element in elements}
+        if len(sizes) == 1:
+            return sizes.pop()
+    raise TypeError(
+        "gradient accumulation (train.images_per_forward) splits each training batch into smaller ones: a list "
+        "of samples, a tensor (first dimension), or a tuple or dict of those with one batch size; got "
+        f"{type(batch).__name__}. Set train.images_per_forward=null, or subclass SimpleTrainer to split your "
+        "loader's batches."
+    )
+
+
+def split_batch(batch: Any, parts: int) -> list:
+    """`batch` cut into `parts` consecutive batches of equal size (see `get_batch_size` for the forms)."""
+    if parts == 1:
+        return [batch]
+    if isinstance(batch, list):
+        size = len(batch) // parts
+        return [batch[i * size : (i + 1) * size] for i in range(parts)]
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(parts))
+    if isinstance(batch, Mapping):
+        columns = {key: split_batch(value, parts) for key, value in batch.items()}
+        return [{key: column[i] for key, column in columns.items()} for i in range(parts)]
+    return [type(batch)(column) for column in zip(*(split_batch(element, parts) for element in batch))]
+
+
 class SimpleTrainer(TrainerBase):
     """The standard step for a model whose forward returns a dict of losses.
 
@@ -311,9 +351,21 @@ class SimpleTrainer(TrainerBase):
         clip_grad_max_norm: the norm to clip to (``train.clip_grad.max_norm``).
         amp_enabled: run the forward in autocast (``train.amp.enabled``).
         amp_dtype: ``"bfloat16"`` or ``"float16"`` (float16 uses a grad scaler, checkpointed).
+        images_per_forward: gradient accumulation (``train.images_per_forward``): each batch from the loader
+            (this process's share of ``dataloader.train.total_batch_size``) goes through the model in chunks of
+            this many images, each chunk's loss divided by their number, the gradients summed, then one
+            optimizer step; None: the whole batch in one forward. It must divide the batch.
 
-    To change what a step does (several optimizers, gradient accumulation), subclass it, override
-    `run_step`, and point ``train.trainer._target_`` at the subclass.
+    One step is one optimizer step, so ``train.max_iter``, the LR schedule, checkpoints and the data position
+    count optimizer steps whatever the accumulation. With accumulation the loader still yields the whole
+    batch, so samplers (RFS), aspect grouping and exact resume see the same batches; only one chunk at a time
+    is on the device. A model whose losses are means over its images (Mask R-CNN's are, up to the per-image
+    sampling of anchors and RoIs) gets the gradient of the whole batch, as DDP's average over ranks does;
+    BatchNorm statistics see the chunks. DDP synchronises the gradients once, after the last chunk
+    (``no_sync`` before), the grad scaler unscales and steps once, and clipping sees the summed gradient.
+
+    To change what a step does (several optimizers, say), subclass it, override `run_step`, and point
+    ``train.trainer._target_`` at the subclass.
     """
 
     def __init__(
@@ -326,8 +378,18 @@ class SimpleTrainer(TrainerBase):
         clip_grad_max_norm: float | None = None,
         amp_enabled: bool = False,
         amp_dtype: str = "bfloat16",
+        images_per_forward: int | None = None,
     ) -> None:
         super().__init__()
+        if images_per_forward is not None and (
+            not isinstance(images_per_forward, int)
+            or isinstance(images_per_forward, bool)
+            or images_per_forward < 1
+        ):
+            raise ValueError(
+                f"SimpleTrainer(images_per_forward=) must be an integer >= 1 or None (no accumulation); got "
+                f"{images_per_forward!r} (train.images_per_forward)"
+            )
         if amp_dtype not in ("bfloat16", "float16"):
             raise ValueError(
                 f"SimpleTrainer(amp_dtype=) must be 'bfloat16' or 'float16'; got {amp_dtype!r} "
@@ -354,10 +416,33 @@ class SimpleTrainer(TrainerBase):
         self.device_type = next(model.parameters()).device.type
         use_scaler = amp_enabled and amp_dtype == "float16"
         self.grad_scaler = torch.amp.GradScaler(self.device_type) if use_scaler else None
+        self.images_per_forward = images_per_forward
         self._data_iter = None
 
     def run_step(self) -> None:
-        """Next batch, forward, non-finite check, backward, clipping, optimizer step, metrics."""
+        """Next batch, forward and backward (per chunk with accumulation), non-finite check, clipping,
+        optimizer step, metrics."""
+        data, data_time = self._next_batch()
+        chunks = split_batch(data, self._accumulation_steps(data))
+        self.optimizer.zero_grad(set_to_none=True)
+        summed: dict[str, torch.Tensor] = {}  # the chunks' mean losses, for the metrics
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1
+            with self._gradient_sync(last):
+                loss_dict = self._forward(chunk)
+                losses = sum(loss.float() for loss in loss_dict.values())
+                if len(chunks) > 1:
+                    losses = losses / len(chunks)
+                    for name, loss in loss_dict.items():
+                        summed[name] = summed.get(name, 0.0) + loss.detach().float() / len(chunks)
+                if last:  # before the backward with DDP's collective: all ranks stop here together
+                    loss_values = self._agree_on_step(summed or loss_dict)
+                (self.grad_scaler.scale(losses) if self.grad_scaler else losses).backward()
+        self._call("after_backward")
+        self._optimizer_step()
+        self._write_metrics(loss_values, data_time)
+
+    def _next_batch(self) -> tuple[Any, float]:
         if self._data_iter is None:
             self._data_iter = iter(self.data_loader)
         start = time.perf_counter()
@@ -368,18 +453,35 @@ class SimpleTrainer(TrainerBase):
                 f"SimpleTrainer: the training data loader ended at iteration {self.iter}; it must yield batches "
                 "forever (use an infinite training sampler, e.g. lazytrain.data.samplers.TrainingSampler)."
             ) from None
-        data_time = time.perf_counter() - start
+        return data, time.perf_counter() - start
 
+    def _accumulation_steps(self, data: Any) -> int:
+        """Forward passes for this batch: its size / ``images_per_forward`` (1 without accumulation)."""
+        if self.images_per_forward is None:
+            return 1
+        size = get_batch_size(data)
+        if size % self.images_per_forward:
+            divisors = [n for n in range(1, size + 1) if size % n == 0]
+            raise ValueError(
+                f"SimpleTrainer(images_per_forward={self.images_per_forward}) must divide the batch of each "
+                f"process; got a batch of {size} (dataloader.train.total_batch_size / processes). Set "
+                f"train.images_per_forward to one of {divisors}, or change dataloader.train.total_batch_size."
+            )
+        return size // self.images_per_forward
+
+    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """DDP all-reduces the gradients in the backward pass of the last chunk only (``no_sync`` before)."""
+        if last or not hasattr(self.model, "no_sync"):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def _forward(self, data: Any) -> dict[str, torch.Tensor]:
         with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_enabled):
             loss_dict = self.model(data)
-        if isinstance(loss_dict, torch.Tensor):
-            loss_dict = {"total_loss": loss_dict}
-        losses = sum(loss.float() for loss in loss_dict.values())
-        loss_values = self._agree_on_step(loss_dict)
+        return {"total_loss": loss_dict} if isinstance(loss_dict, torch.Tensor) else loss_dict
 
-        self.optimizer.zero_grad(set_to_none=True)
-        (self.grad_scaler.scale(losses) if self.grad_scaler else losses).backward()
-        self._call("after_backward")
+    def _optimizer_step(self) -> None:
+        """Clip (the summed gradient, unscaled first under a grad scaler), step, update the scaler."""
         if self.clip_grad_norm is not None:
             if self.grad_scaler:
                 self.grad_scaler.unscale_(self.optimizer)
@@ -390,7 +492,6 @@ class SimpleTrainer(TrainerBase):
             self.grad_scaler.update()
         else:
             self.optimizer.step()
-        self._write_metrics(loss_values, data_time)
 
     def _agree_on_step(self, loss_dict: dict[str, torch.Tensor]) -> dict[str, float]:
         """All ranks agree on the step in one all-reduce, before the backward pass: the losses (averaged, for

@@ -153,7 +153,9 @@ def _read_state_dict(path: str, allow_unsafe: bool) -> tuple[dict[str, torch.Ten
         raise ValueError(f"load_init_weights: {path} holds a {type(data).__name__}, not a state dict.")
     source = "state dict"
     if isinstance(data.get("model"), Mapping):
-        data, source = data["model"], "lazytrain checkpoint"
+        # A run trained with train.ema keeps its trained weights in "training_model": "model" is the EMA.
+        ema = " (its EMA weights)" if "training_model" in data else ""
+        data, source = data["model"], f"lazytrain checkpoint{ema}"
     elif isinstance(data.get("state_dict"), Mapping):
         data = data["state_dict"]
     state = {str(k): v for k, v in data.items() if isinstance(v, torch.Tensor)}

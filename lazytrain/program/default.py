@@ -32,8 +32,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from lazytrain.config import LazyConfig, instantiate, tree
 from lazytrain.engine.checkpoint import Checkpointer
+from lazytrain.engine.ema import EMAHook, ModelEMA
 from lazytrain.engine.hooks import flatten_results
 from lazytrain.engine.plot_writer import write_run_plots
+from lazytrain.program.batch_size import scale_learning_rate
 from lazytrain.program.run_report import log_run_header, log_run_summary
 from lazytrain.utils import comm
 from lazytrain.utils.env import collect_env_info
@@ -43,6 +45,7 @@ from lazytrain.utils.logger import setup_logger
 __all__ = [
     "INJECTED_ARGUMENTS",
     "build_model",
+    "build_model_ema",
     "default_setup",
     "do_test",
     "do_train",
@@ -163,6 +166,15 @@ def _build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Opt
     return instantiate(cfg.optimizer, params=params)
 
 
+def build_model_ema(cfg: DictConfig, model: torch.nn.Module) -> ModelEMA | None:
+    """A `ModelEMA` of `model` with ``train.ema.decay`` and ``train.ema.tau`` when ``train.ema.enabled``, else
+    None (also for configs without ``train.ema``)."""
+    settings = cfg.train.get("ema") or {}
+    if not settings.get("enabled", False):
+        return None
+    return ModelEMA(model, decay=settings.get("decay", 0.9998), tau=settings.get("tau", 2000))
+
+
 def load_init_checkpoint(cfg: DictConfig, model: torch.nn.Module) -> None:
     """Load ``train.init_checkpoint`` weights into `model`, non-strictly (lazytrain checkpoints, torchvision
     detection or ImageNet ResNet files; see `lazytrain.modeling.weights.load_init_weights`)."""
@@ -200,6 +212,11 @@ def do_train(cfg: DictConfig) -> dict:
     state, data position, RNG states); when there is none, it logs a warning and starts from
     ``train.init_checkpoint`` (or random init), so the same command both starts and resumes a job.
 
+    ``train.ema.enabled`` adds an EMA of the weights (`lazytrain.engine.ema`: evaluated and saved as the
+    checkpoints' ``model``), ``train.images_per_forward`` accumulates gradients (`SimpleTrainer`), and
+    ``train.auto_scale_lr`` scales the learning rate to ``dataloader.train.total_batch_size``
+    (`lazytrain.program.batch_size`).
+
     Returns:
         The results of the last evaluation (``{}`` without an eval hook).
     """
@@ -208,16 +225,20 @@ def do_train(cfg: DictConfig) -> dict:
     logger.debug("Model:\n%s", model)
     model = _wrap_ddp(cfg, model)
     optimizer = _build_optimizer(cfg, _unwrap_ddp(model))
+    scale_learning_rate(cfg, optimizer)  # train.auto_scale_lr
     train_loader = instantiate(cfg.dataloader.train)
     _save_categories(cfg)
 
-    # Trainer from the config with the shared objects injected; the checkpointer holds model, optimizer and
-    # the trainer itself (iteration, hook states, grad scaler, data position, RNG states).
+    # Trainer from the config with the shared objects injected; the checkpointer holds model, optimizer, the
+    # EMA of the weights (train.ema) and the trainer itself (iteration, hook states, grad scaler, data position,
+    # RNG states).
     trainer = instantiate(cfg.train.trainer, model=model, data_loader=train_loader, optimizer=optimizer)
+    trainer.model_ema = build_model_ema(cfg, model)
     trainer.checkpointer = Checkpointer(
         model,
         cfg.train.output_dir,
         allow_unsafe=bool(cfg.train.get("allow_unsafe_checkpoint", False)),
+        model_ema=trainer.model_ema,
         optimizer=optimizer,
         trainer=trainer,
     )
@@ -225,7 +246,10 @@ def do_train(cfg: DictConfig) -> dict:
     # ranks evaluate different numbers of batches.
     trainer.test_function = functools.partial(do_test, cfg, _unwrap_ddp(model))
 
-    # Hooks: a named mapping in run order; registered before resuming so their states load by name.
+    # Hooks: a named mapping in run order; registered before resuming so their states load by name. The EMA
+    # is updated first after each step, so that the checkpoint and evaluation hooks see this step's average.
+    if trainer.model_ema is not None:
+        trainer.register_hooks({"ema": EMAHook()})
     hooks = instantiate(cfg.train.hooks) if cfg.train.get("hooks") else {}
     trainer.register_hooks(hooks)
 

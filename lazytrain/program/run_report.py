@@ -27,6 +27,7 @@ from lazytrain.engine.plot_writer import (
     get_train_records,
     summarize_records,
 )
+from lazytrain.program.batch_size import get_accumulation_steps, get_lr_scale
 from lazytrain.utils import comm, run_dirs
 
 __all__ = ["COMMAND_ENV", "format_run_header", "format_run_summary", "log_run_header", "log_run_summary"]
@@ -99,14 +100,23 @@ def _describe_schedule(cfg: DictConfig, epoch: float | None) -> str:
         text += f" x {batch} images"
         if epoch:
             text += f" ({train.max_iter * batch / epoch:.2f} epochs)"
+        passes = get_accumulation_steps(cfg, comm.get_world_size())
+        if passes and passes > 1:
+            text += f", {train.images_per_forward} per forward pass ({passes} passes per step and process)"
     optimizer = OmegaConf.select(cfg, "optimizer._target_", default="")
     lr = OmegaConf.select(cfg, "optimizer.lr", default=None)
     if optimizer:
+        scale = get_lr_scale(cfg)
+        if scale is not None and lr is not None:
+            lr = f"{lr * scale:g} ({lr} x {batch}/{train.auto_scale_lr.base_batch_size}, auto_scale_lr)"
         text += f"; {str(optimizer).rsplit('.', 1)[-1]} lr {lr}"
     multiplier = OmegaConf.select(cfg, "lr_multiplier._target_", default="")
     if multiplier:
         warmup = OmegaConf.select(cfg, "lr_multiplier.warmup_iters", default=None)
         text += f" x {str(multiplier).rsplit('.', 1)[-1]}" + (f" (warmup {warmup})" if warmup else "")
+    ema = train.get("ema") or {}
+    if ema.get("enabled", False):
+        text += f"; EMA decay {ema.get('decay')} (tau {ema.get('tau')})"
     has_eval = "eval" in (train.get("hooks") or {})
     eval_period = int(train.get("eval_period", 0) or 0)
     if has_eval:
@@ -177,6 +187,13 @@ _FILES = (  # (file name, what it holds), in the order the summary lists them
 )
 
 
+# With train.ema the checkpoints' "model" is the EMA of the weights.
+_EMA_FILES = {
+    "model_final.pth": "final EMA weights (the trained ones as training_model; last_checkpoint names the newest)",
+    "model_best.pth": "EMA weights of the best evaluation",
+}
+
+
 def _format_metrics(results: dict) -> list[str]:
     """A small aligned table: one row per task (mask first), AP then APr/APc/APf (or AP50/AP75)."""
     tasks = sorted((t for t in results if isinstance(results[t], dict)), key=lambda t: (t != "segm", t))
@@ -225,7 +242,8 @@ def format_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> str:
         *_format_metrics(trainer.last_eval_results or {}),
         f"Files in {output_dir}:",
     ]
-    present = [(name, text) for name, text in _FILES if os.path.isfile(os.path.join(output_dir, name))]
+    files = {**dict(_FILES), **_EMA_FILES} if (cfg.train.get("ema") or {}).get("enabled") else dict(_FILES)
+    present = [(name, text) for name, text in files.items() if os.path.isfile(os.path.join(output_dir, name))]
     periodic = sorted(glob.glob(os.path.join(output_dir, "model_[0-9]*.pth")))
     if periodic:  # after model_final.pth
         at = next((i + 1 for i, (name, _) in enumerate(present) if name == "model_final.pth"), len(present))

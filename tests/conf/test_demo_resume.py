@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
+from lazytrain.program.predictor import Predictor
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")
@@ -76,10 +77,10 @@ def demo(run_dir, datasets, *args, processes=1, stdout=subprocess.PIPE):
     return result, time.time()
 
 
-def reference_run(tmp_path_factory, datasets, processes):
+def reference_run(tmp_path_factory, datasets, processes, *args):
     run_dir = tmp_path_factory.mktemp(f"reference{processes}") / "run"
     with open(run_dir.parent / "stdout.txt", "w") as stdout:  # as under SLURM: block-buffered, forked workers
-        result, _ = demo(run_dir, datasets, processes=processes, stdout=stdout)
+        result, _ = demo(run_dir, datasets, *args, processes=processes, stdout=stdout)
     assert result.returncode == 0, result.stderr[-3000:]
     # Each line once (the train annotations were loaded twice, and a forked worker can repeat unflushed output).
     printed = (run_dir.parent / "stdout.txt").read_text()
@@ -97,6 +98,20 @@ def reference_2(tmp_path_factory, datasets):
     return reference_run(tmp_path_factory, datasets, 2)
 
 
+# An EMA far from the trained weights (decay 0.5 from the first step), and each step's 2 images in 2 passes.
+EMA_AND_ACCUMULATION = [
+    "train.ema.enabled=true",
+    "train.ema.decay=0.5",
+    "train.ema.tau=0",
+    "train.images_per_forward=1",
+]
+
+
+@pytest.fixture(scope="module")
+def reference_ema(tmp_path_factory, datasets):
+    return reference_run(tmp_path_factory, datasets, 1, *EMA_AND_ACCUMULATION)
+
+
 def metrics(run_dir):
     """iteration -> reproducible values of the metrics.json line (each iteration must appear once)."""
     lines = [json.loads(line) for line in (run_dir / "metrics.json").read_text().splitlines()]
@@ -105,12 +120,15 @@ def metrics(run_dir):
     return {line["iteration"]: {k: v for k, v in line.items() if k not in NOT_REPRODUCIBLE} for line in lines}
 
 
-def assert_same_run(reference, resumed, resumed_from):
-    expected = torch.load(reference / "model_final.pth", weights_only=True)["model"]
-    got = torch.load(resumed / "model_final.pth", weights_only=True)["model"]
-    assert expected.keys() == got.keys()
-    different = [key for key in expected if not torch.equal(expected[key], got[key])]
-    assert not different, f"{len(different)} of {len(expected)} tensors differ, e.g. {different[:3]}"
+def assert_same_run(reference, resumed, resumed_from, weights=("model",)):
+    for entry in weights:
+        expected = torch.load(reference / "model_final.pth", weights_only=True)[entry]
+        got = torch.load(resumed / "model_final.pth", weights_only=True)[entry]
+        assert expected.keys() == got.keys()
+        different = [key for key in expected if not torch.equal(expected[key], got[key])]
+        assert not different, (
+            f"{entry}: {len(different)} of {len(expected)} tensors differ, e.g. {different[:3]}"
+        )
     expected_metrics, got_metrics = metrics(reference), metrics(resumed)
     assert sorted(got_metrics) == sorted(expected_metrics) == list(range(MAX_ITER + 1))
     for iteration in range(resumed_from, MAX_ITER + 1):
@@ -178,3 +196,33 @@ def test_two_processes_killed_during_a_step_and_stopped_during_the_evaluation_re
     finished, _ = demo(run_dir, datasets, "train.resume=true", processes=2)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert_same_run(reference_2, run_dir, resumed_from=4)
+
+
+@pytest.mark.slow
+def test_with_ema_and_accumulation_a_run_killed_during_a_step_resumes_exactly_and_predicts_with_the_ema(
+    datasets, reference_ema, tmp_path, one_thread
+):
+    run_dir = tmp_path / "run"
+    kill = callback("kill", "after_backward", "kill_during_step", iteration=3)
+    killed, _ = demo(run_dir, datasets, *EMA_AND_ACCUMULATION, kill)
+    assert_killed(killed, run_dir, "model_0000001.pth")
+    finished, _ = demo(run_dir, datasets, *EMA_AND_ACCUMULATION, "train.resume=true")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    # The average ("model") and the trained weights, the losses and the EMA's evaluation: all as uninterrupted.
+    assert_same_run(reference_ema, run_dir, resumed_from=2, weights=("model", "training_model"))
+    saved = torch.load(run_dir / "model_final.pth", weights_only=True)
+    assert saved["ema"]["updates"] == MAX_ITER
+    assert any(not torch.equal(saved["model"][k], saved["training_model"][k]) for k in saved["model"])
+    log = (run_dir / "log.txt").read_text()
+    assert f"Evaluating with EMA weights (decay 0.5, {MAX_ITER} updates)" in log
+    assert "1 per forward pass (2 passes per step and process)" in log
+
+    # Predict uses what evaluation measured: the EMA weights.
+    evaluated = json.loads((run_dir / "lvis_instances_results.json").read_text())
+    assert evaluated
+    images = json.loads((datasets / "synthetic_lt" / "lvis_v1_val.json").read_text())["images"]
+    predictor = Predictor.from_run(run_dir, device="cpu")
+    paths = [str(datasets / "synthetic_lt" / image["file_name"]) for image in images]
+    predicted = [e for image, p in zip(images, predictor(paths)) for e in p.to_coco(image["id"])]
+    key = lambda e: (e["image_id"], -e["score"], e["category_id"], e["bbox"])  # noqa: E731
+    assert sorted(predicted, key=key) == sorted(evaluated, key=key)

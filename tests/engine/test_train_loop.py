@@ -11,6 +11,7 @@ from pytest import param
 from lazytrain.config import LazyCall as L
 from lazytrain.config import LazyConfig, instantiate
 from lazytrain.engine.checkpoint import Checkpointer
+from lazytrain.engine.ema import EMAHook, ModelEMA
 from lazytrain.engine.hooks import CallbackHook, EvalHook, LRScheduler, PeriodicCheckpointer
 from lazytrain.engine.lr_schedule import WarmupMultiStepMultiplier
 from lazytrain.engine.train_loop import SimpleTrainer
@@ -247,21 +248,25 @@ def test_fp16_grad_scaler_state_round_trips():
     assert other.grad_scaler.get_scale() == 1234.0
 
 
-def _trainer_with_checkpoints(output_dir, seed, stop_at=None):
+def _trainer_with_checkpoints(output_dir, seed, stop_at=None, ema=False, images_per_forward=None):
     torch.manual_seed(seed)
     model = toy.ToyRegressor()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    trainer = SimpleTrainer(model, toy.ToyLoader(), optimizer)
-    trainer.checkpointer = Checkpointer(model, str(output_dir), optimizer=optimizer, trainer=trainer)
+    trainer = SimpleTrainer(model, toy.ToyLoader(), optimizer, images_per_forward=images_per_forward)
+    trainer.model_ema = ModelEMA(model, decay=0.8, tau=2) if ema else None
+    trainer.checkpointer = Checkpointer(
+        model, str(output_dir), model_ema=trainer.model_ema, optimizer=optimizer, trainer=trainer
+    )
 
     def evaluate():
         torch.randn(7)  # evaluation drawing random numbers must not shift the training stream
-        return {"toy": {"AP": 1.0}}
+        return {"toy": {"AP": float(model.linear.weight.detach().sum())}}  # which weights were evaluated
 
     def stop(t):
         if t.iter == stop_at:
             raise KeyboardInterrupt("stopped")
 
+    trainer.register_hooks({"ema": EMAHook()} if ema else {})
     trainer.register_hooks(
         {
             "random_setup": toy.RandomDrawingHook(),
@@ -274,19 +279,34 @@ def _trainer_with_checkpoints(output_dir, seed, stop_at=None):
     return trainer
 
 
-def test_in_process_resume_is_bit_exact_despite_random_draws_in_setup_and_eval(tmp_path):
-    full = _trainer_with_checkpoints(tmp_path / "full", seed=0)
+@pytest.mark.parametrize(
+    "options",
+    [param({}, id="plain"), param({"ema": True, "images_per_forward": 2}, id="ema-accumulation")],
+)
+def test_in_process_resume_is_bit_exact_despite_random_draws_in_setup_and_eval(tmp_path, options):
+    full = _trainer_with_checkpoints(tmp_path / "full", seed=0, **options)
     full.train(0, 10)
-    interrupted = _trainer_with_checkpoints(tmp_path / "cut", seed=0, stop_at=6)
+    interrupted = _trainer_with_checkpoints(tmp_path / "cut", seed=0, stop_at=6, **options)
     with pytest.raises(KeyboardInterrupt):
         interrupted.train(0, 10)
-    resumed = _trainer_with_checkpoints(tmp_path / "cut", seed=1)  # other init and RNG: all must be restored
+    # Other initial weights and RNG: all must be restored.
+    resumed = _trainer_with_checkpoints(tmp_path / "cut", seed=1, **options)
     extra = resumed.checkpointer.load(resumed.checkpointer.get_checkpoint_file())
     assert extra["iteration"] == 3
     resumed.train(extra["iteration"] + 1, 10)
     for key, value in full.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[key]), key
     assert resumed.optimizer.param_groups[0]["lr"] == full.optimizer.param_groups[0]["lr"]
+    evaluated = full.storage.history("toy/AP").values()
+    after_resume = [(value, i) for value, i in resumed.storage.history("toy/AP").values() if i > 3]
+    assert after_resume == [(value, i) for value, i in evaluated if i > 3] and len(after_resume) == 3
+    if options.get("ema"):
+        for key, value in full.model_ema.weights.items():
+            assert torch.equal(value, resumed.model_ema.weights[key]), key
+        assert resumed.model_ema.updates == full.model_ema.updates == 10
+        # The EMA weights were evaluated, not the trained ones.
+        assert evaluated[-1][0] == float(full.model_ema.weights["linear.weight"].sum())
+        assert evaluated[-1][0] != float(full.model.linear.weight.detach().sum())
 
 
 def test_run_returns_after_writing_config_yaml(toy_cfg):

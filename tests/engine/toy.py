@@ -257,3 +257,58 @@ def ddp_main_with_lagging_file_system(cfg_container: dict) -> None:
     if comm.get_rank() == 1:
         Checkpointer.get_checkpoint_file = lambda self: os.path.join(self.save_dir, "model_0000001.pth")
     ddp_main(cfg_container)
+
+
+class MeanLossMLP(torch.nn.Module):
+    """A model without BatchNorm whose losses are means over the batch (gradient accumulation is exact)."""
+
+    def __init__(self, dim: int = 4) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(dim, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+    def forward(self, batch):
+        x, y = batch
+        prediction = self.net(x).squeeze(1)
+        return {
+            "loss_mse": torch.nn.functional.mse_loss(prediction, y),
+            "loss_l1": torch.nn.functional.l1_loss(prediction, y),
+        }
+
+
+def regression_batch(size: int = 8, dim: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(size, dim, generator=g)
+    return x, x @ torch.arange(1.0, dim + 1) + torch.randn(size, generator=g)
+
+
+def accumulated_ddp_step(output_dir: str, images_per_forward: int) -> None:
+    """One optimizer step of `MeanLossMLP` under DDP with gradient accumulation; each rank takes its half of
+    `regression_batch` and saves its gradients, weights and how many times DDP all-reduced gradients."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    torch.manual_seed(0)
+    model = MeanLossMLP()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    reductions = []
+
+    def counting_hook(state, bucket):
+        reductions.append(1)
+        return allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, counting_hook)
+    x, y = regression_batch()
+    share = len(x) // comm.get_world_size()
+    rank = comm.get_rank()
+    batch = (x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    trainer = SimpleTrainer(ddp, [batch], optimizer, images_per_forward=images_per_forward)
+    trainer.train(0, 1)
+    torch.save(
+        {
+            "grads": {name: p.grad for name, p in model.named_parameters()},
+            "weights": model.state_dict(),
+            "reductions": len(reductions),
+            "loss_mse": trainer.storage.history("loss_mse").latest() if rank == 0 else None,
+        },
+        os.path.join(output_dir, f"rank{rank}.pth"),
+    )

@@ -93,6 +93,24 @@ def test_bad_images_and_runs_without_weights_are_named(in_run_datasets, tmp_path
     assert named.categories == predictor.categories
 
 
+def test_a_run_trained_with_ema_predicts_with_the_ema_weights(in_run_datasets, tmp_path):
+    run_dir = tmp_path / "ema_run"
+    run_dir.mkdir()
+    for name in ("config.yaml", "categories.json"):
+        shutil.copy(os.path.join(in_run_datasets["dir"], name), run_dir / name)
+    saved = torch.load(os.path.join(in_run_datasets["dir"], "model_final.pth"), weights_only=True)
+    # A checkpoint of train.ema.enabled=true: "model" is the average, "training_model" the trained weights.
+    trained = saved["model"]
+    average = {k: v * 0.5 if v.is_floating_point() else v for k, v in trained.items()}
+    ema = {"updates": 2, "decay": 0.5, "tau": 0.0}
+    torch.save(
+        {**saved, "model": average, "training_model": trained, "ema": ema}, run_dir / "model_final.pth"
+    )
+    predictor = Predictor.from_run(run_dir, device="cpu")
+    state = predictor.model.state_dict()
+    assert all(torch.equal(state[name], value) for name, value in average.items())
+
+
 def test_a_run_predicts_with_its_class_names_where_its_data_set_is_missing(
     in_run_datasets, tmp_path, monkeypatch
 ):
