@@ -253,29 +253,33 @@ def do_train(cfg: DictConfig) -> dict:
     hooks = instantiate(cfg.train.hooks) if cfg.train.get("hooks") else {}
     trainer.register_hooks(hooks)
 
-    # Resume everything, or start from train.init_checkpoint (weights only).
-    start_iter = 0
+    start_iter = _resume_or_load_initial_weights(cfg, trainer, model)
+    log_run_header(cfg, trainer)
+    start = time.perf_counter()
+    trainer.train(start_iter, cfg.train.max_iter)
+    log_run_summary(cfg, trainer, time.perf_counter() - start)
+    return trainer.last_eval_results
+
+
+def _resume_or_load_initial_weights(cfg: DictConfig, trainer, model: torch.nn.Module) -> int:
+    """Resume everything from the last checkpoint, or start from ``train.init_checkpoint`` (weights only);
+    returns the iteration to start at."""
     resume = bool(cfg.train.get("resume", False))
     resume_file = get_resume_file(trainer.checkpointer) if resume else ""
     if resume_file:
         extra = trainer.checkpointer.load(resume_file)
         start_iter = extra.get("iteration", -1) + 1
         logger.info("Resuming from iteration %d", start_iter)
-    else:
-        if resume:
-            logger.warning(
-                "train.resume=true but %s has no last_checkpoint: starting from scratch%s.",
-                cfg.train.output_dir,
-                f" with {cfg.train.init_checkpoint}" if cfg.train.get("init_checkpoint") else "",
-            )
-        if cfg.train.get("init_checkpoint"):
-            load_init_checkpoint(cfg, model)
-
-    log_run_header(cfg, trainer)
-    start = time.perf_counter()
-    trainer.train(start_iter, cfg.train.max_iter)
-    log_run_summary(cfg, trainer, time.perf_counter() - start)
-    return trainer.last_eval_results
+        return start_iter
+    if resume:
+        logger.warning(
+            "train.resume=true but %s has no last_checkpoint: starting from scratch%s.",
+            cfg.train.output_dir,
+            f" with {cfg.train.init_checkpoint}" if cfg.train.get("init_checkpoint") else "",
+        )
+    if cfg.train.get("init_checkpoint"):
+        load_init_checkpoint(cfg, model)
+    return 0
 
 
 def _save_categories(cfg: DictConfig) -> None:
