@@ -159,7 +159,7 @@ def _start_cli(tmp_path, *overrides) -> subprocess.Popen:
     )
 
 
-def _finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+def _wait_cli(process: subprocess.Popen) -> subprocess.CompletedProcess:
     stdout, stderr = process.communicate(timeout=300)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
@@ -170,7 +170,7 @@ def test_evaluation_longer_than_launch_timeout(tmp_path):
     # Both jobs mostly wait (on the sleeping evaluation, on the timeout): they run side by side.
     allowed = _start_cli(tmp_path / "allowed", *long_evaluation, "launch.timeout=60s")
     too_short = _start_cli(tmp_path / "short", *long_evaluation, "launch.timeout=2s")
-    allowed, too_short = _finish(allowed), _finish(too_short)
+    allowed, too_short = _wait_cli(allowed), _wait_cli(too_short)
     assert allowed.returncode == 0, allowed.stderr[-3000:]
     assert "toy/AP" in open(tmp_path / "allowed" / "metrics.json").read()
 
