@@ -88,7 +88,9 @@ def _check_stages(
             )
     for stage, threshold in enumerate(iou_thresholds):
         if not 0.0 < threshold <= 1.0:
-            raise ValueError(f"CascadeRoIHeads(stage_iou_thresholds=) must be in (0, 1]; stage {stage}: {threshold}")
+            raise ValueError(
+                f"CascadeRoIHeads(stage_iou_thresholds=) must be in (0, 1]; stage {stage}: {threshold}"
+            )
     for stage, predictor in enumerate(box_predictors):
         _check_class_agnostic(stage, predictor)
     _check_own_losses(box_predictors)
@@ -215,7 +217,11 @@ class CascadeRoIHeads(RoIHeads):
         """Every stage in turn, each on the previous stage's regressed boxes."""
         labels = regression_targets = None
         if samples is not None:
-            proposals, labels, regression_targets = samples.proposals, samples.labels, samples.regression_targets
+            proposals, labels, regression_targets = (
+                samples.proposals,
+                samples.labels,
+                samples.regression_targets,
+            )
         stages: list[_Stage] = []
         for index in range(self.num_stages):
             if index > 0:
@@ -227,7 +233,11 @@ class CascadeRoIHeads(RoIHeads):
         return stages
 
     def _run_stage(
-        self, index: int, features: dict[str, Tensor], proposals: list[Tensor], image_shapes: list[tuple[int, int]]
+        self,
+        index: int,
+        features: dict[str, Tensor],
+        proposals: list[Tensor],
+        image_shapes: list[tuple[int, int]],
     ) -> tuple[Tensor, Tensor]:
         box_features = self.box_roi_pool(features, proposals, image_shapes)
         if self.training:
@@ -282,7 +292,8 @@ class CascadeRoIHeads(RoIHeads):
     ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
         """The detections: the mean of the stages' scores for the last stage's RoIs, the last stage's boxes."""
         scores = sum(
-            self.get_classification_loss(index).scores(stage.class_logits) for index, stage in enumerate(stages)
+            self.get_classification_loss(index).scores(stage.class_logits)
+            for index, stage in enumerate(stages)
         )
         scores = scores / len(stages)
         last = stages[-1]
