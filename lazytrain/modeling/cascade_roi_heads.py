@@ -245,7 +245,8 @@ class CascadeRoIHeads(RoIHeads):
             # paper averages the losses instead, which would also shrink the heads' own gradients.
             box_features = _ScaleGradient.apply(box_features, 1.0 / self.num_stages)
         class_logits, box_regression = self.box_predictor[index](self.box_head[index](box_features))
-        if box_regression.shape[1] != 4:
+        # Checked in training only: a shape test in eval would be frozen into (and warned about by) an export.
+        if self.training and box_regression.shape[1] != 4:
             raise ValueError(
                 f"CascadeRoIHeads: box_predictors[{index}] gave {box_regression.shape[1]} box deltas per RoI; "
                 "the cascade needs class-agnostic regression (4). Build it with cls_agnostic_bbox_reg=True."
@@ -297,5 +298,7 @@ class CascadeRoIHeads(RoIHeads):
         )
         scores = scores / len(stages)
         last = stages[-1]
+        # Class-agnostic: the same box for every class.
         boxes = self.stage_box_coders[-1].decode(last.box_regression, last.proposals)
+        boxes = boxes.expand(-1, scores.shape[1], -1)
         return self.select_detections(boxes, scores, last.proposals, image_shapes)

@@ -310,10 +310,8 @@ class RoIHeads(TorchvisionRoIHeads):
         self, boxes: Tensor, scores: Tensor, proposals: list[Tensor], image_shapes: list[tuple[int, int]]
     ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
         """Per image: boxes, scores and labels (1..K) of the detections kept from every RoI's decoded boxes
-        `boxes` [R, K+1, 4] (or [R, 1, 4], class-agnostic) and `scores` [R, K+1] (RoIs of all images in the
-        order of `proposals`): score threshold, small boxes, per-class NMS, top `detections_per_img`."""
-        if boxes.shape[1] != scores.shape[1]:  # class-agnostic: the same box for every class
-            boxes = boxes.expand(-1, scores.shape[1], -1)
+        `boxes` [R, K+1, 4] and `scores` [R, K+1] (RoIs of all images in the order of `proposals`): score
+        threshold, small boxes, per-class NMS, top `detections_per_img`."""
         # shape[0], not len(): a trace (model export) keeps the former dynamic and freezes the latter.
         per_image = [p.shape[0] for p in proposals]
         kept = [

@@ -1,9 +1,10 @@
 """CascadeRoIHeads: stage targets at their IoU thresholds, training with every classification loss, inference
-scores averaged over the stages, checkpoints, and the cascade demo model."""
+scores averaged over the stages, checkpoints, and the cascade demo model (training, TorchScript export)."""
 
 import copy
 import math
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -17,11 +18,16 @@ from lazytrain.modeling import (
     BoxPredictor,
     CascadeRoIHeads,
     EQLv2Loss,
+    ExportableRCNN,
     FederatedLoss,
     MaskPredictor,
     MultiScaleRoIAlign,
     SeesawLoss,
     SoftmaxCrossEntropy,
+    cascade_roi_heads,
+    check_parity,
+    export_torchscript,
+    load_torchscript,
 )
 from lazytrain.modeling.box_coding import BoxCoder
 from tests.modeling.helpers import make_record
@@ -102,7 +108,11 @@ def test_later_stages_relabel_hand_made_boxes_at_their_iou(stage, threshold):
 
 def test_first_stage_samples_at_iou_half_with_the_ground_truth_added():
     heads = _heads(batch_size_per_image=64, positive_fraction=1.0)
-    target = {"boxes": GT_BOX, "labels": torch.tensor([2]), "masks": torch.ones(1, 128, 128, dtype=torch.uint8)}
+    target = {
+        "boxes": GT_BOX,
+        "labels": torch.tensor([2]),
+        "masks": torch.ones(1, 128, 128, dtype=torch.uint8),
+    }
     samples = heads.select_training_samples([HAND_MADE], [target])
     drawn = {tuple(box.tolist()): int(label) for box, label in zip(samples.proposals[0], samples.labels[0])}
     expected = {tuple(box.tolist()): 2 if iou >= 0.5 else 0 for box, iou in zip(HAND_MADE, HAND_MADE_IOU)}
@@ -260,3 +270,31 @@ def test_demo_config_builds_a_cascade_whose_stages_have_their_own_loss():
     assert set(output["instances"]) == {"boxes", "scores", "classes", "masks"}
     state = copy.deepcopy(model.state_dict())
     assert {"roi_heads.box_predictor.2.loss.class_counts", "roi_heads.box_head.2.fc7.weight"} <= set(state)
+
+
+def test_cascade_model_exports_to_torchscript_with_the_eager_detections(tmp_path):
+    cfg = LazyConfig.load(DEMO)
+    LazyConfig.apply_overrides(cfg, ["model.num_classes=3", "model.roi_heads.detections_per_img=20"])
+    model = instantiate(cfg.model).eval()
+    images = [make_record(64, 64, seed=seed)["image"] for seed in (0, 1)]
+    exported = load_torchscript(export_torchscript(model, images[0], str(tmp_path / "model.pt")))
+    report = check_parity(ExportableRCNN(model), exported, images)
+    assert report.num_detections > 0 and report.num_unmatched == 0
+
+
+def test_each_stage_sends_a_third_of_its_gradient_into_the_shared_features():
+    torch.manual_seed(0)
+    heads = _heads().train()
+    features, proposals, targets = _inputs()
+    features["0"].requires_grad_(True)
+    torch.manual_seed(1)  # the same RoIs sampled both times
+    _, losses = heads(features, proposals, IMAGE_SHAPES, targets)
+    losses["loss_classifier_stage1"].backward()
+    scaled = features["0"].grad.clone()
+    # The same stage's loss with the scale taken out: three times the gradient.
+    features["0"].grad = None
+    torch.manual_seed(1)
+    with mock.patch.object(cascade_roi_heads._ScaleGradient, "apply", lambda tensor, scale: tensor):
+        _, losses = heads(features, proposals, IMAGE_SHAPES, targets)
+    losses["loss_classifier_stage1"].backward()
+    torch.testing.assert_close(scaled * 3, features["0"].grad)
