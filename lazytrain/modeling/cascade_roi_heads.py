@@ -175,6 +175,7 @@ class CascadeRoIHeads(RoIHeads):
 
     @property
     def num_stages(self) -> int:
+        """How many box stages run (the length of ``box_head``)."""
         return len(self.box_head)
 
     def get_classification_loss(self, stage: int = -1) -> ClassificationLoss:
