@@ -1,8 +1,9 @@
 """Models for recipes: the `RCNN` adapter over torchvision detectors, backbones, the region proposal network,
-RoI heads, predictors and their classification losses, the sampling of training examples, weight loading, and
+RoI heads (Cascade R-CNN's too), predictors and their classification losses, the sampling of training examples, weight loading, and
 export to TorchScript/ONNX with a parity check."""
 
 from lazytrain.modeling.backbone import build_resnet_fpn_backbone
+from lazytrain.modeling.cascade_roi_heads import CascadeRoIHeads
 from lazytrain.modeling.classification_losses import (
     ClassificationLoss,
     EQLv2Loss,
@@ -35,6 +36,7 @@ __all__ = [
     "RCNN",
     "BalancedMaskSampler",
     "BoxPredictor",
+    "CascadeRoIHeads",
     "ClassificationLoss",
     "CosineBoxPredictor",
     "EQLv2Loss",

@@ -57,11 +57,22 @@ class BoxPredictor(FastRCNNPredictor):
         num_classes: foreground classes; the background logit is added.
         loss: the classification loss and inference scoring (`SoftmaxCrossEntropy` when None); used by
             `lazytrain.modeling.RoIHeads` (torchvision's `RoIHeads` always uses softmax cross-entropy).
+        cls_agnostic_bbox_reg: one set of 4 box deltas per RoI instead of one per class (detectron2's
+            name); `lazytrain.modeling.CascadeRoIHeads` requires it.
     """
 
-    def __init__(self, in_channels: int, num_classes: int, loss: ClassificationLoss | None = None) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        loss: ClassificationLoss | None = None,
+        *,
+        cls_agnostic_bbox_reg: bool = False,
+    ) -> None:
         _check_num_classes("BoxPredictor", num_classes)
         super().__init__(in_channels, num_classes + 1)
+        if cls_agnostic_bbox_reg:
+            self.bbox_pred = nn.Linear(in_channels, 4)
         self.num_classes = num_classes
         self.loss = _check_loss("BoxPredictor", loss, num_classes)
         nn.init.normal_(self.cls_score.weight, std=0.01)
@@ -88,19 +99,26 @@ class CosineBoxPredictor(nn.Module):
         scale: the temperature multiplying the cosine, bounding the logits to [-scale, scale] (TFA: 20;
             mmdetection's ``NormedLinear(tempearture=20)``).
         loss: the classification loss (`SoftmaxCrossEntropy` when None), as for `BoxPredictor`.
+        cls_agnostic_bbox_reg: 4 box deltas per RoI instead of one set per class, as for `BoxPredictor`.
     """
 
     eps = 1e-6  # added to the norms: a zero feature (all ReLUs off) gives logits 0, not NaN
 
     def __init__(
-        self, in_channels: int, num_classes: int, scale: float = 20.0, loss: ClassificationLoss | None = None
+        self,
+        in_channels: int,
+        num_classes: int,
+        scale: float = 20.0,
+        loss: ClassificationLoss | None = None,
+        *,
+        cls_agnostic_bbox_reg: bool = False,
     ) -> None:
         _check_num_classes("CosineBoxPredictor", num_classes)
         if not float(scale) > 0:
             raise ValueError(f"CosineBoxPredictor(scale=) must be > 0 (TFA uses 20); got {scale!r}")
         super().__init__()
         self.cls_score = nn.Linear(in_channels, num_classes + 1, bias=False)
-        self.bbox_pred = nn.Linear(in_channels, (num_classes + 1) * 4)
+        self.bbox_pred = nn.Linear(in_channels, 4 if cls_agnostic_bbox_reg else (num_classes + 1) * 4)
         nn.init.normal_(self.cls_score.weight, std=0.01)
         nn.init.normal_(self.bbox_pred.weight, std=0.001)
         nn.init.zeros_(self.bbox_pred.bias)

@@ -188,14 +188,18 @@ class RCNN(GeneralizedRCNN):
         )  # fmt: skip
 
     def _check_num_classes(self, num_classes: int | None) -> int:
-        predictor = self.roi_heads.box_predictor
-        found = predictor.cls_score.out_features - 1 if hasattr(predictor, "cls_score") else num_classes
-        if num_classes is not None and found != num_classes:
-            raise ValueError(
-                f"RCNN(num_classes={num_classes}) disagrees with roi_heads.box_predictor, which predicts "
-                f"{found} foreground classes. Set the predictors' num_classes from the same key "
-                "(e.g. num_classes='${...num_classes}')."
-            )
+        predictors = self.roi_heads.box_predictor
+        # CascadeRoIHeads keeps one predictor per stage in a ModuleList.
+        predictors = list(predictors) if isinstance(predictors, nn.ModuleList) else [predictors]
+        found = num_classes
+        for predictor in predictors:
+            found = predictor.cls_score.out_features - 1 if hasattr(predictor, "cls_score") else num_classes
+            if num_classes is not None and found != num_classes:
+                raise ValueError(
+                    f"RCNN(num_classes={num_classes}) disagrees with roi_heads.box_predictor, which predicts "
+                    f"{found} foreground classes. Set the predictors' num_classes from the same key "
+                    "(e.g. num_classes='${...num_classes}')."
+                )
         mask_predictor = self.roi_heads.mask_predictor
         logits = getattr(mask_predictor, "mask_fcn_logits", None)
         if logits is not None and found is not None and logits.out_channels - 1 != found:

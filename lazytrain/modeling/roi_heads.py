@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torchvision.models.detection.roi_heads import RoIHeads as TorchvisionRoIHeads
 from torchvision.models.detection.roi_heads import (
     keypointrcnn_inference,
@@ -37,7 +37,7 @@ from lazytrain.modeling.classification_losses import ClassificationLoss, Softmax
 from lazytrain.modeling.heads import MaskPredictor
 from lazytrain.modeling.sampling import BalancedMaskSampler
 
-__all__ = ["RoIHeads", "box_regression_loss", "mask_loss"]
+__all__ = ["RoIHeads", "box_losses", "box_regression_loss", "get_predictor_loss", "mask_loss"]
 
 _DEFAULT_LOSS = SoftmaxCrossEntropy()  # stateless, so one instance serves every model
 
@@ -70,14 +70,15 @@ def box_regression_loss(box_regression: Tensor, labels: Tensor, regression_targe
     and divided by the number of RoIs (torchvision's Fast R-CNN box loss).
 
     Args:
-        box_regression: [N, (K+1) * 4] per-class deltas.
+        box_regression: [N, (K+1) * 4] per-class deltas, or [N, 4] class-agnostic ones.
         labels: [N] classes, 0 the background.
         regression_targets: [N, 4] encoded target deltas.
     """
     # Every RoI's deltas for its class, with the background's terms zeroed instead of the foreground picked
     # out with `torch.where` (an output size read from the device, a host sync on a GPU).
     foreground = (labels > 0)[:, None]
-    index = labels.clamp(min=0)[:, None, None].expand(-1, 1, 4)
+    class_agnostic = box_regression.shape[1] == 4  # K >= 1, so per-class deltas are at least 8 wide
+    index = (labels.clamp(min=0) * (0 if class_agnostic else 1))[:, None, None].expand(-1, 1, 4)
     deltas = box_regression.reshape(len(labels), -1, 4).gather(1, index)[:, 0]
     targets = regression_targets.masked_fill(~foreground, 0.0)
     per_coordinate = F.smooth_l1_loss(deltas, targets, beta=1 / 9, reduction="none")
@@ -102,6 +103,28 @@ def mask_loss(
     if mask_targets.numel() == 0:  # the mean of an empty tensor is NaN; keep the graph connected instead
         return mask_logits.sum() * 0
     return F.binary_cross_entropy_with_logits(mask_logits[:, 0], mask_targets)
+
+
+def get_predictor_loss(box_predictor: nn.Module) -> ClassificationLoss:
+    """A box predictor's ``loss``, or softmax cross-entropy for a predictor without one (torchvision's)."""
+    loss = getattr(box_predictor, "loss", None)
+    return _DEFAULT_LOSS if loss is None else loss
+
+
+def box_losses(
+    loss: ClassificationLoss,
+    class_logits: Tensor,
+    box_regression: Tensor,
+    labels: list[Tensor],
+    regression_targets: list[Tensor],
+) -> dict[str, Tensor]:
+    """``loss_classifier`` from `loss` and torchvision's ``loss_box_reg`` (`box_regression_loss`) of the RoIs
+    of all images (`labels` and `regression_targets` per image, in the logits' order)."""
+    labels_all = torch.cat(labels, dim=0)
+    return {
+        "loss_classifier": loss(class_logits, labels_all),
+        "loss_box_reg": box_regression_loss(box_regression, labels_all, torch.cat(regression_targets)),
+    }
 
 
 def _check_target_types(targets: list[dict[str, Tensor]], keypoints: bool) -> None:
@@ -195,8 +218,7 @@ class RoIHeads(TorchvisionRoIHeads):
 
     def get_classification_loss(self) -> ClassificationLoss:
         """The box predictor's ``loss``, or softmax cross-entropy for a predictor without one."""
-        loss = getattr(self.box_predictor, "loss", None)
-        return _DEFAULT_LOSS if loss is None else loss
+        return get_predictor_loss(self.box_predictor)
 
     def forward(
         self,
@@ -205,13 +227,8 @@ class RoIHeads(TorchvisionRoIHeads):
         image_shapes: list[tuple[int, int]],
         targets: list[dict[str, Tensor]] | None = None,
     ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
-        if targets is not None:
-            _check_target_types(targets, self.has_keypoint())
-        samples = None
-        if self.training:
-            samples = self.select_training_samples(proposals, targets)
-            proposals = samples.proposals
-        features = self._pooled_maps_in_float32(features)
+        features, samples = self._prepare(features, proposals, targets)
+        proposals = proposals if samples is None else samples.proposals
         box_features = self.box_head(self.box_roi_pool(features, proposals, image_shapes))
         class_logits, box_regression = self.box_predictor(box_features)
         result: list[dict[str, Tensor]] = []
@@ -223,12 +240,27 @@ class RoIHeads(TorchvisionRoIHeads):
                 class_logits, box_regression, proposals, image_shapes
             )
             result = [{"boxes": b, "labels": c, "scores": s} for b, s, c in zip(boxes, scores, labels)]
-        batch = _Batch(features, image_shapes, targets, samples, result)
+        losses.update(self._run_branches(_Batch(features, image_shapes, targets, samples, result)))
+        return result, losses
+
+    def _prepare(
+        self, features: dict[str, Tensor], proposals: list[Tensor], targets: list[dict[str, Tensor]] | None
+    ) -> tuple[dict[str, Tensor], _Samples | None]:
+        """The maps the poolers read (`_pooled_maps_in_float32`) and, in training, the sampled RoIs."""
+        if targets is not None:
+            _check_target_types(targets, self.has_keypoint())
+        samples = self.select_training_samples(proposals, targets) if self.training else None
+        return self._pooled_maps_in_float32(features), samples
+
+    def _run_branches(self, batch: _Batch) -> dict[str, Tensor]:
+        """The mask and keypoint branches: their losses in training, their outputs added to `batch.result`
+        in eval."""
+        losses = {}
         if self.has_mask():
             losses.update(self._mask_branch(batch))
         if self.has_keypoint():
             losses.update(self._keypoint_branch(batch))
-        return result, losses
+        return losses
 
     def _pooled_maps_in_float32(self, features: dict[str, Tensor]) -> dict[str, Tensor]:
         """Under autocast, the maps the RoI poolers read, cast to float32 once for both poolers.
@@ -258,11 +290,9 @@ class RoIHeads(TorchvisionRoIHeads):
         regression_targets: list[Tensor],
     ) -> dict[str, Tensor]:
         """``loss_classifier`` from the predictor's loss and torchvision's ``loss_box_reg``."""
-        labels_all = torch.cat(labels, dim=0)
-        return {
-            "loss_classifier": self.get_classification_loss()(class_logits, labels_all),
-            "loss_box_reg": box_regression_loss(box_regression, labels_all, torch.cat(regression_targets)),
-        }
+        return box_losses(
+            self.get_classification_loss(), class_logits, box_regression, labels, regression_targets
+        )
 
     def postprocess_detections(
         self,
@@ -274,6 +304,14 @@ class RoIHeads(TorchvisionRoIHeads):
         """Per image: boxes, scores and labels (1..K) of the kept detections, scored by the loss's `scores`."""
         scores = self.get_classification_loss().scores(class_logits)
         boxes = self.box_coder.decode(box_regression, proposals)
+        return self.select_detections(boxes, scores, proposals, image_shapes)
+
+    def select_detections(
+        self, boxes: Tensor, scores: Tensor, proposals: list[Tensor], image_shapes: list[tuple[int, int]]
+    ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """Per image: boxes, scores and labels (1..K) of the detections kept from every RoI's decoded boxes
+        `boxes` [R, K+1, 4] and `scores` [R, K+1] (RoIs of all images in the order of `proposals`): score
+        threshold, small boxes, per-class NMS, top `detections_per_img`."""
         # shape[0], not len(): a trace (model export) keeps the former dynamic and freezes the latter.
         per_image = [p.shape[0] for p in proposals]
         kept = [

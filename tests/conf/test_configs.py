@@ -22,7 +22,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIGS = sorted(f for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith(".py"))
 # torchvision's ResNet50_Weights.IMAGENET1K_V1, the backbone of its own Mask R-CNN (torchvision/models/resnet.py).
 IMAGENET_R50 = "https://download.pytorch.org/models/resnet50-0676ba61.pth"
-RANDOM_INIT = {"rfs_maskrcnn_demo.py"}  # CPU-sized ResNet-18 with trainable BN, from scratch on purpose
+# The CPU-sized ResNet-18 demos (trainable BN) start from scratch on purpose.
+RANDOM_INIT = {"rfs_maskrcnn_demo.py", "cascade_maskrcnn_demo.py"}
 
 SMOKE = [
     *smoke_overrides(),
