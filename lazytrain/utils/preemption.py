@@ -118,8 +118,11 @@ class StopRequest:
         the main thread, and the training loop reports the request when it sees it."""
 
 
-class EvaluationStopped(Exception):
+class EvaluationStopped(BaseException):
     """An evaluation was abandoned because a stop signal arrived (see `abandon_on_stop`).
+
+    A `BaseException`, as `KeyboardInterrupt` is: the signal handler raises it wherever the main thread is, and
+    handlers of ``Exception`` on the way (the data set skipping an image that failed to map) must let it through.
 
     Attributes:
         signum: the signal.

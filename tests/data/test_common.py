@@ -7,6 +7,7 @@ import torch
 
 from lazytrain.data.common import DatasetFromList, MapDataset
 from lazytrain.errors import LazytrainError
+from lazytrain.utils.preemption import EvaluationStopped
 
 
 @pytest.mark.parametrize("serialize", [True, False], ids=["serialized", "list"])
@@ -73,6 +74,19 @@ def test_map_dataset_with_zero_fraction_raises_on_the_first_failure():
 
 def draw_everywhere(record):
     return (random.random(), float(np.random.rand()), torch.rand(1).item())
+
+
+def test_a_stop_signal_while_mapping_abandons_the_evaluation_instead_of_skipping_the_image():
+    """A SIGTERM handled while the main process maps an image (no loader workers) raises EvaluationStopped
+    there: it must reach the evaluation, not be counted as a bad image."""
+
+    def mapper(record):
+        raise EvaluationStopped(15)
+
+    dataset = MapDataset(DatasetFromList([{"file_name": "a.jpg"}, {"file_name": "b.jpg"}]), mapper)
+    with pytest.raises(EvaluationStopped):
+        dataset[0]
+    assert not dataset._failed
 
 
 def test_seeded_items_map_deterministically_and_keep_the_callers_rngs():
