@@ -2,6 +2,7 @@
 
 import functools
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -12,6 +13,7 @@ import time
 import pytest
 import torch
 
+from lazytrain.config import LazyConfig
 from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.program.default import run
 from tests.engine import toy
@@ -197,6 +199,15 @@ def _stop_iteration(log_path):
     return int(line.split(marker)[1].split(";")[0])
 
 
+def _soak_run(run_dir: str, overrides: list[str]) -> None:
+    """One run of the soak's job, in a process the fork server forks (torch and lazytrain already imported)."""
+    torch.set_num_threads(1)
+    cfg = LazyConfig.load(TOY_CONFIG)
+    cfg.train.output_dir = run_dir
+    LazyConfig.apply_overrides(cfg, overrides)
+    run(cfg)
+
+
 @pytest.mark.slow
 def test_random_sigkill_soak_always_leaves_a_loadable_checkpoint_and_resumes_exactly(toy_cfg, tmp_path):
     """20 chained runs of one job, each SIGKILLed at a random moment (setup, steps, saves), then one to the end."""
@@ -204,15 +215,6 @@ def test_random_sigkill_soak_always_leaves_a_loadable_checkpoint_and_resumes_exa
     toy_cfg.train.checkpointer.period = 1000  # how often a run saves does not change its weights
     run(toy_cfg)
     run_dir = tmp_path / "soak"
-    code = (
-        "import sys, torch; torch.set_num_threads(1)\n"
-        "from lazytrain.config import LazyConfig\n"
-        "from lazytrain.program.default import run\n"
-        f"cfg = LazyConfig.load({TOY_CONFIG!r})\n"
-        f"cfg.train.output_dir = {str(run_dir)!r}\n"
-        "LazyConfig.apply_overrides(cfg, sys.argv[1:])\n"
-        "run(cfg)\n"
-    )
     overrides = [
         "train.resume=true",
         "train.max_iter=2000",
@@ -220,28 +222,38 @@ def test_random_sigkill_soak_always_leaves_a_loadable_checkpoint_and_resumes_exa
         "train.checkpointer.max_to_keep=2",
     ]
     slow = callback_hook("slow", "sleep_each_step", seconds=0.01)
+    # The killed runs are forked by a clean single-threaded server that imported torch and lazytrain once,
+    # rather than started as new interpreters: 20 imports of torch were most of this test's time.
+    processes = multiprocessing.get_context("forkserver")
+    processes.set_forkserver_preload([__name__])
     rng = random.Random(0)
     last_iteration, starts = -1, 0
     for trial in range(20):
-        process = subprocess.Popen(
-            [sys.executable, "-c", code, *overrides, slow], cwd=REPO, stderr=subprocess.DEVNULL
-        )
+        process = processes.Process(target=_soak_run, args=(str(run_dir), [*overrides, slow]))
+        process.start()
         if rng.random() < 0.2:
-            time.sleep(rng.uniform(0.0, 1.0))  # during imports and setup
+            time.sleep(rng.uniform(0.0, 0.5))  # during setup
         else:
             starts += 1
-            started = functools.partial(_log_mentions, run_dir / "log.txt", "Starting training", starts)
-            _wait_for(started, process, 60)
+            deadline = time.monotonic() + 60
+            while not _log_mentions(run_dir / "log.txt", "Starting training", starts):
+                assert process.is_alive() and time.monotonic() < deadline, f"trial {trial}: no start"
+                time.sleep(0.05)
             time.sleep(rng.uniform(0.0, 0.8))  # during steps and checkpoint writes (one every 3 steps)
-        assert process.poll() is None, f"trial {trial}: the run ended before it was killed"
+        assert process.is_alive(), f"trial {trial}: the run ended before it was killed"
         process.kill()
-        process.wait()
+        process.join()
         checkpointer = Checkpointer(toy.ToyRegressor(), str(run_dir))
         if checkpointer.has_checkpoint():
             extra = checkpointer.load(checkpointer.get_checkpoint_file(), checkpointables=[])
             assert extra["iteration"] >= last_iteration, f"trial {trial}: went back to {extra['iteration']}"
             last_iteration = extra["iteration"]
     assert last_iteration > 100, last_iteration  # the kills landed during training
+    code = (
+        "import sys\n"
+        "from tests.engine.test_preemption import _soak_run\n"
+        f"_soak_run({str(run_dir)!r}, sys.argv[1:])\n"
+    )
     to_the_end = [*overrides, "train.checkpointer.period=1000"]
     finished = subprocess.run(
         [sys.executable, "-c", code, *to_the_end], cwd=REPO, capture_output=True, text=True
