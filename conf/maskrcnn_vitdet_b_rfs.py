@@ -2,8 +2,9 @@
 Sampling, large-scale jitter at 1024 px on LVIS v1 (after detectron2's projects/ViTDet LVIS recipe).
 
 Command:   python -m lazytrain conf/maskrcnn_vitdet_b_rfs.py
-Hardware:  8 GPUs of 40 GB or more (total batch 64, 8 per GPU at 1024 x 1024, bf16 autocast); data as
-           conf/rfs_maskrcnn.py.
+Hardware:  8 GPUs (total batch 64: 8 images of 1024 x 1024 per GPU, bf16 autocast); data as conf/rfs_maskrcnn.py.
+           detectron2 reports 14.4 GB per GPU for its windowed ViTDet-B; global attention here needs more (not
+           measured: train.images_per_forward=4 halves the activations).
 Runtime:   not measured. detectron2's ViTDet-B LVIS recipe reports 0.317 s per image to train (156,250 iterations
            of 64 images, 100 epochs).
 Expected:  detectron2's ViTDet, ViT-B Mask R-CNN on LVIS v1 (IN1K MAE): box AP 40.2, mask AP 38.2 (detectron2
@@ -18,7 +19,8 @@ Weights:   timm's vit_base_patch16_224.mae through timm's own hub (the Hugging F
            224-px position embedding is resampled to 64 x 64 patches at load, and interpolated to each batch's size
            in training (dynamic_img_size). Offline: model.backbone.pretrained=PATH (a file or URL) or =False.
 How to use: model.backbone.model_name=vit_large_patch16_224.mae with optimizer.params.num_layers=24 and
-           optimizer.params.layer_decay=0.8 (ViTDet-L's); eva02_* models work the same way.
+           optimizer.params.layer_decay=0.8 (ViTDet-L's); other patch-16 ViTs the same way (patch-14 models, as
+           eva02_*, make strides 3.5-28, which the anchors' integer strides do not fit: untested).
 """
 
 from lazytrain.config import LazyCall as L

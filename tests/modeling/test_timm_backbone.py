@@ -200,3 +200,20 @@ def test_without_timm_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "timm", None)
     with pytest.raises(ModuleNotFoundError, match=r'pip install "lazytrain\[timm\]"'):
         TimmBackbone("resnet10t")
+
+
+def test_pretrained_true_loads_through_timms_hub_and_reports_it(monkeypatch, caplog):
+    state = timm.create_model("resnet10t", pretrained=False).state_dict()
+    asked = []
+
+    def hub(model_id, *args, **kwargs):  # timm's hub download, answered here: no test downloads
+        asked.append(model_id)
+        return dict(state)
+
+    monkeypatch.setattr(timm.models._builder, "load_state_dict_from_hf", hub)
+    with caplog.at_level(logging.INFO, logger="lazytrain"):
+        backbone = _build("resnet", pretrained=True)
+    assert asked == ["timm/resnet10t.c3_in1k"]
+    assert torch.equal(backbone.body.layer4[0].conv2.weight, state["layer4.0.conv2.weight"])
+    assert "weights from timm's hub (timm/resnet10t.c3_in1k)" in caplog.text
+    assert "every tensor loaded" in caplog.text
