@@ -18,6 +18,17 @@ def smoke_overrides(short_edge: int = 96, max_size: int = 128) -> list[str]:
     ]
 
 
+def lsj_smoke_overrides(size: int = 96) -> list[str]:
+    """`smoke_overrides` for a recipe whose train mapper has recipes/data/lsj.py's `lsj_augmentations` (flip,
+    `ResizeScale`, `FixedSizeCrop`) and whose test mapper starts with a `ResizeShortestEdge`."""
+    lsj = [
+        f"dataloader.train.mapper.augmentations.1.target_height={size}",
+        f"dataloader.train.mapper.augmentations.1.target_width={size}",
+        f"dataloader.train.mapper.augmentations.2.crop_size=[{size},{size}]",
+    ]
+    return [o for o in smoke_overrides(size, size) if not o.startswith("dataloader.train.mapper.")] + lsj
+
+
 # An untrained R50 mask head on 300 detections per image makes inference slow.
 FEW_DETECTIONS = "model.roi_heads.detections_per_img=20"
 

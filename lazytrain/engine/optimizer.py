@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+
 import torch
 
-__all__ = ["get_default_optimizer_params"]
+__all__ = ["get_default_optimizer_params", "get_layer_decay_optimizer_params", "get_layer_id"]
 
 _NORM_TYPES = (
     torch.nn.modules.batchnorm._BatchNorm,
@@ -34,8 +37,24 @@ def get_default_optimizer_params(
         weight_decay_norm: decay for parameters of normalization layers (None: as ordinary weights).
         weight_decay_bias: decay for biases (None: as ordinary weights).
     """
-    groups, seen = [], set()
-    for module in model.modules():
+    groups = []
+    for _, param, decay in _iter_parameters(model, weight_decay, weight_decay_norm, weight_decay_bias):
+        group = {"params": [param]}
+        if decay is not None:
+            group["weight_decay"] = decay
+        groups.append(group)
+    return _merge_same_settings(groups)
+
+
+def _iter_parameters(
+    model: torch.nn.Module,
+    weight_decay: float | None,
+    weight_decay_norm: float | None,
+    weight_decay_bias: float | None,
+) -> Iterator[tuple[str, torch.nn.Parameter, float | None]]:
+    """``(name, parameter, its weight decay or None)`` for each trainable parameter once, in module order."""
+    seen = set()
+    for module_name, module in model.named_modules():
         is_norm = isinstance(module, _NORM_TYPES) or type(module).__name__ == "FrozenBatchNorm2d"
         for name, param in module.named_parameters(recurse=False):
             if not param.requires_grad or param in seen:
@@ -46,11 +65,7 @@ def get_default_optimizer_params(
                 decay = weight_decay_norm
             elif name == "bias" and weight_decay_bias is not None:
                 decay = weight_decay_bias
-            group = {"params": [param]}
-            if decay is not None:
-                group["weight_decay"] = decay
-            groups.append(group)
-    return _merge_same_settings(groups)
+            yield f"{module_name}.{name}" if module_name else name, param, decay
 
 
 def _merge_same_settings(groups: list[dict]) -> list[dict]:
@@ -60,3 +75,104 @@ def _merge_same_settings(groups: list[dict]) -> list[dict]:
         settings = tuple(sorted((key, value) for key, value in group.items() if key != "params"))
         merged.setdefault(settings, {**group, "params": []})["params"] += group["params"]
     return list(merged.values())
+
+
+# Where a backbone's parameters sit in its depth, by their names under `RCNN`'s ``backbone.body.`` (timm's
+# features_only names: ``stages_0`` flattened, ``model.`` under its getter wrapper for ViTs).
+_BODY = "backbone.body."
+_STEM = re.compile(r"(model\.)?(patch_embed|pos_embed|cls_token|reg_token|stem|conv_stem|conv1|bn1)([._]|$)")
+_BLOCK = re.compile(r"(model\.)?blocks\.(\d+)\.")
+_STAGE = re.compile(r"(model\.)?(stages|layers)[._](\d+)\.")
+_RESNET_STAGE = re.compile(r"layer(\d)\.")
+_EMBEDDINGS = ("pos_embed", "cls_token", "reg_token")
+
+
+def get_layer_id(name: str, num_layers: int) -> int:
+    """A parameter's depth for layer-wise LR decay: 0 for the stem, 1..`num_layers` for the backbone's blocks or
+    stages, ``num_layers + 1`` for everything after (FPN, RPN, RoI heads) and what it cannot place.
+
+    For a model built as ``RCNN(backbone=TimmBackbone(...))`` (names under ``backbone.body.``):
+
+    - stem (0): ``patch_embed``, ``pos_embed``, ``cls_token``, ``reg_token``, ``stem``, ``conv_stem``, ResNet's
+      ``conv1``/``bn1``;
+    - ViT and Eva (``blocks.<i>``): ``i + 1``, so ``num_layers`` is the block count (12 for ViT-B), as detectron2's
+      ViTDet ``get_vit_lr_decay_rate``;
+    - stage models (``stages.<s>``: ConvNeXt; ``layers.<s>``: Swin; ResNet's ``layer<s+1>``): ``s + 1``, so
+      ``num_layers`` is the stage count (4), one LR per stage.
+    """
+    depth = _get_body_depth(name)
+    return num_layers + 1 if depth is None else depth
+
+
+def _get_body_depth(name: str) -> int | None:
+    """0 for a stem parameter, the block or stage number (from 1) for a deeper one, None for the rest."""
+    if not name.startswith(_BODY):
+        return None
+    rest = name[len(_BODY) :]
+    if _STEM.match(rest):
+        return 0
+    if block := _BLOCK.match(rest):
+        return int(block.group(2)) + 1
+    if stage := _STAGE.match(rest):
+        return int(stage.group(3)) + 1
+    if stage := _RESNET_STAGE.match(rest):
+        return int(stage.group(1))
+    return None
+
+
+def get_layer_decay_optimizer_params(
+    model: torch.nn.Module,
+    *,
+    base_lr: float,
+    layer_decay: float,
+    num_layers: int,
+    weight_decay: float | None = None,
+    weight_decay_norm: float | None = None,
+    weight_decay_bias: float | None = None,
+    weight_decay_embed: float | None = None,
+) -> list[dict]:
+    """Parameter groups with layer-wise LR decay (ViTDet's, BEiT's fine-tuning): deeper layers learn faster.
+
+    A parameter at depth ``layer_id`` (`get_layer_id`) gets ``lr = base_lr * layer_decay ** (num_layers + 1 -
+    layer_id)``: the FPN and heads ``base_lr``, the last block or stage ``base_lr * layer_decay``, the stem
+    ``base_lr * layer_decay ** (num_layers + 1)``. Weight decay is chosen as in `get_default_optimizer_params`
+    (and `weight_decay_embed` for ``pos_embed``/``cls_token``/``reg_token``). Parameters that share lr and decay
+    share a group, named ``layer<id>`` plus ``_wd<decay>`` when the group sets one (``layer13_wd0.1``,
+    ``layer0_wd0``), with its ``lr_scale``. Groups come with the largest lr first, so the logged ``lr`` (the first
+    group's) is the base lr. The LR schedule multiplies each group's own lr.
+
+    Args:
+        model: the (unwrapped) model.
+        base_lr: the optimizer's lr (``base_lr="${..lr}"`` in a recipe).
+        layer_decay: factor per layer, in (0, 1] (0.7 in ViTDet-B, 1 turns decay off).
+        num_layers: the backbone's blocks (ViT) or stages (ConvNeXt, Swin, ResNet); at least the deepest found.
+        weight_decay, weight_decay_norm, weight_decay_bias: as `get_default_optimizer_params`.
+        weight_decay_embed: decay for position embeddings and class/register tokens (None: as ordinary weights;
+            ViTDet uses 0 for ``pos_embed``).
+    """
+    if not 0.0 < layer_decay <= 1.0:
+        raise ValueError(
+            f"get_layer_decay_optimizer_params(layer_decay=) must be in (0, 1]; got {layer_decay}"
+        )
+    if not isinstance(num_layers, int) or num_layers < 0:
+        raise ValueError(
+            f"get_layer_decay_optimizer_params(num_layers=) must be an int >= 0; got {num_layers!r}"
+        )
+    groups = []
+    for name, param, decay in _iter_parameters(model, weight_decay, weight_decay_norm, weight_decay_bias):
+        layer_id = get_layer_id(name, num_layers)
+        if layer_id > num_layers and _get_body_depth(name) is not None:
+            raise ValueError(
+                f"get_layer_decay_optimizer_params(num_layers=) must count every block or stage of the backbone: "
+                f"{name} is at depth {layer_id}; got num_layers={num_layers}. Give the block count (ViT) or the "
+                "stage count (ConvNeXt, Swin)."
+            )
+        if weight_decay_embed is not None and name.rpartition(".")[2] in _EMBEDDINGS:
+            decay = weight_decay_embed
+        scale = layer_decay ** (num_layers + 1 - layer_id)
+        group = {"params": [param], "name": f"layer{layer_id}", "lr": base_lr * scale, "lr_scale": scale}
+        if decay is not None:
+            group["name"] += f"_wd{decay:g}"
+            group["weight_decay"] = decay
+        groups.append(group)
+    return sorted(_merge_same_settings(groups), key=lambda group: -group["lr_scale"])

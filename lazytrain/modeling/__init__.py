@@ -1,4 +1,4 @@
-"""Models for recipes: the `RCNN` adapter over torchvision detectors, backbones, the region proposal network,
+"""Models for recipes: the `RCNN` adapter over torchvision detectors, backbones (timm's too), the region proposal network,
 RoI heads (Cascade R-CNN's too), predictors and their classification losses, the sampling of training examples, weight loading, and
 export to TorchScript/ONNX with a parity check."""
 
@@ -30,6 +30,7 @@ from lazytrain.modeling.rcnn import RCNN, NoResizeTransform
 from lazytrain.modeling.roi_heads import RoIHeads
 from lazytrain.modeling.rpn import RegionProposalNetwork
 from lazytrain.modeling.sampling import BalancedMaskSampler
+from lazytrain.modeling.timm_backbone import SimpleFeaturePyramid, TimmBackbone
 from lazytrain.modeling.weights import load_init_weights
 
 __all__ = [
@@ -50,7 +51,9 @@ __all__ = [
     "RegionProposalNetwork",
     "RoIHeads",
     "SeesawLoss",
+    "SimpleFeaturePyramid",
     "SoftmaxCrossEntropy",
+    "TimmBackbone",
     "build_resnet_fpn_backbone",
     "check_parity",
     "export_onnx",

@@ -157,7 +157,10 @@ def _checked_returned_layers(returned_layers: Sequence[int]) -> list[int]:
 
 
 def get_feature_map_names(backbone: nn.Module) -> list[str] | None:
-    """Names of the feature maps a `BackboneWithFPN` returns, or None for other backbones."""
+    """Names of the feature maps a `BackboneWithFPN` returns (or a backbone with its own
+    ``get_feature_map_names()``, as `TimmBackbone`), or None for other backbones."""
+    if callable(getattr(backbone, "get_feature_map_names", None)):
+        return backbone.get_feature_map_names()
     if not isinstance(backbone, BackboneWithFPN):
         return None
     names = list(backbone.body.return_layers.values())

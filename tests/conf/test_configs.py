@@ -16,21 +16,35 @@ from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.program.default import INJECTED_ARGUMENTS, run
 from lazytrain.program.preflight.builtin_data import find_missing_data
 from lazytrain.program.preflight.json_data import find_json_dataset_problems
-from tests.smoke import FEW_DETECTIONS, TINY_SYNTHETIC_LT, smoke_overrides
+from tests.smoke import FEW_DETECTIONS, TINY_SYNTHETIC_LT, lsj_smoke_overrides, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(f for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith(".py"))
 # torchvision's ResNet50_Weights.IMAGENET1K_V1, the backbone of its own Mask R-CNN (torchvision/models/resnet.py).
 IMAGENET_R50 = "https://download.pytorch.org/models/resnet50-0676ba61.pth"
-# The CPU-sized ResNet-18 demos (trainable BN) start from scratch on purpose.
-RANDOM_INIT = {"rfs_maskrcnn_demo.py", "cascade_maskrcnn_demo.py"}
+# The CPU-sized demos (ResNet-18s with trainable BN) start from scratch on purpose.
+RANDOM_INIT = {"rfs_maskrcnn_demo.py", "cascade_maskrcnn_demo.py", "rfs_maskrcnn_demo_timm.py"}
+# Recipes whose timm backbone brings its own ImageNet weights (model.backbone.pretrained=True): the timm model
+# whose stand-in file the smoke run gets.
+TIMM_PRETRAINED = {
+    "rfs_maskrcnn_convnext_t.py": "convnext_tiny",
+    "maskrcnn_vitdet_b_rfs.py": "vit_base_patch16_224",
+}
+# What timm's loaders need to see in a stand-in file besides the stem: ConvNeXt's marker of timm's own key format.
+_TIMM_FORMAT_KEYS = ("head.norm.",)
 
-SMOKE = [
-    *smoke_overrides(),
+COMMON_SMOKE = [
     "model.num_classes=30",  # the stand-in data sets have 30 categories
     "train.device=cpu",
     FEW_DETECTIONS,
 ]
+SMOKE = [*smoke_overrides(), *COMMON_SMOKE]
+
+
+def _smoke(cfg) -> list[str]:
+    """The smoke overrides that fit the config's train augmentations (multi-scale resizing or LSJ)."""
+    first = cfg.dataloader.train.mapper.augmentations[0]._target_
+    return SMOKE if first.endswith("ResizeShortestEdge") else [*lsj_smoke_overrides(), *COMMON_SMOKE]
 
 
 def _custom_data(datasets_root: str) -> list[str]:
@@ -84,11 +98,27 @@ def _imagenet_stand_in(file_server) -> tuple[str, dict]:
     return file_server.add_weights(state, "resnet50stem"), state
 
 
+def _timm_stand_in(file_server, model_name: str) -> str:
+    """A small file of timm's weights format for `model_name` (stem, random values) served from 127.0.0.1."""
+    import timm
+
+    prefixes = ("stem.", "patch_embed.", "pos_embed", "cls_token", *_TIMM_FORMAT_KEYS)
+    state = timm.create_model(model_name, pretrained=False).state_dict()
+    return file_server.add_weights({k: v for k, v in state.items() if k.startswith(prefixes)}, model_name)
+
+
 @pytest.mark.parametrize("name", CONFIGS)
-def test_gpu_recipes_start_from_imagenet_resnet50_and_the_demo_from_scratch(name):
+def test_gpu_recipes_start_from_imagenet_weights_and_the_demos_from_scratch(name):
     cfg = LazyConfig.load(os.path.join(REPO, "conf", name))
-    assert cfg.train.init_checkpoint == ("" if name in RANDOM_INIT else IMAGENET_R50)
-    assert cfg.model.backbone.depth == (18 if name in RANDOM_INIT else 50)
+    backbone = cfg.model.backbone
+    if name in TIMM_PRETRAINED:
+        assert cfg.train.init_checkpoint == "" and backbone.pretrained is True
+        assert backbone.model_name.startswith(TIMM_PRETRAINED[name])
+    elif name in RANDOM_INIT:
+        assert cfg.train.init_checkpoint == "" and backbone.get("depth", 18) == 18
+        assert not backbone.get("pretrained", False)
+    else:
+        assert cfg.train.init_checkpoint == IMAGENET_R50 and backbone.depth == 50
 
 
 @pytest.mark.slow
@@ -101,11 +131,13 @@ def test_config_loads_validates_and_trains_two_iterations(
     torch.set_num_threads(1)
     cfg = LazyConfig.load(os.path.join(REPO, "conf", name))
     data = _custom_data(datasets_root) if "data" in cfg else []
-    weights = []
-    if name not in RANDOM_INIT:
+    weights, imagenet = [], None
+    if name in TIMM_PRETRAINED:
+        weights = [f"model.backbone.pretrained={_timm_stand_in(file_server, TIMM_PRETRAINED[name])}"]
+    elif name not in RANDOM_INIT:
         url, imagenet = _imagenet_stand_in(file_server)
         weights = [f"train.init_checkpoint={url}"]
-    LazyConfig.apply_overrides(cfg, [*SMOKE, *data, *weights, f"train.output_dir={tmp_path}"])
+    LazyConfig.apply_overrides(cfg, [*_smoke(cfg), *data, *weights, f"train.output_dir={tmp_path}"])
     validate(cfg, INJECTED_ARGUMENTS)
     assert find_missing_data(cfg) == []
     assert find_json_dataset_problems(cfg) == []
@@ -116,7 +148,7 @@ def test_config_loads_validates_and_trains_two_iterations(
     assert (tmp_path / "model_final.pth").exists()
     assert LazyConfig.load(str(tmp_path / "config.yaml")).train.max_iter == 2
     assert sum(file_server.requests.values()) == len(weights)
-    if weights:  # the stem and layer1 are frozen in these recipes: the final weights are the file's
+    if imagenet:  # the stem and layer1 are frozen in these recipes: the final weights are the file's
         final = torch.load(tmp_path / "model_final.pth", weights_only=True)["model"]
         for key in ("conv1.weight", "layer1.2.conv3.weight", "layer1.0.bn1.running_mean"):
             assert torch.equal(final[f"backbone.body.{key}"], imagenet[key]), key
@@ -196,3 +228,38 @@ def test_demo_trains_and_evaluates_with_each_classification_loss(
     built = instantiate(saved.model)
     assert type(built.roi_heads.box_predictor).__name__ == predictor
     assert type(built.roi_heads.box_predictor.loss).__name__ == LOSS_CLASSES[loss]
+
+
+# The demo with a timm backbone of each family: BatchNorm CNN, ConvNeXt (LayerNorm), Swin (NHWC maps) and a plain
+# ViT through the simple feature pyramid.
+TIMM_FAMILIES = {
+    "resnet": ["model.backbone.model_name=resnet10t"],
+    "convnext": ["model.backbone.model_name=convnext_atto"],
+    "swin": [
+        "model.backbone.model_name=swin_tiny_patch4_window7_224",
+        "model.backbone.model_kwargs={strict_img_size:false}",
+    ],
+    "vit": [
+        "model.backbone.model_name=vit_tiny_patch16_224",
+        "model.backbone.out_indices=[-1]",
+        "model.backbone.model_kwargs={img_size:96,dynamic_img_size:true}",
+    ],
+}
+
+
+@pytest.mark.parametrize("family", list(TIMM_FAMILIES))
+def test_timm_demo_trains_and_evaluates_with_each_family(family, datasets_root, tmp_path, monkeypatch):
+    pytest.importorskip("timm")
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", datasets_root)
+    torch.set_num_threads(1)
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo_timm.py"))
+    overrides = [*SMOKE, *TIMM_FAMILIES[family], "model.roi_heads.detections_per_img=10"]
+    LazyConfig.apply_overrides(cfg, [*overrides, f"train.output_dir={tmp_path}"])
+    validate(cfg, INJECTED_ARGUMENTS)
+    results = run(cfg)
+    assert 0.0 <= results["bbox"]["AP"] <= 100.0 and 0.0 <= results["segm"]["AP"] <= 100.0
+    losses = [json.loads(line).get("total_loss") for line in open(tmp_path / "metrics.json")]
+    logged = [x for x in losses if x is not None]
+    assert len(logged) == 2 and all(math.isfinite(x) for x in logged), losses
+    saved = LazyConfig.load(str(tmp_path / "config.yaml"))
+    assert saved.model.backbone.model_name == cfg.model.backbone.model_name
