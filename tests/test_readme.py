@@ -109,16 +109,21 @@ def test_every_readme_command_runs(datasets_root, tmp_path):
     commands = [c for c in commands if c.startswith(("python -m lazytrain", "python scripts/"))]
     assert len(commands) >= 8, commands  # the tour, the sweep, resume, eval-only, the benchmark
     commands = list(dict.fromkeys(commands))  # README order; the quickstart's run appears twice
-    # Two lanes side by side, each in README order in its own directory (Hydra names run directories by the
-    # second): the commands that build on runs/a, and the others. Most commands keep one core busy.
-    lanes = {
-        tmp_path / "runs_a_lane": [c for c in commands if "runs/a" in c],
-        tmp_path / "other_lane": [c for c in commands if "runs/a" not in c],
-    }
-    with concurrent.futures.ThreadPoolExecutor(len(lanes)) as pool:
-        results = [pool.submit(run_lane, c, cwd, env, datasets_root) for cwd, c in lanes.items()]
+    # Two at a time (most commands keep one core busy), each in its own directory (Hydra names run directories
+    # by the second): the commands that build on runs/a in README order as one job, every other command alone,
+    # the 16-job loss sweep first (the longest).
+    chain = [c for c in commands if "runs/a" in c]
+    alone = sorted((c for c in commands if "runs/a" not in c), key=lambda c: "losses.use=" not in c)
+    jobs = [alone[0], chain, *alone[1:]]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = [
+            pool.submit(
+                run_lane, [job] if isinstance(job, str) else job, tmp_path / f"job{i}", env, datasets_root
+            )
+            for i, job in enumerate(jobs)
+        ]
         for result in results:
-            result.result()  # re-raises a lane's failure
+            result.result()  # re-raises a job's failure
 
 
 def run_lane(commands: list[str], cwd, env, datasets_root: str) -> None:
