@@ -1,6 +1,6 @@
 """Models for recipes: the `RCNN` adapter over torchvision detectors, backbones (timm's too), the region proposal network,
 RoI heads (Cascade R-CNN's too), predictors and their classification losses, the sampling of training examples, weight loading, and
-export to TorchScript/ONNX with a parity check."""
+export (torch.export's ExportedProgram, ONNX, AOTInductor; TorchScript, legacy) with a parity check."""
 
 from lazytrain.modeling.backbone import build_resnet_fpn_backbone
 from lazytrain.modeling.cascade_roi_heads import CascadeRoIHeads
@@ -13,12 +13,19 @@ from lazytrain.modeling.classification_losses import (
 )
 from lazytrain.modeling.export import (
     ExportableRCNN,
-    check_parity,
+    ExportedModel,
+    export_aoti,
     export_onnx,
+    export_program,
     export_torchscript,
+    load_aoti,
+    load_exported,
     load_onnx,
+    load_program,
     load_torchscript,
+    save_program,
 )
+from lazytrain.modeling.export_parity import ParityReport, check_parity
 from lazytrain.modeling.frozen_batch_norm import (
     FoldedFrozenBatchNorm2d,
     FrozenBatchNormConv2d,
@@ -42,12 +49,14 @@ __all__ = [
     "CosineBoxPredictor",
     "EQLv2Loss",
     "ExportableRCNN",
+    "ExportedModel",
     "FederatedLoss",
     "FoldedFrozenBatchNorm2d",
     "FrozenBatchNormConv2d",
     "MaskPredictor",
     "MultiScaleRoIAlign",
     "NoResizeTransform",
+    "ParityReport",
     "RegionProposalNetwork",
     "RoIHeads",
     "SeesawLoss",
@@ -56,10 +65,16 @@ __all__ = [
     "TimmBackbone",
     "build_resnet_fpn_backbone",
     "check_parity",
+    "export_aoti",
     "export_onnx",
+    "export_program",
     "export_torchscript",
     "fold_frozen_batch_norm",
     "load_init_weights",
+    "load_aoti",
+    "load_exported",
     "load_onnx",
+    "load_program",
     "load_torchscript",
+    "save_program",
 ]

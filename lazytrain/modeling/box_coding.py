@@ -38,6 +38,12 @@ class BoxCoder(det_utils.BoxCoder):
             dim=1,
         )
 
+    def decode(self, rel_codes: Tensor, boxes: list[Tensor]) -> Tensor:
+        """[R, 4 * C] codes for the R boxes of all images (`boxes`, per image) -> [R, C, 4] boxes. torchvision's
+        result, without its branch on whether R is 0 (``torch.export`` cannot take a branch on a size that
+        depends on the data); for R = 0 the result is [0, C, 4] here, torchvision's [0, 4 * C]."""
+        return self.decode_single(rel_codes, torch.cat(boxes)).unflatten(1, (-1, 4))
+
     def decode_single(self, rel_codes: Tensor, boxes: Tensor) -> Tensor:
         boxes = boxes.to(rel_codes.dtype)
         widths = boxes[:, 2] - boxes[:, 0]

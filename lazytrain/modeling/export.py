@@ -1,21 +1,29 @@
-"""Export a trained `RCNN` to TorchScript or ONNX, load the exported files, and check them against the model.
+"""Export a trained `RCNN` with ``torch.export``, write it as an ExportedProgram, ONNX or an AOTInductor package,
+and load each back as a `Detector` for `lazytrain.modeling.export_parity.check_parity`.
 
-What belongs here: the single-image wrapper whose graph is exported (`ExportableRCNN`), the functions that
-write (`export_torchscript`, `export_onnx`) and load (`load_torchscript`, `load_onnx`) exported files, and the
-parity check between the eager model and an export (`check_parity`). The command line that builds the model
-from a config and checkpoint lives with the programs, above this module.
+What belongs here: the graph that is exported (`ExportableRCNN`), the writers (`export_program`,
+`save_program`, `export_onnx`, `export_aoti`; `export_torchscript`, legacy), the loaders (`load_program`,
+`load_onnx`, `load_aoti`, `load_torchscript`) and `ExportedModel`, which runs a loaded export with the
+eager model's inputs and outputs (`lazytrain.Predictor` uses it). The command line lives with the programs.
 
-An exported graph takes ONE image (batch 1): uint8 [3, H, W] RGB, already at the model's input size (the
-config's test-time resize applied by the caller), any H and W. It returns ``boxes`` float32 [N, 4] XYXY in
-that image's pixels, ``scores`` float32 [N], ``classes`` int64 [N] in 0..K-1 and, for Mask R-CNN, ``masks``
-uint8 [N, H, W] 0/1. Mapping back to an original image size is the caller's job.
+The contract of every export: inputs ``image``, ONE uint8 [3, H, W] RGB image already at the model's input
+size (the config's test-time resize applied by the caller), and ``original_size``, int64 [2] (height, width)
+of the image the detections are wanted in (the original image, or the input's own size); outputs ``boxes``
+float32 [N, 4] XYXY, ``scores`` float32 [N], ``classes`` int64 [N] in 0..K-1 and, for Mask R-CNN, ``masks``
+uint8 [N, height, width] 0/1, all in the pixels of ``original_size``: what ``model([{"image", "height",
+"width"}])`` returns. (TorchScript, legacy, takes the image only and answers in its pixels.)
 
-ONNX goes through torch's TorchScript-based exporter (``dynamo=False``), the path torchvision tests Mask
-R-CNN with. torch's newer ``torch.export``-based exporter (``dynamo=True``) cannot export these models yet:
-it stops at a data-dependent branch in torchvision's ``batched_nms`` (tried with torch 2.14.1 and
-torchvision 0.29.1). torch marks TorchScript and the TorchScript-based exporter deprecated and says so in a
-FutureWarning/DeprecationWarning at each export; they still work in the versions in `TESTED_VERSIONS`.
-ONNX needs the ``export`` extra (``pip install "lazytrain[export]"``: onnx, onnxruntime).
+The number of detections N is left to the exported program as a size that depends on the data (an unbacked
+size in ``torch.export``'s terms), not padded to ``detections_per_img``: every target (ExportedProgram,
+ONNX through torch's exporter, AOTInductor) takes it as it is, zero detections included, so there is no
+``num_detections`` output to get wrong. Height and width are dynamic from a smallest size on (the FPN's
+coarsest map must be larger than one pixel, e.g. 65 px for the demo model) that `input_size_range` reads from
+the program. Three changes to the inference path made the model exportable without changing its eager
+results: NMS by `lazytrain.modeling.nms.batched_nms` (torchvision's branches on the number of boxes), the
+poolers' and the RPN's per-image paths under ``torch.compiler.is_exporting()``, and the box coder and padding
+without branches on sizes. torchvision's fake (shape-only) ``nms`` claims at least 2 kept boxes, so a program
+exported with it stops with "Runtime assertion failed" on an image with 0 or 1 detections; importing this
+module registers one that allows 0 (`_nms_output_size`).
 """
 
 from __future__ import annotations
@@ -23,51 +31,66 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import math
+import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+import zipfile
+from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torchvision.ops import boxes as box_ops
 
+from lazytrain.modeling.export_parity import Detector
 from lazytrain.modeling.rcnn import RCNN
 
 __all__ = [
+    "INPUT_NAMES",
     "ONNX_OPSET",
     "OUTPUT_NAMES",
     "TESTED_VERSIONS",
     "ExportableRCNN",
-    "ParityReport",
-    "check_parity",
+    "ExportedModel",
+    "export_aoti",
     "export_onnx",
+    "export_program",
     "export_torchscript",
+    "input_size_range",
+    "load_aoti",
+    "load_exported",
     "load_onnx",
+    "load_program",
     "load_torchscript",
+    "save_program",
 ]
 
 logger = logging.getLogger(__name__)
 
-ONNX_OPSET = 17
-INPUT_NAME = "image"
+ONNX_OPSET = 18
+INPUT_NAMES = ("image", "original_size")
 # A box-only model (no mask head) returns the first three.
 OUTPUT_NAMES = ("boxes", "scores", "classes", "masks")
 
-# The oldest and newest versions the parity tests (tests/modeling/test_export.py) passed with, on CPU and
-# Python 3.11: torch 2.11.0 + torchvision 0.26.0 with both onnx/onnxruntime pairs (numpy 1.26 with the old
-# pair, which needs numpy < 2), torch 2.14.1 + torchvision 0.29.1 with the new pair.
+# The oldest and newest versions the export tests (tests/modeling/test_export.py) passed with, on CPU and
+# Python 3.11.
 TESTED_VERSIONS = {
     "torch": ("2.11.0", "2.14.1"),
     "torchvision": ("0.26.0", "0.29.1"),
-    "onnx": ("1.16.2", "1.23.2"),
-    "onnxruntime": ("1.18.1", "1.32.0"),
+    "onnx": ("1.23.2",),
+    "onnxscript": ("0.7.2",),
+    "onnxruntime": ("1.32.0",),
     "opset": ONNX_OPSET,
 }
 
-Detector = Callable[[Tensor], tuple[Tensor, ...]]
-"""A callable taking one uint8 [3, H, W] image and returning (boxes, scores, classes[, masks])."""
+
+@torch.library.register_fake("torchvision::nms")
+def _nms_output_size(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    """The kept indices of torchvision's ``nms`` as a shape: any number from 0 (torchvision's own says >= 2)."""
+    torch._check(boxes.dim() == 2 and boxes.shape[1] == 4, lambda: "nms: boxes must be [N, 4]")
+    torch._check(scores.dim() == 1 and scores.shape[0] == boxes.shape[0], lambda: "nms: scores must be [N]")
+    return boxes.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)
 
 
 def _check_image(image: object, owner: str) -> None:
@@ -79,16 +102,30 @@ def _check_image(image: object, owner: str) -> None:
         )
 
 
-class ExportableRCNN(nn.Module):
-    """One image in, plain tensors out: the graph that `export_torchscript` and `export_onnx` write.
+def _check_original_size(size: object, owner: str) -> None:
+    if not isinstance(size, Tensor) or size.shape != (2,) or size.dtype != torch.int64:
+        got = f"{size.dtype} {tuple(size.shape)}" if isinstance(size, Tensor) else type(size).__name__
+        raise ValueError(
+            f"{owner} must be an int64 tensor [2] holding (height, width); got {got}. "
+            "Pass torch.tensor([height, width]) of the original image (or of the input image itself)."
+        )
 
-    ``forward(image)`` takes ONE uint8 [3, H, W] RGB image already at the model's input size (apply the
-    config's test-time resize first; the model itself never resizes) and returns ``(boxes, scores, classes,
-    masks)``: float32 [N, 4] XYXY boxes in that image's pixels, float32 [N] scores, int64 [N] classes in
-    0..K-1 and uint8 [N, H, W] 0/1 masks thresholded at ``model.mask_threshold``. A model without a mask head
-    returns the first three. The outputs are those of ``model([{"image": image}])`` (`RCNN.detect` followed by
-    `RCNN.to_instances`, the path `RCNN.forward` takes), but with the mask paste size taken from the image's
-    shape, so that a traced graph keeps H and W dynamic.
+
+def _image_size(image: Tensor) -> Tensor:
+    return torch.tensor([image.shape[-2], image.shape[-1]], dtype=torch.int64)
+
+
+class ExportableRCNN(nn.Module):
+    """One image in, plain tensors out: the graph that the exporters write.
+
+    ``forward(image, original_size)`` takes ONE uint8 [3, H, W] RGB image already at the model's input size
+    (apply the config's test-time resize first; the model itself never resizes) and int64 [2] (height, width)
+    to give the detections in, and returns ``(boxes, scores, classes, masks)``: float32 [N, 4] XYXY boxes,
+    float32 [N] scores, int64 [N] classes in 0..K-1 and uint8 [N, height, width] 0/1 masks thresholded at
+    ``model.mask_threshold``. A model without a mask head returns the first three. The outputs are those of
+    ``model([{"image": image, "height": height, "width": width}])`` (`RCNN.detect`, boxes scaled to the
+    original size and clipped, `RCNN.to_instances`), computed from tensors so that the exported program keeps
+    both sizes dynamic. Without ``original_size`` the detections are in the input image's pixels.
 
     The wrapper never changes the model's mode: it asks for a model already in eval mode and raises
     otherwise. It holds the model as a sub-module, so ``wrapper.train()`` would switch the model too, after
@@ -96,7 +133,7 @@ class ExportableRCNN(nn.Module):
 
     Args:
         model: an `RCNN` in eval mode (``model.eval()``). Export from a CPU model for a file that runs
-            anywhere: tracing records the device of the tensors it creates.
+            anywhere.
     """
 
     def __init__(self, model: RCNN) -> None:
@@ -112,8 +149,8 @@ class ExportableRCNN(nn.Module):
                 "training mode. Call model.eval() first."
             )
         self.model = model
-        # A new module starts in training mode; torch.onnx.export restores the wrapper's mode after export
-        # through train(mode), which reaches the model, so a training-mode wrapper would leave it training.
+        # A new module starts in training mode; exporters restore the wrapper's mode after export through
+        # train(mode), which reaches the model, so a training-mode wrapper would leave it training.
         self.train(False)
 
     @property
@@ -121,14 +158,32 @@ class ExportableRCNN(nn.Module):
         """The names of `forward`'s outputs, also the ONNX output names."""
         return OUTPUT_NAMES if self.model.roi_heads.has_mask() else OUTPUT_NAMES[:3]
 
-    def forward(self, image: Tensor) -> tuple[Tensor, ...]:
-        # Python checks would be frozen into a trace as constants; the export functions check the example.
-        if not torch.jit.is_tracing():
+    def forward(self, image: Tensor, original_size: Tensor | None = None) -> tuple[Tensor, ...]:
+        # Python checks would be frozen into a trace or an exported program; the exporters check the example.
+        if not (torch.jit.is_tracing() or torch.compiler.is_exporting()):
             _check_image(image, "ExportableRCNN.forward(image=)")
+            if original_size is not None:
+                _check_original_size(original_size, "ExportableRCNN.forward(original_size=)")
         (detection,) = self.model.detect([image.float()])
-        # image.shape, not int(...): under tracing the paste size then follows the input's size.
-        instances = self.model.to_instances(detection, (image.shape[-2], image.shape[-1]))
+        if original_size is None:
+            # image.shape, not int(...): under tracing the paste size then follows the input's size.
+            instances = self.model.to_instances(detection, (image.shape[-2], image.shape[-1]))
+        else:
+            instances = self._in_original_size(detection, image, original_size)
         return tuple(instances[name] for name in self.output_names)
+
+    def _in_original_size(
+        self, detection: dict[str, Tensor], image: Tensor, size: Tensor
+    ) -> dict[str, Tensor]:
+        """`RCNN.forward`'s mapping to the original size, from a size tensor: the same boxes and masks."""
+        height, width = size.tolist()
+        # At least 2, not 1: AOTInductor's matrix products would otherwise branch on a size of 1.
+        torch._check(height >= 2, lambda: "original_size: the height must be at least 2 pixels")
+        torch._check(width >= 2, lambda: "original_size: the width must be at least 2 pixels")
+        corner = size.flip(0).to(torch.float32).repeat(2)  # (width, height, width, height)
+        scale = corner / torch.tensor([image.shape[-1], image.shape[-2]], dtype=torch.float32).repeat(2)
+        boxes = torch.minimum((detection["boxes"] * scale).clamp(min=0), corner)
+        return self.model.to_instances({**detection, "boxes": boxes}, (height, width))
 
 
 def _import_optional(name: str, needed_by: str) -> ModuleType:
@@ -141,9 +196,162 @@ def _import_optional(name: str, needed_by: str) -> ModuleType:
         ) from error
 
 
+def _prepare(model: RCNN, example_image: Tensor, owner: str) -> tuple[ExportableRCNN, Tensor]:
+    """The wrapper, run once eagerly on the example: the poolers compute their levels' scales on their first
+    call, which must not happen inside an export (it would fix the program to the example's size)."""
+    _check_image(example_image, f"{owner}(example_image=)")
+    wrapper = ExportableRCNN(model)
+    example_image = example_image.to(model.device)
+    with torch.no_grad():
+        wrapper(example_image)
+    return wrapper, example_image
+
+
+def export_program(model: RCNN, example_image: Tensor) -> torch.export.ExportedProgram:
+    """`ExportableRCNN(model)` as a ``torch.export`` ExportedProgram, with the image's height and width dynamic.
+
+    Write it with `save_program`, convert it with `export_onnx` or `export_aoti`, check it with
+    `lazytrain.modeling.export_parity.check_parity`.
+
+    Args:
+        model: an `RCNN` in eval mode; export a CPU model for a program that runs anywhere.
+        example_image: uint8 [3, H, W] RGB at the model's input size; other sizes work for later calls.
+    """
+    wrapper, example_image = _prepare(model, example_image, "export_program")
+    dynamic = torch.export.Dim.AUTO
+    start = time.perf_counter()
+    with torch.no_grad():
+        program = torch.export.export(
+            wrapper, (example_image, _image_size(example_image)),
+            dynamic_shapes={"image": {1: dynamic, 2: dynamic}, "original_size": None}, strict=False,
+        )  # fmt: skip
+    logger.info("Exported the model with torch.export in %.1f s", time.perf_counter() - start)
+    return program
+
+
+def input_size_range(program: torch.export.ExportedProgram) -> dict[str, list[int | None]]:
+    """The image heights and widths `program` accepts: ``{"height": [min, max], "width": [min, max]}``, None
+    for no upper bound."""
+    image = next(node for node in program.graph.nodes if node.op == "placeholder" and node.name == "image")
+    ranges = {}
+    for name, size in zip(("height", "width"), image.meta["val"].shape[1:]):
+        bounds = program.range_constraints.get(size.node.expr) if isinstance(size, torch.SymInt) else None
+        if bounds is None:  # a static size
+            ranges[name] = [int(size), int(size)]
+        else:
+            upper = None if math.isinf(float(bounds.upper)) else int(bounds.upper)
+            ranges[name] = [int(bounds.lower), upper]
+    return ranges
+
+
+def save_program(program: torch.export.ExportedProgram, file: str) -> str:
+    """Write `program` with ``torch.export.save`` (conventionally ``model.pt2``); returns `file`."""
+    with warnings.catch_warnings():
+        # Said when a weight is stored as a slice of a larger buffer; exports are written from a CPU model,
+        # the case the warning says is fine, and the tests load every saved program back and check it.
+        warnings.filterwarnings("ignore", "No complete tensor found in the group", UserWarning)
+        torch.export.save(program, file)
+    return file
+
+
+def _as_detector(run: Any) -> Detector:
+    def detect(image: Tensor, original_size: Tensor | None = None) -> tuple[Tensor, ...]:
+        size = _image_size(image) if original_size is None else original_size
+        with torch.no_grad():
+            return tuple(run(image, size))
+
+    return detect
+
+
+def load_program(file: str) -> Detector:
+    """A file written by `save_program` as a `Detector` (``image, original_size`` in, tensors out)."""
+    return _as_detector(torch.export.load(file).module())
+
+
+def export_onnx(program: torch.export.ExportedProgram, file: str, *, opset: int = ONNX_OPSET) -> str:
+    """Convert `program` (from `export_program`) to ONNX with torch's exporter (``dynamo=True``).
+
+    Inputs ``image`` (uint8 [3, height, width], dynamic sizes) and ``original_size`` (int64 [2]); outputs
+    ``boxes``, ``scores``, ``classes`` and ``masks`` (Mask R-CNN only) with a dynamic number of detections.
+    Needs the ``export`` extra (``pip install "lazytrain[export]"``: onnx, onnxscript; onnxruntime to load).
+
+    Args:
+        program: an ExportedProgram of `ExportableRCNN`.
+        file: where to write (conventionally ``model.onnx``).
+        opset: ONNX opset; tested with `ONNX_OPSET` (see `TESTED_VERSIONS`).
+
+    Returns:
+        `file`.
+    """
+    onnx = _import_optional("onnx", "export_onnx")
+    _import_optional("onnxscript", "export_onnx")
+    output_names = [spec.arg.name for spec in program.graph_signature.output_specs]
+    names = list(OUTPUT_NAMES[: len(output_names)])
+    start = time.perf_counter()
+    with _quiet_onnx_exporter():
+        onnx_program = torch.onnx.export(
+            program, dynamo=True, opset_version=opset, input_names=list(INPUT_NAMES), output_names=names,
+            verbose=False,
+        )  # fmt: skip
+        onnx_program.save(file)
+    onnx.checker.check_model(file)
+    logger.info("Exported ONNX (opset %d) to %s in %.1f s", opset, file, time.perf_counter() - start)
+    return file
+
+
 @contextlib.contextmanager
-def _reviewed_export_warnings_ignored() -> Iterator[None]:
-    """Silence the exporters' warnings that were reviewed as noise for these models; lazytrain's stay on."""
+def _quiet_onnx_exporter() -> Iterator[None]:
+    """torch's ONNX exporter logs its progress at INFO level through the ``torch.onnx`` logger."""
+    onnx_logger = logging.getLogger("torch.onnx")
+    level = onnx_logger.level
+    onnx_logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        onnx_logger.setLevel(level)
+
+
+def load_onnx(file: str) -> Detector:
+    """Open a file written by `export_onnx` in an onnxruntime CPU session, as a `Detector` (torch tensors in
+    and out). Needs the ``export`` extra."""
+    onnxruntime = _import_optional("onnxruntime", "load_onnx")
+    session = onnxruntime.InferenceSession(file, providers=["CPUExecutionProvider"])
+
+    def run(image: Tensor, original_size: Tensor) -> tuple[Tensor, ...]:
+        feed = {
+            "image": image.detach().cpu().contiguous().numpy(),
+            "original_size": original_size.cpu().numpy(),
+        }
+        return tuple(torch.from_numpy(output) for output in session.run(None, feed))
+
+    return _as_detector(run)
+
+
+def export_aoti(program: torch.export.ExportedProgram, file: str) -> str:
+    """Compile `program` ahead of time with AOTInductor into a package (conventionally ``model_aoti.pt2``),
+    for the device the program's weights are on; needs a C++ compiler. Load it with `load_aoti` (Python) or
+    torch's C++ ``AOTIModelPackageLoader``. Returns `file`."""
+    start = time.perf_counter()
+    try:
+        torch._inductor.aoti_compile_and_package(program, package_path=file)
+    except Exception as error:
+        raise RuntimeError(
+            f"export_aoti: AOTInductor could not compile the model ({type(error).__name__}: {error}). It needs "
+            "a C++ compiler (g++ or clang) and, for CUDA, the CUDA toolkit; the ExportedProgram (model.pt2) "
+            "and ONNX files do not."
+        ) from error
+    logger.info("Compiled an AOTInductor package to %s in %.1f s", file, time.perf_counter() - start)
+    return file
+
+
+def load_aoti(file: str) -> Detector:
+    """A package written by `export_aoti` as a `Detector`."""
+    return _as_detector(torch._inductor.aoti_load_package(file))
+
+
+@contextlib.contextmanager
+def _reviewed_trace_warnings_ignored() -> Iterator[None]:
+    """Silence the tracer's warnings that were reviewed as noise for these models; lazytrain's stay on."""
     with warnings.catch_warnings():
         # torchvision warns wherever a trace freezes a Python value. For RCNN each frozen value is a constant
         # of the model (normalisation mean/std, the FPN levels' scales, box-coder constants), a shape assert,
@@ -153,25 +361,15 @@ def _reviewed_export_warnings_ignored() -> Iterator[None]:
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module=r"torch$")
         # torchvision's clip_boxes_to_image builds torch.tensor(size) from a traced size when tracing.
         warnings.filterwarnings("ignore", "To copy construct from a tensor", UserWarning, r"torchvision\.")
-        # The ONNX exporter's notes: index tensors here come from where/topk/argsort and are never negative;
-        # strided slices (clip_boxes_to_image's [..., 0::2]) are computed at run time instead of folded.
-        warnings.filterwarnings("ignore", "Exporting aten::index operator", UserWarning, r"torch\.onnx\.")
-        warnings.filterwarnings("ignore", "Constant folding - Only steps=1", UserWarning, r"torch\.onnx\.")
         yield
 
 
-def _wrap_for_export(model: RCNN, example_image: Tensor, owner: str) -> tuple[ExportableRCNN, Tensor]:
-    _check_image(example_image, f"{owner}(example_image=)")
-    wrapper = ExportableRCNN(model)
-    return wrapper, example_image.to(model.device)
-
-
 def export_torchscript(model: RCNN, example_image: Tensor, file: str) -> str:
-    """Trace `ExportableRCNN(model)` on one image and save it as TorchScript.
+    """Legacy: trace `ExportableRCNN(model)` on one image (``image`` only, detections in its pixels) and save
+    it as TorchScript, which torch deprecates in favour of ``torch.export`` (`export_program`).
 
     The trace keeps the image size, the number of detections and the mask paste size dynamic (checked by
-    tests/modeling/test_export.py on sizes other than the example's); it takes one image per call. Load it
-    with `load_torchscript` (or ``torch.jit.load``) and check it with `check_parity`.
+    tests/modeling/test_export.py on sizes other than the example's). Load it with `load_torchscript`.
 
     Args:
         model: an `RCNN` in eval mode; export a CPU model for a file that loads anywhere.
@@ -181,9 +379,9 @@ def export_torchscript(model: RCNN, example_image: Tensor, file: str) -> str:
     Returns:
         `file`.
     """
-    wrapper, example_image = _wrap_for_export(model, example_image, "export_torchscript")
+    wrapper, example_image = _prepare(model, example_image, "export_torchscript")
     start = time.perf_counter()
-    with torch.no_grad(), _reviewed_export_warnings_ignored():
+    with torch.no_grad(), _reviewed_trace_warnings_ignored():
         # check_trace=False: the check traces again on the same example, so it cannot see what can go wrong
         # here (other sizes and detection counts); `check_parity` on other images does.
         traced = torch.jit.trace(wrapper, (example_image,), check_trace=False)
@@ -192,298 +390,67 @@ def export_torchscript(model: RCNN, example_image: Tensor, file: str) -> str:
     return file
 
 
-def export_onnx(model: RCNN, example_image: Tensor, file: str, *, opset: int = ONNX_OPSET) -> str:
-    """Export `ExportableRCNN(model)` to ONNX with torch's TorchScript-based exporter (``dynamo=False``).
-
-    Input ``image`` (uint8 [3, height, width]) has dynamic height and width; outputs ``boxes``, ``scores``,
-    ``classes`` and ``masks`` (Mask R-CNN only) have a dynamic number of detections. One image per call.
-    Needs the ``export`` extra (``pip install "lazytrain[export]"``).
-
-    Args:
-        model: an `RCNN` in eval mode; export a CPU model.
-        example_image: uint8 [3, H, W] RGB at the model's input size; any size works for later calls.
-        file: where to write (conventionally ``model.onnx``).
-        opset: ONNX opset; tested with `ONNX_OPSET` (see `TESTED_VERSIONS`).
-
-    Returns:
-        `file`.
-    """
-    onnx = _import_optional("onnx", "export_onnx")
-    wrapper, example_image = _wrap_for_export(model, example_image, "export_onnx")
-    names = wrapper.output_names
-    per_detection = {name: {0: "detections"} for name in names}
-    dynamic_axes = {INPUT_NAME: {1: "height", 2: "width"}, **per_detection}
-    if "masks" in names:
-        dynamic_axes["masks"] = {0: "detections", 1: "height", 2: "width"}
-    start = time.perf_counter()
-    with torch.no_grad(), _reviewed_export_warnings_ignored():
-        torch.onnx.export(
-            wrapper, (example_image,), file, dynamo=False, opset_version=opset, input_names=[INPUT_NAME],
-            output_names=list(names), dynamic_axes=dynamic_axes,
-        )  # fmt: skip
-    onnx.checker.check_model(file)
-    logger.info("Exported ONNX (opset %d) to %s in %.1f s", opset, file, time.perf_counter() - start)
-    return file
-
-
 def load_torchscript(file: str) -> Detector:
-    """Load a file written by `export_torchscript` onto the CPU, as a callable with `ExportableRCNN`'s inputs
-    and outputs (run without autograd)."""
+    """Load a file written by `export_torchscript` onto the CPU as a `Detector`. The trace answers in the
+    input image's pixels; an ``original_size`` other than the image's own is refused."""
     module = torch.jit.load(file, map_location="cpu")
 
-    def detect(image: Tensor) -> tuple[Tensor, ...]:
-        with torch.no_grad():
-            return tuple(module(image))
+    def run(image: Tensor, original_size: Tensor) -> tuple[Tensor, ...]:
+        if original_size.tolist() != list(image.shape[-2:]):
+            raise ValueError(
+                f"load_torchscript: a TorchScript export gives detections in the input image's pixels "
+                f"{list(image.shape[-2:])}; got original_size={original_size.tolist()}. Scale them yourself, "
+                "or export with torch.export (export_program), which takes original_size."
+            )
+        return module(image)
 
-    return detect
-
-
-def load_onnx(file: str) -> Detector:
-    """Open a file written by `export_onnx` in an onnxruntime CPU session, as a callable with
-    `ExportableRCNN`'s inputs and outputs (torch tensors). Needs the ``export`` extra."""
-    onnxruntime = _import_optional("onnxruntime", "load_onnx")
-    session = onnxruntime.InferenceSession(file, providers=["CPUExecutionProvider"])
-
-    def detect(image: Tensor) -> tuple[Tensor, ...]:
-        outputs = session.run(None, {INPUT_NAME: image.detach().cpu().contiguous().numpy()})
-        return tuple(torch.from_numpy(output) for output in outputs)
-
-    return detect
+    return _as_detector(run)
 
 
-@dataclass(frozen=True)
-class ParityReport:
-    """What `check_parity` measured over all images: the largest box and score differences and the lowest
-    mask agreement (None for box-only models) of the matched detections, and how many detections (of both
-    outputs) found no match. ``str(report)`` is a one-line summary."""
-
-    num_images: int
-    num_detections: int
-    max_box_diff: float
-    max_score_diff: float
-    min_mask_agreement: float | None
-    num_unmatched: int = 0
-
-    def __str__(self) -> str:
-        masks = "" if self.min_mask_agreement is None else f", masks agree on {self.min_mask_agreement:.4%}"
-        unmatched = f", {self.num_unmatched} unmatched (ties)" if self.num_unmatched else ""
-        return (
-            f"parity on {self.num_images} images ({self.num_detections} detections): boxes within "
-            f"{self.max_box_diff:.2g} px, scores within {self.max_score_diff:.2g}{masks}{unmatched}"
-        )
-
-
-def check_parity(
-    reference: Detector,
-    exported: Detector,
-    images: Sequence[Tensor],
-    *,
-    box_atol: float = 0.05,
-    score_atol: float = 5e-4,
-    mask_agreement: float = 0.99,
-    max_unmatched: float = 0.01,
-) -> ParityReport:
-    """Run both detectors on each image and check that the export reproduces the reference.
-
-    Detections are matched, not compared by rank, since near-equal scores can swap places. Each reference
-    detection, best first, pairs with the export's detection of the same class whose box overlaps it most
-    (IoU above 0.5, which NMS leaves between no two detections of one class); a pair matches when boxes and
-    scores agree within `box_atol` and `score_atol`, and matched masks must agree on `mask_agreement` of
-    their pixels (counted within the union of the two masks, so that the background cannot hide a
-    difference; a probability at the threshold can round either way).
-
-    A few detections may stay unmatched: float noise can tip a decision at a threshold, a score at the
-    ``score_thresh`` or ``detections_per_img`` cutoff, or an overlap at NMS's ``nms_thresh`` (the traced
-    graph runs torchvision's NMS on class-offset boxes, eager CPU inference runs it class by class, and the
-    two round overlaps differently), and one such flip changes 2-4 detections (measured). At most
-    `max_unmatched` of all detections (both outputs, all images), and always at least 6, may stay unmatched.
-
-    The defaults leave margins of 7x or more over what exports of the demo and the R-50 models measured
-    (docs/benchmarks.md, "Export parity tolerances") and still flag a difference far below a visible one.
+class ExportedModel(nn.Module):
+    """A loaded export (`Detector`) with the eager `RCNN`'s eval interface: a list of mapper dicts (``image``
+    at the model's input size, ``height``/``width`` of the original image) in, ``[{"instances": {...}}]`` in
+    the original size out. `lazytrain.Predictor` runs it in place of the model (`load_exported` builds one).
 
     Args:
-        reference: usually the eager `ExportableRCNN(model)`.
-        exported: a loaded export (`load_torchscript`, `load_onnx`).
-        images: uint8 [3, H, W] images at the model's input size; include sizes other than the example's.
-        box_atol: largest box coordinate difference of a match, in pixels.
-        score_atol: largest score difference of a match.
-        mask_agreement: smallest share of agreeing pixels of the matched masks, per image.
-        max_unmatched: largest share of detections left unmatched, over all images.
-
-    Returns:
-        The measured maxima.
-
-    Raises:
-        ValueError: naming the image index and the quantity out of tolerance.
+        detector: from `load_program`, `load_aoti` or `load_onnx`.
+        source: the file it was loaded from, for messages.
     """
-    _check_tolerances(box_atol, score_atol, mask_agreement, max_unmatched)
-    measures = []
-    for index, image in enumerate(images):
-        with torch.no_grad():
-            expected, got = reference(image), exported(image)
-        measures.append(_compare_image(index, expected, got, box_atol, score_atol, mask_agreement))
-    _check_unmatched(measures, max_unmatched, f"box_atol={box_atol:g} and score_atol={score_atol:g}")
-    agreements = [m.mask_agreement for m in measures if m.mask_agreement is not None]
-    return ParityReport(
-        num_images=len(measures), num_detections=sum(m.num_detections for m in measures),
-        max_box_diff=max((m.box_diff for m in measures), default=0.0),
-        max_score_diff=max((m.score_diff for m in measures), default=0.0),
-        min_mask_agreement=min(agreements, default=None),
-        num_unmatched=sum(m.num_unmatched for m in measures),
-    )  # fmt: skip
+
+    def __init__(self, detector: Detector, source: str = "") -> None:
+        super().__init__()
+        self.detector = detector
+        self.source = source
+
+    def forward(self, batched_inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        results = []
+        for record in batched_inputs:
+            image = record["image"].cpu()
+            height = int(record.get("height", image.shape[-2]))
+            width = int(record.get("width", image.shape[-1]))
+            outputs = self.detector(image, torch.tensor([height, width]))
+            # A box-only model's export returns the first three.
+            results.append({"instances": dict(zip(OUTPUT_NAMES, outputs))})
+        return results
+
+    def extra_repr(self) -> str:
+        return f"source={self.source!r}"
 
 
-def _check_tolerances(
-    box_atol: float, score_atol: float, mask_agreement: float, max_unmatched: float
-) -> None:
-    for name, value in (("box_atol", box_atol), ("score_atol", score_atol)):
-        if not value >= 0:
-            raise ValueError(f"check_parity({name}=) must be >= 0; got {value!r}")
-    for name, value in (("mask_agreement", mask_agreement), ("max_unmatched", max_unmatched)):
-        if not 0 <= value <= 1:
-            raise ValueError(f"check_parity({name}=) must be a share in [0, 1]; got {value!r}")
-
-
-_MISMATCH_FIX = (
-    "The export does not compute what the model computes: check that it was exported from this model (same "
-    "weights, score_thresh and mask head) with the versions in lazytrain.modeling.export.TESTED_VERSIONS."
-)
-# Boxes of one class that overlap more than this are the same detection: NMS (torchvision's default IoU 0.5)
-# leaves no two such boxes in one output, and float noise moves a box by far less.
-_PAIRING_IOU = 0.5
-# Unmatched detections always allowed: one threshold decision tipped by float noise and what it displaces
-# (measured: 2 or 4), with room for a longer chain.
-_MIN_ALLOWED_UNMATCHED = 6
-
-
-@dataclass(frozen=True)
-class _ImageMeasure:
-    num_detections: int  # the reference's
-    num_compared: int  # both outputs'
-    box_diff: float
-    score_diff: float
-    mask_agreement: float | None
-    num_unmatched: int
-    first_problem: str | None
-
-
-def _compare_image(
-    index: int,
-    expected: Sequence[Tensor],
-    got: Sequence[Tensor],
-    box_atol: float,
-    score_atol: float,
-    mask_agreement: float,
-) -> _ImageMeasure:
-    _check_same_outputs(index, expected, got)
-    expected, got = [t.detach().cpu() for t in expected], [t.detach().cpu() for t in got]
-    rows, columns = _pair_detections(expected[0], expected[2], got[0], got[2])
-    box_diffs = (expected[0][rows].float() - got[0][columns].float()).abs().amax(-1)
-    score_diffs = (expected[1][rows].float() - got[1][columns].float()).abs()
-    within = (box_diffs <= box_atol) & (score_diffs <= score_atol)
-    problem = _describe_first_problem(expected, got, rows, columns, box_diffs, score_diffs, within)
-    rows, columns = rows[within], columns[within]
-    masks = None
-    if len(expected) > 3:
-        masks = _check_masks(index, expected[3][rows], got[3][columns], mask_agreement)
-    return _ImageMeasure(
-        num_detections=len(expected[0]), num_compared=len(expected[0]) + len(got[0]),
-        box_diff=_largest(box_diffs[within]), score_diff=_largest(score_diffs[within]), mask_agreement=masks,
-        num_unmatched=len(expected[0]) + len(got[0]) - 2 * len(rows),
-        first_problem=None if problem is None else f"image {index}: {problem}",
-    )  # fmt: skip
-
-
-def _largest(values: Tensor) -> float:
-    return float(values.max()) if values.numel() else 0.0
-
-
-def _check_same_outputs(index: int, expected: Sequence[Tensor], got: Sequence[Tensor]) -> None:
-    if len(expected) != len(got):
+def load_exported(file: str) -> ExportedModel:
+    """An ExportedProgram (``model.pt2``), an AOTInductor package (``model_aoti.pt2``) or an ONNX file
+    (``model.onnx``) as an `ExportedModel`, chosen by the file's contents."""
+    if not os.path.isfile(file):
+        raise FileNotFoundError(
+            f"load_exported: {file} not found; give a file written by the export command."
+        )
+    if file.endswith(".onnx"):
+        return ExportedModel(load_onnx(file), file)
+    if not zipfile.is_zipfile(file):
         raise ValueError(
-            f"check_parity: image {index}: the reference returns {len(expected)} outputs, the export "
-            f"{len(got)} (masks are the 4th, for Mask R-CNN only). {_MISMATCH_FIX}"
+            f"load_exported: {file} is neither an ONNX file (.onnx) nor a .pt2 archive; give model.pt2, "
+            "model_aoti.pt2 or model.onnx as written by `python -m lazytrain export`."
         )
-    if len(expected) > 3 and expected[3].shape[1:] != got[3].shape[1:]:
-        raise ValueError(
-            f"check_parity: image {index}: masks are {tuple(expected[3].shape[1:])} pixels in the reference, "
-            f"{tuple(got[3].shape[1:])} in the export (both should be the input image's size). "
-            f"{_MISMATCH_FIX}"
-        )
-
-
-def _pair_detections(
-    boxes: Tensor, classes: Tensor, other_boxes: Tensor, other_classes: Tensor
-) -> tuple[Tensor, Tensor]:
-    """Indices into both sides of the paired detections: each detection of the first side in turn (best
-    first) takes the other side's not yet paired detection of its class whose box overlaps it most, if their
-    IoU exceeds `_PAIRING_IOU`."""
-    overlap = box_ops.box_iou(boxes.float(), other_boxes.float())
-    overlap[classes[:, None] != other_classes[None]] = 0.0
-    pairs = []
-    for row, overlaps in enumerate(overlap):
-        column = int(overlaps.argmax()) if len(overlaps) else 0
-        if len(overlaps) and overlaps[column] > _PAIRING_IOU:
-            pairs.append((row, column))
-            overlap[:, column] = 0.0
-    rows, columns = zip(*pairs) if pairs else ((), ())
-    return torch.tensor(rows, dtype=torch.int64), torch.tensor(columns, dtype=torch.int64)
-
-
-def _describe_first_problem(
-    expected: Sequence[Tensor],
-    got: Sequence[Tensor],
-    rows: Tensor,
-    columns: Tensor,
-    box_diffs: Tensor,
-    score_diffs: Tensor,
-    within: Tensor,
-) -> str | None:
-    """The first reference detection (by rank) that has no match, and why; else the first export one."""
-    paired = torch.full((len(expected[0]),), -1, dtype=torch.int64)
-    paired[rows] = torch.arange(len(rows))
-    for detection, pair in enumerate(paired.tolist()):
-        score, label = float(expected[1][detection]), int(expected[2][detection])
-        what = f"detection {detection} (class {label}, score {score:.4g})"
-        if pair < 0:
-            return f"{what} has no detection of its class overlapping it in the export"
-        if not within[pair]:
-            return (
-                f"{what}: boxes differ by {float(box_diffs[pair]):.3g} px and scores by "
-                f"{float(score_diffs[pair]):.3g} from the export's detection {int(columns[pair])}"
-            )
-    unpaired = sorted(set(range(len(got[0]))) - set(columns.tolist()))
-    if unpaired:
-        label = int(got[2][unpaired[0]])
-        return (
-            f"the export's detection {unpaired[0]} (class {label}) has no detection of "
-            "its class overlapping it"
-        )
-    return None
-
-
-def _check_unmatched(measures: Sequence[_ImageMeasure], max_unmatched: float, tolerances: str) -> None:
-    unmatched = sum(m.num_unmatched for m in measures)
-    total = sum(m.num_compared for m in measures)
-    if unmatched <= max(_MIN_ALLOWED_UNMATCHED, max_unmatched * total):
-        return
-    first = next(m.first_problem for m in measures if m.first_problem is not None)
-    raise ValueError(
-        f"check_parity: {unmatched} detections of {total} (both outputs) have no match within {tolerances}, "
-        f"more than max_unmatched={max_unmatched:g} (and {_MIN_ALLOWED_UNMATCHED}) allow. First, {first}. "
-        f"{_MISMATCH_FIX} Raise the tolerances only if the differences are float rounding (e.g. a model much "
-        "larger than those measured in check_parity's docstring)."
-    )
-
-
-def _check_masks(index: int, expected: Tensor, got: Tensor, limit: float) -> float:
-    """The share of pixels on which the matched masks agree, within their union, checked against `limit`."""
-    expected, got = expected.bool(), got.bool()
-    union = int((expected | got).sum())
-    agreement = 1.0 - int((expected ^ got).sum()) / union if union else 1.0
-    if agreement < limit:
-        raise ValueError(
-            f"check_parity: image {index}: masks agree on {agreement:.4%} of their pixels, less than "
-            f"mask_agreement={limit:g}. {_MISMATCH_FIX} Lower mask_agreement= only if this is float rounding."
-        )
-    return agreement
+    with zipfile.ZipFile(file) as archive:
+        is_aoti = any("/aotinductor/" in name for name in archive.namelist())
+    return ExportedModel(load_aoti(file) if is_aoti else load_program(file), file)

@@ -33,8 +33,9 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torchvision.ops import boxes as box_ops
 
-__all__ = ["NMS_STEPS", "grouped_nms"]
+__all__ = ["NMS_STEPS", "batched_nms", "grouped_nms"]
 
 # Greedy NMS is solved by repeated steps on a bit matrix of who suppresses whom; NMS_STEPS run before the host
 # looks at the result. Measured on the demo model's RPN (192 px, 600 candidates per level), trained and at
@@ -44,6 +45,25 @@ NMS_STEPS = 16
 # thread, measured), large on GPUs, where each tile costs a few kernel launches.
 _TILE_ELEMENTS = {"cpu": 1 << 17}
 _DEVICE_TILE_ELEMENTS = 1 << 24
+
+
+def batched_nms(
+    boxes: Tensor, scores: Tensor, groups: Tensor, iou_threshold: float, image_shape: tuple[int, int]
+) -> Tensor:
+    """Indices of the boxes kept by NMS within each group, by decreasing score: torchvision's ``batched_nms``,
+    except under ``torch.export``.
+
+    torchvision's chooses between a loop over the groups and its coordinate trick by the number of boxes, a
+    branch on a size that depends on the data, where ``torch.export`` stops. When exporting, every group's
+    boxes are moved apart by a multiple of the image's larger side (boxes clipped to `image_shape` never
+    reach it) and one ``nms`` runs on them: the coordinate trick, which a TorchScript trace also records, with
+    an offset known without reading the boxes, so that no size or value of the data is needed.
+    """
+    if not torch.compiler.is_exporting():
+        return box_ops.batched_nms(boxes, scores, groups, iou_threshold)
+    stride = torch.sym_max(image_shape[0], image_shape[1]) + 1
+    offsets = groups.to(boxes.dtype) * stride
+    return box_ops.nms(boxes + offsets[:, None], scores, iou_threshold)
 
 
 def grouped_nms(

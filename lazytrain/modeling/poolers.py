@@ -121,7 +121,9 @@ def _dense_pays(
 ) -> bool:
     # Without a backward pass torchvision's forward kernel is the faster one (2.5x on the demo's box head).
     backward = input.requires_grad and torch.is_grad_enabled()
-    if not backward or input.device.type != "cpu" or sampling_ratio <= 0 or torchvision._is_tracing():
+    if not backward or input.device.type != "cpu" or sampling_ratio <= 0:
+        return False
+    if torchvision._is_tracing() or torch.compiler.is_exporting():  # exports keep torchvision's operator
         return False
     elements = rois.shape[0] * output_height * input.shape[1] * input.shape[-1]
     # No RoIs: nothing to gain, and torchvision's empty result stays in the autograd graph (zero gradient).
@@ -178,8 +180,16 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
         self.dense_max_elements = int(dense_max_elements)
 
     def forward(
-        self, x: dict[str, Tensor], boxes: list[Tensor], image_shapes: list[tuple[int, int]]
+        self,
+        x: dict[str, Tensor],
+        boxes: list[Tensor],
+        image_shapes: list[tuple[int, int]],
+        *,
+        every_level: bool = False,
     ) -> Tensor:
+        """Pooled features of every box, [K, C, h, w] in the order of `boxes`; `every_level` pools every box
+        from every level and keeps its own level's (L times the work, sizes that never depend on the data:
+        for fixed-capacity exports)."""
         features = [x[name] for name in self.featmap_names]
         if self.scales is None or self.map_levels is None:
             self.scales, self.map_levels = _setup_scales(
@@ -189,7 +199,9 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
         if len(features) == 1:
             return self._pool(features[0], rois, self.scales[0])
         levels = self.map_levels(boxes)
-        if torchvision._is_tracing():
+        if every_level:
+            return self._pool_every_level(features, rois, levels)
+        if torchvision._is_tracing() or torch.compiler.is_exporting():
             return self._pool_levels_traceable(features, rois, levels)
         return self._pool_levels(features, rois, levels)
 
@@ -213,10 +225,12 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
         return torch.cat(pooled)[inverse]
 
     def _pool_levels_traceable(self, features: list[Tensor], rois: Tensor, levels: Tensor) -> Tensor:
-        """Pools each level's RoIs found by one ``torch.where`` (a host sync) per level, for tracing.
+        """Pools each level's RoIs found by one ``torch.where`` (a host sync) per level, for tracing and
+        ``torch.export``.
 
         A trace records no RoI count here, so an exported model pools any number of RoIs per level, where
-        `_pool_levels` would bake the example's counts into the trace.
+        `_pool_levels` would bake the example's counts into the trace (and ``torch.export`` would stop at
+        its branch on them).
         """
         pooled, order = [], []
         for level, (feature, scale) in enumerate(zip(features, self.scales)):
@@ -227,6 +241,17 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
         # export) records that assignment with the example's shapes, and a level holding exactly one RoI
         # there bakes a [C, h, w] reshape that fails on any other count.
         return torch.cat(pooled)[torch.argsort(torch.cat(order))]
+
+    def _pool_every_level(self, features: list[Tensor], rois: Tensor, levels: Tensor) -> Tensor:
+        pooled = None
+        for level, (feature, scale) in enumerate(zip(features, self.scales)):
+            on_level = self._pool(feature, rois, scale).to(features[0].dtype)
+            pooled = (
+                on_level
+                if pooled is None
+                else torch.where((levels == level)[:, None, None, None], on_level, pooled)
+            )
+        return pooled
 
     def _pool(self, feature: Tensor, rois: Tensor, scale: float) -> Tensor:
         return roi_align(

@@ -12,12 +12,14 @@ each image at exactly the mapper's size.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 from torchvision.models.detection.roi_heads import RoIHeads
@@ -73,6 +75,20 @@ class NoResizeTransform(GeneralizedRCNNTransform):
         self, image: Tensor, target: dict[str, Tensor] | None = None
     ) -> tuple[Tensor, dict[str, Tensor] | None]:
         return image, target
+
+    def batch_images(self, images: list[Tensor], size_divisible: int = 32) -> Tensor:
+        """torchvision's padding into one batch; under ``torch.export`` with integer arithmetic on the sizes,
+        which keeps them symbolic (torchvision's rounds through ``float`` and ``math.ceil``, which fixes an
+        exported program to the example's image size)."""
+        if not torch.compiler.is_exporting():
+            return super().batch_images(images, size_divisible)
+        height = functools.reduce(torch.sym_max, [image.shape[-2] for image in images])
+        width = functools.reduce(torch.sym_max, [image.shape[-1] for image in images])
+        height = (height + size_divisible - 1) // size_divisible * size_divisible
+        width = (width + size_divisible - 1) // size_divisible * size_divisible
+        return torch.stack(
+            [F.pad(image, (0, width - image.shape[-1], 0, height - image.shape[-2])) for image in images]
+        )
 
     def __repr__(self) -> str:
         return (

@@ -35,6 +35,8 @@ from torchvision.ops import boxes as box_ops
 from lazytrain.modeling.box_coding import BoxCoder
 from lazytrain.modeling.classification_losses import ClassificationLoss, SoftmaxCrossEntropy
 from lazytrain.modeling.heads import MaskPredictor
+from lazytrain.modeling.nms import batched_nms
+from lazytrain.modeling.poolers import MultiScaleRoIAlign
 from lazytrain.modeling.sampling import BalancedMaskSampler
 
 __all__ = ["RoIHeads", "box_losses", "box_regression_loss", "get_predictor_loss", "mask_loss"]
@@ -335,12 +337,18 @@ class RoIHeads(TorchvisionRoIHeads):
         boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
         keep = box_ops.remove_small_boxes(boxes, min_size=1e-2)
         boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
-        keep = box_ops.batched_nms(boxes, scores, labels, self.nms_thresh)[: self.detections_per_img]
+        keep = batched_nms(boxes, scores, labels, self.nms_thresh, image_shape)[: self.detections_per_img]
         return boxes[keep], scores[keep], labels[keep]
 
     def _mask_branch(self, batch: _Batch) -> dict[str, Tensor]:
         """Training: ``loss_mask`` on the foreground RoIs. Eval: adds ``masks`` to each detection dict."""
         features, image_shapes, targets, samples, result = batch
+        if (
+            samples is None
+            and torch.compiler.is_exporting()
+            and isinstance(self.mask_predictor, MaskPredictor)
+        ):
+            return self._fixed_capacity_mask_branch(batch)
         boxes, matched = _branch_boxes(samples, result)
         mask_features = self.mask_head(self.mask_roi_pool(features, boxes, image_shapes))
         if not isinstance(self.mask_predictor, MaskPredictor):  # e.g. torchvision's: logits of every class
@@ -353,6 +361,33 @@ class RoIHeads(TorchvisionRoIHeads):
         probabilities = self.mask_predictor(mask_features, torch.cat(labels)).sigmoid()
         for image_probabilities, detection in zip(probabilities.split([b.shape[0] for b in labels]), result):
             detection["masks"] = image_probabilities
+        return {}
+
+    def _has_fixed_capacity_masks(self) -> bool:
+        return isinstance(self.mask_predictor, MaskPredictor) and isinstance(
+            self.mask_roi_pool, MultiScaleRoIAlign
+        )
+
+    def _fixed_capacity_mask_branch(self, batch: _Batch) -> dict[str, Tensor]:
+        """The eval mask branch under ``torch.export``: each image's detections padded to
+        ``detections_per_img`` before the mask head, the masks of the real ones kept (same values).
+
+        AOTInductor (torch 2.14.1, CPU) computes the mask head's reductions wrong when the number of RoIs
+        depends on the data (logits off by ~1, while the box head's are right); on a fixed number they are
+        right (the RoIs pooled from every FPN level, `MultiScaleRoIAlign`'s ``every_level``, so that no size
+        depends on the data), and the other targets give the same masks either way."""
+        features, image_shapes, _, _, result = batch
+        capacity = self.detections_per_img
+        boxes, labels = [], []
+        for detection in result:
+            count = detection["boxes"].shape[0]
+            torch._check(count <= capacity)
+            boxes.append(F.pad(detection["boxes"], (0, 0, 0, capacity - count)))
+            labels.append(F.pad(detection["labels"], (0, capacity - count), value=1))
+        pooled = self.mask_roi_pool(features, boxes, image_shapes, every_level=True)
+        probabilities = self.mask_predictor(self.mask_head(pooled), torch.cat(labels)).sigmoid()
+        for image_probabilities, detection in zip(probabilities.split(capacity), result):
+            detection["masks"] = image_probabilities[: detection["boxes"].shape[0]]
         return {}
 
     def _all_class_mask_branch(

@@ -28,9 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.rpn import RegionProposalNetwork as TorchvisionRegionProposalNetwork
+from torchvision.ops import boxes as box_ops
 
 from lazytrain.modeling.box_coding import BoxCoder, Matcher
-from lazytrain.modeling.nms import grouped_nms
+from lazytrain.modeling.nms import batched_nms, grouped_nms
 from lazytrain.modeling.sampling import BalancedMaskSampler
 
 __all__ = ["RegionProposalNetwork"]
@@ -125,6 +126,8 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         Returns:
             ``(boxes, scores)``: per image [K_i, 4] boxes and [K_i] objectness probabilities.
         """
+        if torch.compiler.is_exporting():
+            return self._exported_proposals(proposals, objectness, image_shapes, num_anchors_per_level)
         batched = self.batched if self.batched is not None else proposals.device.type != "cpu"
         if torch.jit.is_tracing() or not batched:
             return super().filter_proposals(proposals, objectness, image_shapes, num_anchors_per_level)
@@ -139,6 +142,48 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
             keep, _ = grouped_nms(*candidates, self.nms_thresh, limit=limit, decided=None)
             counts = keep.sum(dim=1).clamp(max=limit).tolist()
         return _best_kept(candidates, keep, counts, limit)
+
+    def _exported_proposals(
+        self,
+        proposals: Tensor,
+        objectness: Tensor,
+        image_shapes: list[tuple[int, int]],
+        num_anchors_per_level: list[int],
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """`filter_proposals` under ``torch.export``: torchvision's steps image by image, with the sizes that
+        depend on the data (boxes left after the thresholds and NMS) left to the exported program, and NMS
+        by `batched_nms`'s export form (one ``nms`` over level-offset boxes, as a TorchScript trace does)."""
+        num_images = proposals.shape[0]
+        objectness = objectness.detach().reshape(num_images, -1)
+        top = self._get_top_n_idx(objectness, num_anchors_per_level)
+        levels = torch.cat(
+            [
+                torch.full((count,), index, device=top.device)
+                for index, count in enumerate(num_anchors_per_level)
+            ]
+        )
+        scores = objectness.gather(1, top).sigmoid()
+        boxes = proposals.gather(1, top[..., None].expand(-1, -1, 4))
+        levels = levels[top]
+        kept_boxes, kept_scores = [], []
+        for image_boxes, image_scores, image_levels, shape in zip(boxes, scores, levels, image_shapes):
+            image_boxes = box_ops.clip_boxes_to_image(image_boxes, shape)
+            widths = image_boxes[:, 2] - image_boxes[:, 0]
+            heights = image_boxes[:, 3] - image_boxes[:, 1]
+            valid = (
+                (widths >= self.min_size) & (heights >= self.min_size) & (image_scores >= self.score_thresh)
+            )
+            index = torch.where(valid)[0]
+            image_boxes, image_scores, image_levels = (
+                image_boxes[index],
+                image_scores[index],
+                image_levels[index],
+            )
+            keep = batched_nms(image_boxes, image_scores, image_levels, self.nms_thresh, shape)
+            keep = keep[: self.post_nms_top_n()]
+            kept_boxes.append(image_boxes[keep])
+            kept_scores.append(image_scores[keep])
+        return kept_boxes, kept_scores
 
     def _candidates(
         self,

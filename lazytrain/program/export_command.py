@@ -1,30 +1,39 @@
-"""``python -m lazytrain export RUN_DIR [IMAGE...] [key=value ...]``: a trained run as TorchScript and ONNX.
+"""``python -m lazytrain export RUN_DIR [IMAGE...] [key=value ...]``: a trained run as files to deploy.
 
-    python -m lazytrain export outputs/demo                         # model.ts and model.onnx, checked
-    python -m lazytrain export outputs/demo photos/ export.format=onnx model.roi_heads.score_thresh=0.5
+    python -m lazytrain export outputs/demo                         # model.pt2 and model.onnx, checked
+    python -m lazytrain export outputs/demo photos/ export.aoti=true model.roi_heads.score_thresh=0.5
 
-The exported graph takes ONE image: uint8 [3, H, W] RGB already at the model's input size (resize it as the
-run's ``dataloader.test.mapper`` does; ``model.json`` says how) and returns ``boxes`` [N, 4] XYXY in that
-image's pixels, ``scores`` [N], ``classes`` [N] (contiguous; ``model.json`` names them) and, for Mask R-CNN,
-``masks`` uint8 [N, H, W]. Scale boxes and masks back to the original image yourself (`lazytrain.Predictor`
-does it for the eager model). The score threshold and detections per image of the run's config are part of
-the graph: set them with ``model.roi_heads.score_thresh=`` / ``model.roi_heads.detections_per_img=``.
+Writes into ``export.output_dir`` (default ``RUN_DIR/export``):
+- ``model.pt2``: the whole model as a ``torch.export`` ExportedProgram (``torch.export.load``), always;
+- ``model.onnx`` (``export.onnx=true``, the default): the same program through torch's ONNX exporter;
+- ``model_aoti.pt2`` (``export.aoti=true``): compiled ahead of time by AOTInductor for this machine's CPU
+  (``torch._inductor.aoti_load_package``, or C++); needs a C++ compiler;
+- ``model.ts`` (``export.torchscript=true``): legacy TorchScript, which torch deprecates; the image only in,
+  detections in its pixels;
+- ``model.json``: inputs, outputs, the image sizes the program takes, classes, the test mapper, the parity.
 
-Each export is checked right after it is written: it must give the eager model's detections on the IMAGEs
-(default: the first ``export.check_images`` images of the run's test data set) within the tolerances of
-`lazytrain.modeling.export.check_parity`; the command prints the measured differences and the versions the
-parity tests ran with. Keys: ``export.format`` (``all``, ``onnx``, ``torchscript``), ``export.output_dir``
-(default ``RUN_DIR/export``; existing files are never overwritten), ``export.checkpoint``, ``export.opset``,
-``export.check_images``, and any key of the run's config. Instead of RUN_DIR, a config file with
-``export.checkpoint=PATH`` works as for predict (`lazytrain.program.run_command.load_run` reads both).
+Every file takes ``image``, ONE uint8 [3, H, W] RGB image already at the model's input size (resize it as the
+run's ``dataloader.test.mapper`` does; ``model.json`` says how), and ``original_size``, int64 [2] (height,
+width) of the image the detections are wanted in, and returns ``boxes`` [N, 4] XYXY, ``scores`` [N],
+``classes`` [N] (contiguous; ``model.json`` names them) and, for Mask R-CNN, ``masks`` uint8 [N, height,
+width], in the pixels of ``original_size``: what evaluation computes. The score threshold and detections per
+image of the run's config are part of the program: set them with ``model.roi_heads.score_thresh=`` /
+``model.roi_heads.detections_per_img=``. ``python -m lazytrain predict RUN_DIR IMAGES predict.exported=PATH``
+runs a written file.
+
+Each file is checked right after it is written: it must give the eager model's detections on the IMAGEs
+(default: the first ``export.check_images`` images of the run's test data set), mapped to their original
+sizes, within the tolerances of `lazytrain.modeling.export_parity.check_parity`; the command prints the
+measured differences. Other keys: ``export.checkpoint``, ``export.opset``, and any key of the run's config.
+Instead of RUN_DIR, a config file with ``export.checkpoint=PATH`` works as for predict. Existing files are
+never overwritten.
 """
 
 from __future__ import annotations
 
 import os
 import time
-import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -41,13 +50,16 @@ from lazytrain.program.run_command import (
 __all__ = ["EXPORT_DEFAULTS", "main"]
 
 EXPORT_DEFAULTS: dict[str, Any] = {
-    "format": "all",  # onnx, torchscript or all
+    "onnx": True,  # model.onnx
+    "aoti": False,  # model_aoti.pt2
+    "torchscript": False,  # model.ts (legacy)
     "output_dir": None,  # default: RUN_DIR/export (CONFIG: ./export)
     "checkpoint": None,  # default: the run's newest checkpoint
     "opset": None,  # default: lazytrain.modeling.export.ONNX_OPSET
     "check_images": 4,  # test-set images the exports are checked on when no IMAGE is given
 }
-_FILES = {"torchscript": "model.ts", "onnx": "model.onnx"}
+# model.pt2 first: the others are converted from it (TorchScript is traced from the model).
+_FILES = {"program": "model.pt2", "onnx": "model.onnx", "aoti": "model_aoti.pt2", "torchscript": "model.ts"}
 
 
 def load_export_config(run_dir: str, overrides: list[str]) -> tuple[DictConfig, str]:
@@ -55,8 +67,9 @@ def load_export_config(run_dir: str, overrides: list[str]) -> tuple[DictConfig, 
     cfg, checkpoint = load_run(
         run_dir, overrides, checkpoint_key="export.checkpoint", set_defaults=_set_export_defaults
     )
-    if cfg.export.format not in ("all", *_FILES):
-        raise CommandLineError(f"export.format must be all, onnx or torchscript; got {cfg.export.format!r}")
+    for key in ("onnx", "aoti", "torchscript"):
+        if not isinstance(cfg.export[key], bool):
+            raise CommandLineError(f"export.{key} must be true or false; got {cfg.export[key]!r}")
     return cfg, checkpoint
 
 
@@ -82,8 +95,8 @@ def get_check_files(cfg: DictConfig, image_arguments: list[str]) -> list[str]:
     return [record["file_name"] for record in records[: int(cfg.export.check_images)]]
 
 
-def _formats(cfg: DictConfig) -> list[str]:
-    return list(_FILES) if cfg.export.format == "all" else [str(cfg.export.format)]
+def _targets(cfg: DictConfig) -> list[str]:
+    return ["program"] + [name for name in ("onnx", "aoti", "torchscript") if cfg.export[name]]
 
 
 def main(argv: list[str]) -> None:
@@ -94,9 +107,9 @@ def main(argv: list[str]) -> None:
 def _export(argv: list[str]) -> None:
     run_dir, image_arguments, overrides = split_arguments(argv, images_required=False)
     cfg, checkpoint = load_export_config(run_dir, overrides)
-    formats = _formats(cfg)
+    targets = _targets(cfg)
     output_dir = str(cfg.export.output_dir)
-    written = [_FILES[f] for f in formats] + ["model.json"]
+    written = [_FILES[target] for target in targets] + ["model.json"]
     refuse_existing([os.path.join(output_dir, name) for name in written], "export.output_dir")
     files = get_check_files(cfg, image_arguments)
     from lazytrain.program.predictor import Predictor, read_categories, to_image_tensor
@@ -104,69 +117,74 @@ def _export(argv: list[str]) -> None:
     predictor = Predictor.from_config(
         cfg, checkpoint, device="cpu", batch_size=1, categories=read_categories(run_dir)
     )
-    images = [predictor.mapper.map_image(to_image_tensor(file)) for file in files]
+    originals = [to_image_tensor(file) for file in files]
+    check = _Check(
+        images=[predictor.mapper.map_image(image) for image in originals],
+        sizes=[(int(image.shape[1]), int(image.shape[2])) for image in originals],
+    )
     os.makedirs(output_dir, exist_ok=True)
-    checks = {name: _export_and_check(predictor, images, name, output_dir, cfg) for name in formats}
-    _write_model_json(os.path.join(output_dir, "model.json"), cfg, predictor, checkpoint, checks)
-    print(f"Wrote model.json to {output_dir} (inputs, outputs, classes, parity)")
-    print(_tested_versions_note())
+    checks, program = {}, None
+    for target in targets:
+        start = time.perf_counter()
+        program, loaded = _write_and_load(predictor.model, check.images[0], target, program, output_dir, cfg)
+        checks[target] = _check(predictor, loaded, target, check, output_dir, time.perf_counter() - start)
+    _write_model_json(os.path.join(output_dir, "model.json"), cfg, predictor, checkpoint, checks, program)
+    print(f"Wrote model.json to {output_dir} (inputs, outputs, image sizes, classes, parity)")
 
 
-def _tested_versions_note() -> str:
-    import torch
+class _Check(NamedTuple):
+    """The images the exports are checked on (mapped) and their original sizes."""
 
+    images: list
+    sizes: list[tuple[int, int]]
+
+
+def _write_and_load(model: Any, example: Any, target: str, program: Any, output_dir: str, cfg: DictConfig):
+    """Write one target's file; (the ExportedProgram, the file loaded back as a `Detector`)."""
     from lazytrain.modeling import export
 
-    tested = ", ".join(
-        f"{name} {' and '.join(versions) if isinstance(versions, (list, tuple)) else versions}"
-        for name, versions in export.TESTED_VERSIONS.items()
-    )
-    return (
-        f"Export parity is tested with {tested} (this machine: torch {torch.__version__}). torch marks "
-        "TorchScript and its TorchScript-based ONNX exporter deprecated; they work in these versions."
-    )
+    path = os.path.join(output_dir, _FILES[target])
+    if target == "program":
+        program = export.export_program(model, example)
+        return program, export.load_program(export.save_program(program, path))
+    if target == "onnx":
+        opset = int(cfg.export.opset or export.ONNX_OPSET)
+        return program, export.load_onnx(export.export_onnx(program, path, opset=opset))
+    if target == "aoti":
+        return program, export.load_aoti(export.export_aoti(program, path))
+    return program, export.load_torchscript(export.export_torchscript(model, example, path))
 
 
-def _export_and_check(predictor: Any, images: list, name: str, output_dir: str, cfg: DictConfig) -> str:
-    """Write one format, load it back and check it against the eager model; the parity line."""
+def _check(predictor: Any, loaded: Any, target: str, check: _Check, output_dir: str, seconds: float) -> str:
+    """Check one loaded file against the eager model; the parity line."""
     from lazytrain.modeling import export
+    from lazytrain.modeling.export_parity import check_parity
 
-    path = os.path.join(output_dir, _FILES[name])
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        # torch's notices that TorchScript and its ONNX exporter are deprecated, once per call: `main` says it
-        # once, with the versions the parity tests ran on.
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        loaded = _write_and_load(predictor, images[0], name, path, cfg)
-    seconds = time.perf_counter() - start
-    report = export.check_parity(export.ExportableRCNN(predictor.model), loaded, images)
-    print(f"{path}: written in {seconds:.1f} s; {report}")
+    # TorchScript (legacy) answers in the input image's pixels only.
+    sizes = None if target == "torchscript" else check.sizes
+    report = check_parity(export.ExportableRCNN(predictor.model), loaded, check.images, sizes)
+    print(f"{os.path.join(output_dir, _FILES[target])}: written in {seconds:.1f} s; {report}")
     return str(report)
 
 
-def _write_and_load(predictor: Any, example: Any, name: str, path: str, cfg: DictConfig) -> Any:
-    from lazytrain.modeling import export
-
-    if name == "torchscript":
-        export.export_torchscript(predictor.model, example, path)
-        return export.load_torchscript(path)
-    opset = int(cfg.export.opset or export.ONNX_OPSET)
-    export.export_onnx(predictor.model, example, path, opset=opset)
-    return export.load_onnx(path)
-
-
-def _write_model_json(path: str, cfg: DictConfig, predictor: Any, checkpoint: str, checks: dict) -> None:
+def _write_model_json(
+    path: str, cfg: DictConfig, predictor: Any, checkpoint: str, checks: dict, program: Any
+) -> None:
     from lazytrain.modeling import export
 
     roi_heads = predictor.model.roi_heads
+    sizes = export.input_size_range(program)
     description = {
         "checkpoint": os.path.abspath(checkpoint),
-        "files": {name: _FILES[name] for name in checks},
-        "input": "image: uint8 [3, H, W] RGB, one image, already resized by the test mapper below",
+        "files": {target: _FILES[target] for target in checks},
+        "inputs": {
+            "image": "uint8 [3, H, W] RGB, one image, already resized by the test mapper below",
+            "original_size": "int64 [2]: (height, width) to give the detections in (model.ts: not an input)",
+        },
+        "image_size_range": sizes,
         "test_mapper": OmegaConf.to_container(cfg.dataloader.test.mapper, resolve=True),
         "outputs": ["boxes [N, 4] XYXY float32", "scores [N]", "classes [N] int64 (contiguous)"]
-        + (["masks [N, H, W] uint8"] if roi_heads.has_mask() else []),
+        + (["masks [N, height, width] uint8"] if roi_heads.has_mask() else []),
         "score_thresh": roi_heads.score_thresh,
         "detections_per_img": roi_heads.detections_per_img,
         "classes": predictor.categories.names,

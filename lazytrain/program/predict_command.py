@@ -16,6 +16,11 @@ Writes into ``predict.output_dir`` (default ``RUN_DIR/predictions``):
   which names the ``image_id`` and ``category_id`` of the results (a COCO json without annotations);
 - with ``predict.draw=true``, ``drawn/<image name>.png``: boxes, masks and "name score" labels.
 
+``predict.exported=PATH`` predicts with a file of ``python -m lazytrain export`` (``model.pt2``,
+``model_aoti.pt2`` or ``model.onnx``; a path, or one inside RUN_DIR such as ``export/model.pt2``) in place of
+the model and its weights, on the CPU: the code path a deployment runs. Its score threshold and detections per
+image are those it was exported with (its ``model.json``); the run's config still gives the test mapper.
+
 An image that cannot be read is skipped with a warning naming it and listed at the end
 (``predict.on_bad_image=stop`` stops instead); a path that does not exist, a folder without images and a run
 without weights stop before the model is built. Nothing already written is overwritten: an output folder that
@@ -55,6 +60,7 @@ PREDICT_DEFAULTS: dict[str, Any] = {
     "device": None,  # default: cuda when available, else cpu
     "batch_size": None,  # default: dataloader.test.batch_size
     "on_bad_image": "skip",  # or "stop"
+    "exported": None,  # a file of `python -m lazytrain export` (model.pt2, model_aoti.pt2, model.onnx)
 }
 # predict's own defaults for keys of the run's model, applied before the command line's overrides (which win).
 MODEL_DEFAULTS = {"score_thresh": 0.5, "detections_per_img": 100}  # model.roi_heads.*
@@ -63,10 +69,14 @@ _MOVED_KEYS = {"predict.score_thresh": "score_thresh", "predict.max_dets": "dete
 
 def load_predict_config(source: str, overrides: list[str]) -> tuple[DictConfig, str]:
     """The run's config (RUN_DIR/config.yaml, or a config file) with ``predict.*`` and `overrides` applied, and
-    the weights file to use."""
+    the weights file to use: ``predict.exported``'s file when given (a path, or one inside the run directory)."""
     _refuse_moved_keys(overrides)
+    exported = any(o.split("=", 1)[0].lstrip("+") == "predict.exported" for o in overrides)
     cfg, checkpoint = load_run(
-        source, overrides, checkpoint_key="predict.checkpoint", set_defaults=_set_predict_defaults
+        source,
+        overrides,
+        checkpoint_key="predict.exported" if exported else "predict.checkpoint",
+        set_defaults=_set_predict_defaults,
     )
     if cfg.predict.on_bad_image not in ("skip", "stop"):
         raise CommandLineError(f"predict.on_bad_image must be skip or stop; got {cfg.predict.on_bad_image!r}")
@@ -104,13 +114,19 @@ def _predict(argv: list[str]) -> None:
     refuse_existing([os.path.join(output_dir, "results.json")], "predict.output_dir")
     from lazytrain.program.predictor import Predictor, read_categories
 
-    predictor = Predictor.from_config(
-        cfg,
-        checkpoint,
-        device=cfg.predict.device,
-        batch_size=cfg.predict.batch_size,
-        categories=read_categories(source),  # None for a config file: its test data set names them
-    )
+    categories = read_categories(source)  # None for a config file: its test data set names them
+    if cfg.predict.exported:
+        predictor = Predictor.from_exported(
+            cfg, checkpoint, batch_size=cfg.predict.batch_size, categories=categories
+        )
+    else:
+        predictor = Predictor.from_config(
+            cfg,
+            checkpoint,
+            device=cfg.predict.device,
+            batch_size=cfg.predict.batch_size,
+            categories=categories,
+        )
     print(f"Predicting {len(files)} images with {checkpoint} on {predictor.device}", file=sys.stderr)
     start = time.perf_counter()
     written = _write_predictions(predictor, files, cfg.predict)

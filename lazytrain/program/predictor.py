@@ -212,8 +212,9 @@ class Predictor:
 
     @property
     def device(self) -> torch.device:
-        """Where the model runs."""
-        return next(self.model.parameters()).device
+        """Where the model runs (the CPU for an export's `ExportedModel`, whose weights are not parameters)."""
+        parameter = next(self.model.parameters(), None)
+        return torch.device("cpu") if parameter is None else parameter.device
 
     @classmethod
     def from_run(
@@ -273,6 +274,29 @@ class Predictor:
             categories = get_categories(cfg) or _unnamed_categories(
                 int(getattr(model, "num_classes", 0) or 0)
             )
+        return cls(model, mapper, categories, batch_size=batch_size)
+
+    @classmethod
+    def from_exported(
+        cls,
+        cfg: DictConfig,
+        file: str,
+        *,
+        batch_size: int | None = None,
+        categories: Categories | None = None,
+    ) -> Predictor:
+        """A file written by ``python -m lazytrain export`` (``model.pt2``, ``model_aoti.pt2`` or ``model.onnx``)
+        in place of the model, with ``cfg.dataloader.test.mapper`` (the run's config, as for `from_config`):
+        the code path a deployment runs, on the CPU. The export's score threshold and detections per image are
+        those it was exported with (its ``model.json``)."""
+        from lazytrain.modeling.export import load_exported
+
+        model = load_exported(file)
+        mapper = instantiate(cfg.dataloader.test.mapper)
+        if batch_size is None:
+            batch_size = int(cfg.dataloader.test.get("batch_size", 1) or 1)
+        if categories is None:
+            categories = get_categories(cfg) or _unnamed_categories(int(cfg.model.get("num_classes", 0) or 0))
         return cls(model, mapper, categories, batch_size=batch_size)
 
     def __call__(self, images: ImageInput | Sequence[ImageInput]) -> Prediction | list[Prediction]:

@@ -10,14 +10,8 @@ import torch
 
 from lazytrain.modeling import export
 from lazytrain.program.entrypoint import main as lazytrain_main
-from lazytrain.program.predictor import Predictor, to_image_tensor
-
-pytestmark = [
-    # torch's deprecation notices for TorchScript and its ONNX exporter (the command filters them itself;
-    # loading the files again here shows them).
-    pytest.mark.filterwarnings("ignore::FutureWarning:torch"),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning:torch"),
-]
+from lazytrain.program.predictor import Predictor
+from lazytrain.program.run_command import load_run
 
 
 def _export(*argv) -> None:
@@ -30,30 +24,44 @@ def _val_files(run) -> list[str]:
     return [os.path.join(root, image["file_name"]) for image in images]
 
 
-def test_export_writes_checked_torchscript_and_onnx_and_describes_them(in_run_datasets, tmp_path, capsys):
+def test_export_writes_a_checked_program_and_onnx_and_describes_them(in_run_datasets, tmp_path, capsys):
     out = tmp_path / "export"
     _export(in_run_datasets["dir"], "model.roi_heads.score_thresh=0.0", f"export.output_dir={out}")
     printed = capsys.readouterr().out
-    assert sorted(os.listdir(out)) == ["model.json", "model.onnx", "model.ts"]
+    assert sorted(os.listdir(out)) == ["model.json", "model.onnx", "model.pt2"]
     assert printed.count("parity on 4 images (80 detections)") == 2, printed  # 4 test images x 20
-    assert "opset 17" in printed and f"this machine: torch {torch.__version__}" in printed
     described = json.load(open(out / "model.json"))
-    assert described["files"] == {"torchscript": "model.ts", "onnx": "model.onnx"}
+    assert described["files"] == {"program": "model.pt2", "onnx": "model.onnx"}
+    assert list(described["inputs"]) == ["image", "original_size"]
+    assert described["image_size_range"] == {"height": [65, None], "width": [65, None]}
     assert described["score_thresh"] == 0.0 and described["detections_per_img"] == 20
     saved = json.load(open(os.path.join(in_run_datasets["dir"], "categories.json")))
     assert described["classes"] == [c["name"] for c in saved]
     assert described["category_ids"] == [c["id"] for c in saved]
     assert described["test_mapper"]["augmentations"][0]["short_edge_length"] == 96
-    assert set(described["parity"]) == {"torchscript", "onnx"}
-    # The files work on an image the check did not see, after the test mapper's resize.
-    predictor = Predictor.from_run(
-        in_run_datasets["dir"], device="cpu", overrides=["model.roi_heads.score_thresh=0.0"]
-    )
-    image = predictor.mapper.map_image(to_image_tensor(_val_files(in_run_datasets)[5]))
-    eager = export.ExportableRCNN(predictor.model)
-    for load, name in ((export.load_torchscript, "model.ts"), (export.load_onnx, "model.onnx")):
-        report = export.check_parity(eager, load(str(out / name)), [image])
-        assert report.num_detections == 20 and report.max_box_diff < 1e-3
+    assert set(described["parity"]) == {"program", "onnx"}
+    # The files predict as the eager model does, on images the check did not see, in their original sizes.
+    overrides = ["model.roi_heads.score_thresh=0.0"]
+    eager = Predictor.from_run(in_run_datasets["dir"], device="cpu", overrides=overrides)
+    files = _val_files(in_run_datasets)[4:6]
+    expected = eager(files)
+    cfg, _ = load_run(in_run_datasets["dir"], overrides)
+    for name in ("model.pt2", "model.onnx"):
+        exported = Predictor.from_exported(cfg, str(out / name), categories=eager.categories)
+        assert exported.device == torch.device("cpu")
+        for want, got in zip(expected, exported(files)):
+            assert (got.height, got.width) == (want.height, want.width) and len(got) == len(want) == 20
+            assert torch.allclose(got.boxes, want.boxes, atol=1e-3) and torch.equal(got.classes, want.classes)
+            assert torch.allclose(got.scores, want.scores, atol=1e-5)
+            assert (got.masks != want.masks).float().mean() < 1e-3
+    # The command line: predict.exported in place of the weights.
+    predictions = tmp_path / "predictions"
+    lazytrain_main(
+        ["predict", in_run_datasets["dir"], *files, f"predict.exported={out / 'model.pt2'}",
+         f"predict.output_dir={predictions}"]
+    )  # fmt: skip
+    results = json.load(open(predictions / "results.json"))
+    assert len(results) == 40 and {r["category_id"] for r in results} <= set(described["category_ids"])
 
 
 def test_export_checks_on_the_given_images_and_never_overwrites(in_run_datasets, tmp_path, capsys):
@@ -62,15 +70,41 @@ def test_export_checks_on_the_given_images_and_never_overwrites(in_run_datasets,
     for file in _val_files(in_run_datasets)[:2]:
         shutil.copy(file, images)
     out = tmp_path / "export"
-    _export(in_run_datasets["dir"], images, "export.format=torchscript", f"export.output_dir={out}")
+    _export(in_run_datasets["dir"], images, "export.onnx=false", f"export.output_dir={out}")
     assert "parity on 2 images" in capsys.readouterr().out
-    assert sorted(os.listdir(out)) == ["model.json", "model.ts"]
+    assert sorted(os.listdir(out)) == ["model.json", "model.pt2"]
     before = {name: (out / name).stat().st_mtime_ns for name in os.listdir(out)}
     with pytest.raises(SystemExit) as exit_info:
-        _export(in_run_datasets["dir"], images, "export.format=onnx", f"export.output_dir={out}")
+        _export(in_run_datasets["dir"], images, "export.onnx=false", f"export.output_dir={out}")
     assert exit_info.value.code == 1
-    assert "model.json exists; nothing is overwritten" in capsys.readouterr().err
+    assert "model.pt2 exists; nothing is overwritten" in capsys.readouterr().err
     assert {name: (out / name).stat().st_mtime_ns for name in os.listdir(out)} == before
+
+
+@pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:FutureWarning:torch")
+@pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning:torch")
+def test_export_writes_the_aoti_package_and_legacy_torchscript_when_asked(
+    in_run_datasets, tmp_path, capsys, monkeypatch
+):
+    # The AOTInductor compile itself (~1 min) is tested in tests/modeling/test_export.py; here, the wiring:
+    # the package is written from the program and checked as it loads back.
+    compiled = []
+
+    def fake_compile(program, file):
+        compiled.append(program)
+        return export.save_program(program, file)
+
+    monkeypatch.setattr(export, "export_aoti", fake_compile)
+    monkeypatch.setattr(export, "load_aoti", export.load_program)
+    out = tmp_path / "export"
+    _export(
+        in_run_datasets["dir"], _val_files(in_run_datasets)[0], "export.onnx=false", "export.aoti=true",
+        "export.torchscript=true", f"export.output_dir={out}",
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert sorted(os.listdir(out)) == ["model.json", "model.pt2", "model.ts", "model_aoti.pt2"]
+    assert len(compiled) == 1 and printed.count("parity on 1 images") == 3, printed
+    assert set(json.load(open(out / "model.json"))["parity"]) == {"program", "aoti", "torchscript"}
 
 
 def test_export_refuses_bad_input_with_one_line(in_run_datasets, tmp_path, capsys, monkeypatch):
@@ -78,7 +112,7 @@ def test_export_refuses_bad_input_with_one_line(in_run_datasets, tmp_path, capsy
     unweighted.mkdir()
     shutil.copy(os.path.join(in_run_datasets["dir"], "config.yaml"), unweighted)
     cases = [
-        ([in_run_datasets["dir"], "export.format=tflite"], "export.format must be all, onnx or torchscript"),
+        ([in_run_datasets["dir"], "export.onnx=maybe"], "export.onnx must be true or false; got 'maybe'"),
         ([tmp_path], "config.yaml not found"),
         ([unweighted], "has no weights"),
         ([in_run_datasets["dir"], tmp_path / "missing.png"], "missing.png does not exist"),
