@@ -7,9 +7,10 @@ Hardware:  2 CPU cores, no GPU.
 Runtime:   4 min 51 s (0.65 s/it, 400 iterations and inference on 250 val images), measured 2026-11-26 on 2
            shared CPU cores with OMP_NUM_THREADS=1; conf/rfs_maskrcnn_demo.py took 3 min 42 s (0.49 s/it) right
            after, on the same machine and data.
-Expected:  mask AP 56.2 (APr 30.3), box AP 64.3 (APr 33.8) (one thread, seed 0, one run); the same run of
-           conf/rfs_maskrcnn_demo.py gave mask AP 35.4 (APr 20.5), box AP 36.1 (APr 18.2). One seed only: the
-           synthetic shapes reward precise boxes, so the gap says little about LVIS.
+Expected:  mask AP 53.7 (APr 29.0), box AP 61.0 (APr 31.8): mean of seeds 0 and 1 (one thread each; seed 0:
+           mask AP 56.2, APr 30.3; seed 1: 51.1, 27.8). conf/rfs_maskrcnn_demo.py with the same seeds: mask AP 36.0
+           (APr 21.5), box AP 37.0 (APr 18.2). docs/results.md has the 2-seed sweep with uniform sampling too;
+           the synthetic shapes reward precise boxes, so the gap says little about LVIS.
 Smoke:     train.max_iter=2 (tests/conf/test_configs.py runs it on a tiny copy of the data).
 How to use: every key of conf/rfs_maskrcnn_demo.py works; the stages are model.roi_heads.box_heads.{0,1,2} and
            model.roi_heads.box_predictors.{0,1,2}, their IoUs model.roi_heads.stage_iou_thresholds.

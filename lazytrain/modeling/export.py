@@ -48,6 +48,7 @@ from lazytrain.modeling.rcnn import RCNN
 
 __all__ = [
     "INPUT_NAMES",
+    "MIN_EXPORT_TORCH",
     "ONNX_OPSET",
     "OUTPUT_NAMES",
     "TESTED_VERSIONS",
@@ -73,11 +74,10 @@ INPUT_NAMES = ("image", "original_size")
 # A box-only model (no mask head) returns the first three.
 OUTPUT_NAMES = ("boxes", "scores", "classes", "masks")
 
-# The oldest and newest versions the export tests (tests/modeling/test_export.py) passed with, on CPU and
-# Python 3.11.
+# The versions the export tests (tests/modeling/test_export.py) passed with, on CPU and Python 3.11.
 TESTED_VERSIONS = {
-    "torch": ("2.11.0", "2.14.1"),
-    "torchvision": ("0.26.0", "0.29.1"),
+    "torch": ("2.14.1",),  # torch.export targets; TorchScript also 2.11.0 (with torchvision 0.26.0)
+    "torchvision": ("0.29.1",),
     "onnx": ("1.23.2",),
     "onnxscript": ("0.7.2",),
     "onnxruntime": ("1.32.0",),
@@ -85,12 +85,27 @@ TESTED_VERSIONS = {
 }
 
 
-@torch.library.register_fake("torchvision::nms")
 def _nms_output_size(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     """The kept indices of torchvision's ``nms`` as a shape: any number from 0 (torchvision's own says >= 2)."""
     torch._check(boxes.dim() == 2 and boxes.shape[1] == 4, lambda: "nms: boxes must be [N, 4]")
     torch._check(scores.dim() == 1 and scores.shape[0] == boxes.shape[0], lambda: "nms: scores must be [N]")
     return boxes.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)
+
+
+def _register_nms_shape_rule() -> torch.library.Library:
+    """Replace torchvision's shape rule for ``nms`` with `_nms_output_size`; returns the library that holds it
+    (registrations last as long as it does).
+
+    Through the op's own holder, not ``torch.library.register_fake``: torch 2.11 with torchvision 0.26 lets
+    only the module torchvision names (``torchvision._meta_registrations``) define it, and says so at the
+    first export (torch 2.14 with torchvision 0.29 accepts either way; tested on both)."""
+    library = torch.library.Library("torchvision", "FRAGMENT")
+    holder = torch._library.simple_registry.singleton.find("torchvision::nms").fake_impl
+    holder.register(_nms_output_size, __name__, library, allow_override=True)
+    return library
+
+
+_NMS_SHAPE_RULE = _register_nms_shape_rule()
 
 
 def _check_image(image: object, owner: str) -> None:
@@ -196,6 +211,23 @@ def _import_optional(name: str, needed_by: str) -> ModuleType:
         ) from error
 
 
+# The oldest torch whose export of these models keeps the image size dynamic and converts to ONNX and
+# AOTInductor. torch 2.11's shape rules (max-pool's output size, strided views) add guards on the parity of the
+# FPN's coarsest map, so its program refuses other image sizes (tested; 2.12 and 2.13 were not).
+MIN_EXPORT_TORCH = (2, 14)
+
+
+def _check_torch_version(owner: str) -> None:
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if version < MIN_EXPORT_TORCH:
+        raise RuntimeError(
+            f"{owner}() needs torch >= {'.'.join(map(str, MIN_EXPORT_TORCH))} (tested with "
+            f"{TESTED_VERSIONS['torch'][-1]}); this machine has torch {torch.__version__}, whose torch.export "
+            "fixes the program to the example's image size. Upgrade torch, or export legacy TorchScript "
+            "(export.torchscript=true, export_torchscript)."
+        )
+
+
 def _prepare(model: RCNN, example_image: Tensor, owner: str) -> tuple[ExportableRCNN, Tensor]:
     """The wrapper, run once eagerly on the example: the poolers compute their levels' scales on their first
     call, which must not happen inside an export (it would fix the program to the example's size)."""
@@ -217,6 +249,8 @@ def export_program(model: RCNN, example_image: Tensor) -> torch.export.ExportedP
         model: an `RCNN` in eval mode; export a CPU model for a program that runs anywhere.
         example_image: uint8 [3, H, W] RGB at the model's input size; other sizes work for later calls.
     """
+    _check_image(example_image, "export_program(example_image=)")
+    _check_torch_version("export_program")
     wrapper, example_image = _prepare(model, example_image, "export_program")
     dynamic = torch.export.Dim.AUTO
     start = time.perf_counter()
@@ -301,12 +335,18 @@ def export_onnx(program: torch.export.ExportedProgram, file: str, *, opset: int 
 
 @contextlib.contextmanager
 def _quiet_onnx_exporter() -> Iterator[None]:
-    """torch's ONNX exporter logs its progress at INFO level through the ``torch.onnx`` logger."""
+    """torch's ONNX exporter logs its progress at INFO level through the ``torch.onnx`` logger; on torch 2.11
+    its decomposition step also calls a pytree API that torch itself marks deprecated (a FutureWarning about
+    ``LeafSpec`` from inside torch, nothing lazytrain calls; torch 2.14 does not)."""
     onnx_logger = logging.getLogger("torch.onnx")
     level = onnx_logger.level
     onnx_logger.setLevel(logging.WARNING)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning
+            )
+            yield
     finally:
         onnx_logger.setLevel(level)
 

@@ -29,6 +29,7 @@ RANDOM_INIT = {"rfs_maskrcnn_demo.py", "cascade_maskrcnn_demo.py", "rfs_maskrcnn
 TIMM_PRETRAINED = {
     "rfs_maskrcnn_convnext_t.py": "convnext_tiny",
     "maskrcnn_vitdet_b_rfs.py": "vit_base_patch16_224",
+    "cascade_maskrcnn_swin_b_rfs.py": "swin_base_patch4_window7_224",
 }
 # What timm's loaders need to see in a stand-in file besides the stem: ConvNeXt's marker of timm's own key format.
 _TIMM_FORMAT_KEYS = ("head.norm.",)

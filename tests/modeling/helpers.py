@@ -7,9 +7,18 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 
 from lazytrain.config import LazyConfig, instantiate
+from lazytrain.modeling.export import MIN_EXPORT_TORCH
+
+_TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+# torch.export targets (model.pt2, ONNX, AOTInductor) need torch 2.14; the floor environment (2.11) runs the
+# other export tests (TorchScript, the wrapper, the version check).
+needs_torch_export = pytest.mark.skipif(
+    _TORCH < MIN_EXPORT_TORCH, reason=f"torch.export targets need torch >= {MIN_EXPORT_TORCH}"
+)
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "models"
 CPU_RECIPE = str(RECIPES / "mask_rcnn_r18_fpn_cpu.py")

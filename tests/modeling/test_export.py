@@ -33,7 +33,7 @@ from lazytrain.modeling.export import (
     save_program,
 )
 from lazytrain.modeling.export_parity import check_parity
-from tests.modeling.helpers import load_model_config, make_record
+from tests.modeling.helpers import load_model_config, make_record, needs_torch_export
 
 # A random-init model scores every class near 1/(K+1): threshold 0 keeps 20 detections per image. 1000
 # proposals after NMS (not the recipe's 300, which every image here reaches) make the proposal count follow
@@ -154,6 +154,7 @@ def test_wrapper_equals_the_model_in_the_original_size(mask_model, images):
                 assert torch.equal(value, output["instances"][name]), name
 
 
+@needs_torch_export
 def test_wrapper_needs_an_eval_mode_rcnn_and_keeps_its_mode(mask_model, exported):
     with pytest.raises(TypeError, match=r"ExportableRCNN\(model=\) must be a lazytrain.modeling.RCNN"):
         ExportableRCNN(torch.nn.Linear(2, 2))
@@ -201,6 +202,7 @@ def test_wrapper_takes_the_original_size_as_int64_height_and_width(mask_model):
 # ---------------------------------------------------------------- exports reproduce the model
 
 
+@needs_torch_export
 @pytest.mark.parametrize("target", list(LOADERS))
 def test_exports_reproduce_the_model_on_other_sizes(target, exported, mask_model, images):
     assert len(set(_proposal_counts(mask_model, images))) > 1  # the premise: counts differ from the example's
@@ -216,6 +218,7 @@ def test_exports_reproduce_the_model_on_other_sizes(target, exported, mask_model
     assert float(boxes[:, 2].max()) <= 200 and float(boxes[:, 3].max()) <= 240
 
 
+@needs_torch_export
 def test_exports_declare_dynamic_sizes_and_the_tested_opset(exported):
     program, files = exported
     # The FPN's coarsest level (stride 64) must be larger than one pixel: padded to 96, at least 65 px.
@@ -232,6 +235,7 @@ def test_exports_declare_dynamic_sizes_and_the_tested_opset(exported):
     assert all(d.dim_param for d in dims["masks"])
 
 
+@needs_torch_export
 def test_load_exported_runs_a_file_as_the_model_runs_a_record(exported, mask_model, images):
     record = {"image": images[2], "height": 100, "width": 60}
     with torch.no_grad():
@@ -266,6 +270,7 @@ def _threshold_between_two_images():
     return model, high, low
 
 
+@needs_torch_export
 def test_an_image_without_detections(tmp_path):
     # torchvision's shape-only nms said ">= 2 kept boxes": such a program fails at run time on this image.
     model, high, low = _threshold_between_two_images()
@@ -282,6 +287,7 @@ def test_an_image_without_detections(tmp_path):
         assert report.num_detections == len(wrapper(high)[0]) > 0
 
 
+@needs_torch_export
 @pytest.mark.slow
 def test_aoti_package_reproduces_the_model_with_and_without_detections(tmp_path, images):
     # One AOTInductor compile (~80 s on 2 CPU cores): the model with a threshold between two images.
@@ -300,6 +306,7 @@ def test_aoti_package_reproduces_the_model_with_and_without_detections(tmp_path,
     assert isinstance(load_exported(file), ExportedModel)
 
 
+@needs_torch_export
 def test_box_only_sigmoid_scoring_model_exports_three_outputs(tmp_path, images):
     model = _build((*OVERRIDES, *MASK_HEAD), loss=L(EQLv2Loss)(num_classes=3))
     assert not model.roi_heads.has_mask()
@@ -332,6 +339,14 @@ def test_legacy_torchscript_still_exports_in_the_input_images_pixels(mask_model,
         loaded(images[0], torch.tensor([256, 320]))
 
 
+def test_export_program_names_the_torch_it_needs(mask_model, monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    with pytest.raises(
+        RuntimeError, match=r"export_program\(\) needs torch >= 2.14 .* this machine has torch 2.11"
+    ):
+        export_program(mask_model, _image(*EXAMPLE_SIZE))
+
+
 # ---------------------------------------------------------------- the parts changed for export
 
 
@@ -349,6 +364,7 @@ def test_box_decoding_equals_torchvisions_without_a_branch_on_the_count():
 # ---------------------------------------------------------------- optional packages
 
 
+@needs_torch_export
 def test_missing_onnx_packages_name_the_extra(exported, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "onnx", None)  # `import onnx` raises ImportError
     monkeypatch.setitem(sys.modules, "onnxruntime", None)

@@ -12,6 +12,7 @@ from lazytrain.modeling import export
 from lazytrain.program.entrypoint import main as lazytrain_main
 from lazytrain.program.predictor import Predictor
 from lazytrain.program.run_command import load_run
+from tests.modeling.helpers import needs_torch_export
 
 
 def _export(*argv) -> None:
@@ -24,6 +25,7 @@ def _val_files(run) -> list[str]:
     return [os.path.join(root, image["file_name"]) for image in images]
 
 
+@needs_torch_export
 def test_export_writes_a_checked_program_and_onnx_and_describes_them(in_run_datasets, tmp_path, capsys):
     out = tmp_path / "export"
     _export(in_run_datasets["dir"], "model.roi_heads.score_thresh=0.0", f"export.output_dir={out}")
@@ -64,6 +66,7 @@ def test_export_writes_a_checked_program_and_onnx_and_describes_them(in_run_data
     assert len(results) == 40 and {r["category_id"] for r in results} <= set(described["category_ids"])
 
 
+@needs_torch_export
 def test_export_checks_on_the_given_images_and_never_overwrites(in_run_datasets, tmp_path, capsys):
     images = tmp_path / "images"
     images.mkdir()
@@ -81,6 +84,7 @@ def test_export_checks_on_the_given_images_and_never_overwrites(in_run_datasets,
     assert {name: (out / name).stat().st_mtime_ns for name in os.listdir(out)} == before
 
 
+@needs_torch_export
 @pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:FutureWarning:torch")
 @pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning:torch")
 def test_export_writes_the_aoti_package_and_legacy_torchscript_when_asked(

@@ -12,6 +12,7 @@ from PIL import Image
 from lazytrain.data.mappers import read_image
 from lazytrain.program.entrypoint import main as lazytrain_main
 from lazytrain.program.predictor import Predictor, to_image_tensor
+from tests.modeling.helpers import needs_torch_export
 from tests.scripts.loading import load_script
 
 
@@ -203,6 +204,7 @@ def test_predict_command_refuses_bad_input_with_one_line(in_run_datasets, tmp_pa
     assert (kept / "results.json").read_text() == "[1]"
 
 
+@needs_torch_export
 def test_benchmark_predict_prints_images_per_second_for_each_path(in_run_datasets, capsys):
     folder = os.path.dirname(_val_images(in_run_datasets)[0]["path"])
     argv = [
@@ -217,12 +219,14 @@ def test_benchmark_predict_prints_images_per_second_for_each_path(in_run_dataset
     ]
     rows = load_script("benchmark_predict").main([*argv, "--exports"])
     assert [row[:2] for row in rows] == [
-        ("Predictor", 1), ("Predictor", 2), ("eager, one image per call", 1), ("TorchScript", 1),
-        ("ONNX Runtime (CPU)", 1),
+        ("Predictor", 1), ("Predictor", 2), ("eager, one image per call", 1), ("ExportedProgram", 1),
+        ("ONNX Runtime (CPU)", 1), ("TorchScript (legacy)", 1),
     ]  # fmt: skip
-    assert all(row[3] > 0 for row in rows)
+    assert all(row[3] > 0 for row in rows) and all(row[5] > 0 for row in rows[3:])
+    # Every path finds the same detections (the demo run's own threshold, two images).
+    assert len({row[4] for row in rows[2:]}) == 1
     table = capsys.readouterr().out
-    assert table.count("\n| ") == 6 and "images/s" in table
+    assert table.count("\n| ") == 7 and "images/s" in table and "export s" in table
 
 
 def test_predict_command_takes_a_config_and_named_weights(in_run_datasets, tmp_path, capsys):
