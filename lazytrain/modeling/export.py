@@ -370,15 +370,20 @@ def load_onnx(file: str) -> Detector:
 def export_aoti(program: torch.export.ExportedProgram, file: str) -> str:
     """Compile `program` ahead of time with AOTInductor into a package (conventionally ``model_aoti.pt2``),
     for the device the program's weights are on; needs a C++ compiler. Load it with `load_aoti` (Python) or
-    torch's C++ ``AOTIModelPackageLoader``. Returns `file`."""
+    torch's C++ ``AOTIModelPackageLoader``. Returns `file`.
+
+    Compile before `export_onnx` converts the same program, or from a fresh `export_program`: after an ONNX
+    conversion in the same process, AOTInductor stops with "Pending unbacked symbols" (torch 2.14.1, even
+    on a deep copy of the program)."""
     start = time.perf_counter()
     try:
         torch._inductor.aoti_compile_and_package(program, package_path=file)
     except Exception as error:
+        message = str(error).splitlines()[0][:300] if str(error) else ""
         raise RuntimeError(
-            f"export_aoti: AOTInductor could not compile the model ({type(error).__name__}: {error}). It needs "
-            "a C++ compiler (g++ or clang) and, for CUDA, the CUDA toolkit; the ExportedProgram (model.pt2) "
-            "and ONNX files do not."
+            f"export_aoti: AOTInductor could not compile the model ({type(error).__name__}: {message}). It "
+            "needs a C++ compiler (g++ or clang) and, for CUDA, the CUDA toolkit; compile before converting "
+            "the same program to ONNX. The ExportedProgram (model.pt2) and ONNX files need neither."
         ) from error
     logger.info("Compiled an AOTInductor package to %s in %.1f s", file, time.perf_counter() - start)
     return file
