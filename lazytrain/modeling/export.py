@@ -54,6 +54,7 @@ __all__ = [
     "TESTED_VERSIONS",
     "ExportableRCNN",
     "ExportedModel",
+    "check_export_torch",
     "export_aoti",
     "export_onnx",
     "export_program",
@@ -217,14 +218,15 @@ def _import_optional(name: str, needed_by: str) -> ModuleType:
 MIN_EXPORT_TORCH = (2, 14)
 
 
-def _check_torch_version(owner: str) -> None:
+def check_export_torch(owner: str = "export_program") -> None:
+    """Raise a one-line RuntimeError naming the torch needed when this torch cannot export (`MIN_EXPORT_TORCH`)."""
     version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
     if version < MIN_EXPORT_TORCH:
         raise RuntimeError(
             f"{owner}() needs torch >= {'.'.join(map(str, MIN_EXPORT_TORCH))} (tested with "
             f"{TESTED_VERSIONS['torch'][-1]}); this machine has torch {torch.__version__}, whose torch.export "
             "fixes the program to the example's image size. Upgrade torch, or export legacy TorchScript "
-            "(export.torchscript=true, export_torchscript)."
+            "from Python (lazytrain.modeling.export.export_torchscript)."
         )
 
 
@@ -250,7 +252,7 @@ def export_program(model: RCNN, example_image: Tensor) -> torch.export.ExportedP
         example_image: uint8 [3, H, W] RGB at the model's input size; other sizes work for later calls.
     """
     _check_image(example_image, "export_program(example_image=)")
-    _check_torch_version("export_program")
+    check_export_torch("export_program")
     wrapper, example_image = _prepare(model, example_image, "export_program")
     dynamic = torch.export.Dim.AUTO
     start = time.perf_counter()

@@ -23,8 +23,8 @@ runs a written file.
 
 Each file is checked right after it is written: it must give the eager model's detections on the IMAGEs
 (default: the first ``export.check_images`` images of the run's test data set), mapped to their original
-sizes, within the tolerances of `lazytrain.modeling.export_parity.check_parity`; the command prints the
-measured differences. Other keys: ``export.checkpoint``, ``export.opset``, and any key of the run's config.
+sizes, with boxes within 0.01 px, scores within 1e-4 and masks agreeing on 99.9% of their pixels
+(`lazytrain.modeling.export_parity.check_parity`); the command prints the measured differences. Other keys: ``export.checkpoint``, ``export.opset``, and any key of the run's config.
 Instead of RUN_DIR, a config file with ``export.checkpoint=PATH`` works as for predict. Existing files are
 never overwritten.
 """
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
@@ -47,7 +48,7 @@ from lazytrain.program.run_command import (
     write_json,
 )
 
-__all__ = ["EXPORT_DEFAULTS", "main"]
+__all__ = ["EXPORT_DEFAULTS", "PARITY", "main"]
 
 EXPORT_DEFAULTS: dict[str, Any] = {
     "onnx": True,  # model.onnx
@@ -58,6 +59,8 @@ EXPORT_DEFAULTS: dict[str, Any] = {
     "opset": None,  # default: lazytrain.modeling.export.ONNX_OPSET
     "check_images": 4,  # test-set images the exports are checked on when no IMAGE is given
 }
+# Tighter than check_parity's defaults: what a deployment may expect of a file this command wrote.
+PARITY = {"box_atol": 0.01, "score_atol": 1e-4, "mask_agreement": 0.999}
 # model.pt2 first: the others are converted from it (TorchScript is traced from the model).
 _FILES = {"program": "model.pt2", "aoti": "model_aoti.pt2", "onnx": "model.onnx", "torchscript": "model.ts"}
 
@@ -107,6 +110,12 @@ def main(argv: list[str]) -> None:
 
 def _export(argv: list[str]) -> None:
     run_dir, image_arguments, overrides = split_arguments(argv, images_required=False)
+    from lazytrain.modeling import export
+
+    try:
+        export.check_export_torch("export")
+    except RuntimeError as error:
+        raise CommandLineError(str(error)) from None
     cfg, checkpoint = load_export_config(run_dir, overrides)
     targets = _targets(cfg)
     output_dir = str(cfg.export.output_dir)
@@ -153,7 +162,13 @@ def _write_and_load(model: Any, example: Any, target: str, program: Any, output_
         return program, export.load_onnx(export.export_onnx(program, path, opset=opset))
     if target == "aoti":
         return program, export.load_aoti(export.export_aoti(program, path))
-    return program, export.load_torchscript(export.export_torchscript(model, example, path))
+    with warnings.catch_warnings():
+        # torch's notice that TorchScript is deprecated, at each jit call: said once, here.
+        warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
+        warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", DeprecationWarning)
+        loaded = export.load_torchscript(export.export_torchscript(model, example, path))
+    print(f"{path}: legacy TorchScript, which torch deprecates in favour of torch.export (model.pt2)")
+    return program, loaded
 
 
 def _check(predictor: Any, loaded: Any, target: str, check: _Check, output_dir: str, seconds: float) -> str:
@@ -163,7 +178,7 @@ def _check(predictor: Any, loaded: Any, target: str, check: _Check, output_dir: 
 
     # TorchScript (legacy) answers in the input image's pixels only.
     sizes = None if target == "torchscript" else check.sizes
-    report = check_parity(export.ExportableRCNN(predictor.model), loaded, check.images, sizes)
+    report = check_parity(export.ExportableRCNN(predictor.model), loaded, check.images, sizes, **PARITY)
     print(f"{os.path.join(output_dir, _FILES[target])}: written in {seconds:.1f} s; {report}")
     return str(report)
 

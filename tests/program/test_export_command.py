@@ -108,6 +108,7 @@ def test_export_writes_the_aoti_package_and_legacy_torchscript_when_asked(
     printed = capsys.readouterr().out
     assert sorted(os.listdir(out)) == ["model.json", "model.pt2", "model.ts", "model_aoti.pt2"]
     assert len(compiled) == 1 and printed.count("parity on 1 images") == 3, printed
+    assert "legacy TorchScript, which torch deprecates" in printed
     assert set(json.load(open(out / "model.json"))["parity"]) == {"program", "aoti", "torchscript"}
 
 
@@ -135,3 +136,11 @@ def test_export_refuses_bad_input_with_one_line(in_run_datasets, tmp_path, capsy
         _export(in_run_datasets["dir"], f"export.output_dir={tmp_path / 'out2'}")
     assert "give some (files, folders or globs) after RUN_DIR" in capsys.readouterr().err
     assert not (tmp_path / "out2").exists()
+
+
+def test_export_on_a_torch_too_old_is_one_line(in_run_datasets, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.11.0")
+    with pytest.raises(SystemExit):
+        _export(in_run_datasets["dir"], f"export.output_dir={tmp_path / 'out'}")
+    assert "export() needs torch >= 2.14" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
