@@ -74,7 +74,7 @@ def time_exported(run: object, predictor: Predictor, files: list[str], *, in_inp
 
 def export_rows(args: argparse.Namespace, files: list[str]) -> list[tuple]:
     """One row per target: (name, 1, score threshold, images/s, detections per image, export seconds)."""
-    from lazytrain.modeling import export
+    from lazytrain.modeling import export, exported
 
     predictor = Predictor.from_run(args.run_dir, device="cpu", batch_size=1)
     example = predictor.mapper.map_image(to_image_tensor(files[0]))
@@ -84,12 +84,12 @@ def export_rows(args: argparse.Namespace, files: list[str]) -> list[tuple]:
     with tempfile.TemporaryDirectory() as directory:
         start = time.perf_counter()
         program = export.export_program(predictor.model, example)
-        loaded = export.load_program(export.save_program(program, os.path.join(directory, "model.pt2")))
+        loaded = exported.load_program(export.save_program(program, os.path.join(directory, "model.pt2")))
         seconds = time.perf_counter() - start
         rows.append(("ExportedProgram", 1, threshold, *time_exported(loaded, predictor, files), seconds))
-        targets = [("ONNX Runtime (CPU)", export.export_onnx, export.load_onnx, "model.onnx")]
+        targets = [("ONNX Runtime (CPU)", export.export_onnx, exported.load_onnx, "model.onnx")]
         if args.aoti:  # before ONNX: `export_aoti` says why
-            targets.insert(0, ("AOTInductor (CPU)", export.export_aoti, export.load_aoti, "model_aoti.pt2"))
+            targets.insert(0, ("AOTInductor (CPU)", export.export_aoti, exported.load_aoti, "model_aoti.pt2"))
         for name, write, load, file in targets:
             start = time.perf_counter()
             path = write(program, os.path.join(directory, file))
@@ -102,7 +102,7 @@ def export_rows(args: argparse.Namespace, files: list[str]) -> list[tuple]:
             start = time.perf_counter()
             script = export.export_torchscript(predictor.model, example, os.path.join(directory, "model.ts"))
             seconds = time.perf_counter() - start
-            speed = time_exported(export.load_torchscript(script), predictor, files, in_input_size=True)
+            speed = time_exported(exported.load_torchscript(script), predictor, files, in_input_size=True)
         rows.append(("TorchScript (legacy)", 1, threshold, *speed, seconds))
     return rows
 

@@ -13,19 +13,21 @@ from lazytrain.modeling.classification_losses import (
 )
 from lazytrain.modeling.export import (
     ExportableRCNN,
-    ExportedModel,
     export_aoti,
     export_onnx,
     export_program,
     export_torchscript,
+    save_program,
+)
+from lazytrain.modeling.export_parity import ParityReport, check_parity
+from lazytrain.modeling.exported import (
+    ExportedModel,
     load_aoti,
     load_exported,
     load_onnx,
     load_program,
     load_torchscript,
-    save_program,
 )
-from lazytrain.modeling.export_parity import ParityReport, check_parity
 from lazytrain.modeling.frozen_batch_norm import (
     FoldedFrozenBatchNorm2d,
     FrozenBatchNormConv2d,

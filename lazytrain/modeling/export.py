@@ -1,10 +1,10 @@
-"""Export a trained `RCNN` with ``torch.export``, write it as an ExportedProgram, ONNX or an AOTInductor package,
-and load each back as a `Detector` for `lazytrain.modeling.export_parity.check_parity`.
+"""Export a trained `RCNN` with ``torch.export`` and write it as an ExportedProgram, ONNX or an AOTInductor
+package (`lazytrain.modeling.exported` loads each back, `lazytrain.modeling.export_parity` checks it).
 
-What belongs here: the graph that is exported (`ExportableRCNN`), the writers (`export_program`,
-`save_program`, `export_onnx`, `export_aoti`; `export_torchscript`, legacy), the loaders (`load_program`,
-`load_onnx`, `load_aoti`, `load_torchscript`) and `ExportedModel`, which runs a loaded export with the
-eager model's inputs and outputs (`lazytrain.Predictor` uses it). The command line lives with the programs.
+What belongs here: the graph that is exported (`ExportableRCNN`) and the writers (`export_program`,
+`save_program`, `export_onnx`, `export_aoti`; `export_torchscript`, legacy). The loaders and `ExportedModel`
+(a loaded file with the eager model's inputs and outputs) are in `lazytrain.modeling.exported`; the command
+line lives with the programs.
 
 The contract of every export: inputs ``image``, ONE uint8 [3, H, W] RGB image already at the model's input
 size (the config's test-time resize applied by the caller), and ``original_size``, int64 [2] (height, width)
@@ -32,18 +32,14 @@ import contextlib
 import importlib
 import logging
 import math
-import os
 import time
 import warnings
-import zipfile
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lazytrain.modeling.export_parity import Detector
 from lazytrain.modeling.rcnn import RCNN
 
 __all__ = [
@@ -53,18 +49,12 @@ __all__ = [
     "OUTPUT_NAMES",
     "TESTED_VERSIONS",
     "ExportableRCNN",
-    "ExportedModel",
     "check_export_torch",
     "export_aoti",
     "export_onnx",
     "export_program",
     "export_torchscript",
     "input_size_range",
-    "load_aoti",
-    "load_exported",
-    "load_onnx",
-    "load_program",
-    "load_torchscript",
     "save_program",
 ]
 
@@ -290,20 +280,6 @@ def save_program(program: torch.export.ExportedProgram, file: str) -> str:
     return file
 
 
-def _as_detector(run: Any) -> Detector:
-    def detect(image: Tensor, original_size: Tensor | None = None) -> tuple[Tensor, ...]:
-        size = _image_size(image) if original_size is None else original_size
-        with torch.no_grad():
-            return tuple(run(image, size))
-
-    return detect
-
-
-def load_program(file: str) -> Detector:
-    """A file written by `save_program` as a `Detector` (``image, original_size`` in, tensors out)."""
-    return _as_detector(torch.export.load(file).module())
-
-
 def export_onnx(program: torch.export.ExportedProgram, file: str, *, opset: int = ONNX_OPSET) -> str:
     """Convert `program` (from `export_program`) to ONNX with torch's exporter (``dynamo=True``).
 
@@ -353,22 +329,6 @@ def _quiet_onnx_exporter() -> Iterator[None]:
         onnx_logger.setLevel(level)
 
 
-def load_onnx(file: str) -> Detector:
-    """Open a file written by `export_onnx` in an onnxruntime CPU session, as a `Detector` (torch tensors in
-    and out). Needs the ``export`` extra."""
-    onnxruntime = _import_optional("onnxruntime", "load_onnx")
-    session = onnxruntime.InferenceSession(file, providers=["CPUExecutionProvider"])
-
-    def run(image: Tensor, original_size: Tensor) -> tuple[Tensor, ...]:
-        feed = {
-            "image": image.detach().cpu().contiguous().numpy(),
-            "original_size": original_size.cpu().numpy(),
-        }
-        return tuple(torch.from_numpy(output) for output in session.run(None, feed))
-
-    return _as_detector(run)
-
-
 def export_aoti(program: torch.export.ExportedProgram, file: str) -> str:
     """Compile `program` ahead of time with AOTInductor into a package (conventionally ``model_aoti.pt2``),
     for the device the program's weights are on; needs a C++ compiler. Load it with `load_aoti` (Python) or
@@ -389,11 +349,6 @@ def export_aoti(program: torch.export.ExportedProgram, file: str) -> str:
         ) from error
     logger.info("Compiled an AOTInductor package to %s in %.1f s", file, time.perf_counter() - start)
     return file
-
-
-def load_aoti(file: str) -> Detector:
-    """A package written by `export_aoti` as a `Detector`."""
-    return _as_detector(torch._inductor.aoti_load_package(file))
 
 
 @contextlib.contextmanager
@@ -435,69 +390,3 @@ def export_torchscript(model: RCNN, example_image: Tensor, file: str) -> str:
     traced.save(file)
     logger.info("Exported TorchScript to %s in %.1f s", file, time.perf_counter() - start)
     return file
-
-
-def load_torchscript(file: str) -> Detector:
-    """Load a file written by `export_torchscript` onto the CPU as a `Detector`. The trace answers in the
-    input image's pixels; an ``original_size`` other than the image's own is refused."""
-    module = torch.jit.load(file, map_location="cpu")
-
-    def run(image: Tensor, original_size: Tensor) -> tuple[Tensor, ...]:
-        if original_size.tolist() != list(image.shape[-2:]):
-            raise ValueError(
-                f"load_torchscript: a TorchScript export gives detections in the input image's pixels "
-                f"{list(image.shape[-2:])}; got original_size={original_size.tolist()}. Scale them yourself, "
-                "or export with torch.export (export_program), which takes original_size."
-            )
-        return module(image)
-
-    return _as_detector(run)
-
-
-class ExportedModel(nn.Module):
-    """A loaded export (`Detector`) with the eager `RCNN`'s eval interface: a list of mapper dicts (``image``
-    at the model's input size, ``height``/``width`` of the original image) in, ``[{"instances": {...}}]`` in
-    the original size out. `lazytrain.Predictor` runs it in place of the model (`load_exported` builds one).
-
-    Args:
-        detector: from `load_program`, `load_aoti` or `load_onnx`.
-        source: the file it was loaded from, for messages.
-    """
-
-    def __init__(self, detector: Detector, source: str = "") -> None:
-        super().__init__()
-        self.detector = detector
-        self.source = source
-
-    def forward(self, batched_inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        results = []
-        for record in batched_inputs:
-            image = record["image"].cpu()
-            height = int(record.get("height", image.shape[-2]))
-            width = int(record.get("width", image.shape[-1]))
-            outputs = self.detector(image, torch.tensor([height, width]))
-            # A box-only model's export returns the first three.
-            results.append({"instances": dict(zip(OUTPUT_NAMES, outputs))})
-        return results
-
-    def extra_repr(self) -> str:
-        return f"source={self.source!r}"
-
-
-def load_exported(file: str) -> ExportedModel:
-    """An ExportedProgram (``model.pt2``), an AOTInductor package (``model_aoti.pt2``) or an ONNX file
-    (``model.onnx``) as an `ExportedModel`, chosen by the file's contents."""
-    if not os.path.isfile(file):
-        raise FileNotFoundError(
-            f"load_exported: {file} not found; give a file written by the export command."
-        )
-    if file.endswith(".onnx"):
-        return ExportedModel(load_onnx(file), file)
-    if not zipfile.is_zipfile(file):
-        raise ValueError(
-            f"load_exported: {file} is neither an ONNX file (.onnx) nor a .pt2 archive; give model.pt2, "
-            "model_aoti.pt2 or model.onnx as written by `python -m lazytrain export`."
-        )
-    with zipfile.ZipFile(file) as archive:
-        is_aoti = any("/aotinductor/" in name for name in archive.namelist())
-    return ExportedModel(load_aoti(file) if is_aoti else load_program(file), file)

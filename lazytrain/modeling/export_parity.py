@@ -89,16 +89,8 @@ def check_parity(
         ValueError: naming the image index and the quantity out of tolerance.
     """
     _check_tolerances(box_atol, score_atol, mask_agreement, max_unmatched)
-    if original_sizes is None:
-        original_sizes = [(image.shape[-2], image.shape[-1]) for image in images]
-    if len(original_sizes) != len(images):
-        raise ValueError(
-            f"check_parity: {len(images)} images but {len(original_sizes)} original_sizes; give one "
-            "(height, width) per image, or none for the images' own sizes"
-        )
     measures = []
-    for index, (image, size) in enumerate(zip(images, original_sizes)):
-        size = torch.tensor(size, dtype=torch.int64)
+    for index, (image, size) in enumerate(zip(images, _size_tensors(images, original_sizes))):
         with torch.no_grad():
             expected, got = reference(image, size), exported(image, size)
         measures.append(_compare_image(index, expected, got, box_atol, score_atol, mask_agreement))
@@ -111,6 +103,18 @@ def check_parity(
         min_mask_agreement=min(agreements, default=None),
         num_unmatched=sum(m.num_unmatched for m in measures),
     )  # fmt: skip
+
+
+def _size_tensors(images: Sequence[Tensor], sizes: Sequence[tuple[int, int]] | None) -> list[Tensor]:
+    """Each image's ``original_size`` as an int64 [2] tensor: `sizes`, or the images' own sizes."""
+    if sizes is None:
+        sizes = [(image.shape[-2], image.shape[-1]) for image in images]
+    if len(sizes) != len(images):
+        raise ValueError(
+            f"check_parity: {len(images)} images but {len(sizes)} original_sizes; give one (height, width) "
+            "per image, or none for the images' own sizes"
+        )
+    return [torch.tensor(size, dtype=torch.int64) for size in sizes]
 
 
 def _check_tolerances(

@@ -151,22 +151,22 @@ class _Check(NamedTuple):
 
 def _write_and_load(model: Any, example: Any, target: str, program: Any, output_dir: str, cfg: DictConfig):
     """Write one target's file; (the ExportedProgram, the file loaded back as a `Detector`)."""
-    from lazytrain.modeling import export
+    from lazytrain.modeling import export, exported
 
     path = os.path.join(output_dir, _FILES[target])
     if target == "program":
         program = export.export_program(model, example)
-        return program, export.load_program(export.save_program(program, path))
+        return program, exported.load_program(export.save_program(program, path))
     if target == "onnx":
         opset = int(cfg.export.opset or export.ONNX_OPSET)
-        return program, export.load_onnx(export.export_onnx(program, path, opset=opset))
+        return program, exported.load_onnx(export.export_onnx(program, path, opset=opset))
     if target == "aoti":
-        return program, export.load_aoti(export.export_aoti(program, path))
+        return program, exported.load_aoti(export.export_aoti(program, path))
     with warnings.catch_warnings():
         # torch's notice that TorchScript is deprecated, at each jit call: said once, here.
         warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
         warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", DeprecationWarning)
-        loaded = export.load_torchscript(export.export_torchscript(model, example, path))
+        loaded = exported.load_torchscript(export.export_torchscript(model, example, path))
     print(f"{path}: legacy TorchScript, which torch deprecates in favour of torch.export (model.pt2)")
     return program, loaded
 

@@ -289,7 +289,7 @@ class Predictor:
         in place of the model, with ``cfg.dataloader.test.mapper`` (the run's config, as for `from_config`):
         the code path a deployment runs, on the CPU. The export's score threshold and detections per image are
         those it was exported with (its ``model.json``)."""
-        from lazytrain.modeling.export import load_exported
+        from lazytrain.modeling.exported import load_exported
 
         model = load_exported(file)
         mapper = instantiate(cfg.dataloader.test.mapper)

@@ -19,20 +19,22 @@ from lazytrain.modeling.export import (
     ONNX_OPSET,
     TESTED_VERSIONS,
     ExportableRCNN,
-    ExportedModel,
     export_aoti,
     export_onnx,
     export_program,
     export_torchscript,
     input_size_range,
+    save_program,
+)
+from lazytrain.modeling.export_parity import check_parity
+from lazytrain.modeling.exported import (
+    ExportedModel,
     load_aoti,
     load_exported,
     load_onnx,
     load_program,
     load_torchscript,
-    save_program,
 )
-from lazytrain.modeling.export_parity import check_parity
 from tests.modeling.helpers import load_model_config, make_record, needs_torch_export
 
 # A random-init model scores every class near 1/(K+1): threshold 0 keeps 20 detections per image. 1000
@@ -371,5 +373,7 @@ def test_missing_onnx_packages_name_the_extra(exported, monkeypatch, tmp_path):
     extra = r'pip install "lazytrain\[export\]"'
     with pytest.raises(ImportError, match=rf"export_onnx\(\) needs the 'onnx' package.*{extra}"):
         export_onnx(exported[0], str(tmp_path / "model.onnx"))
-    with pytest.raises(ImportError, match=rf"load_onnx\(\) needs the 'onnxruntime' package.*{extra}"):
+    with pytest.raises(
+        ImportError, match=rf"exported.load_onnx\(\) needs the 'onnxruntime' package.*{extra}"
+    ):
         load_onnx(str(tmp_path / "model.onnx"))

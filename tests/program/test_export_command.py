@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from lazytrain.modeling import export
+from lazytrain.modeling import export, exported
 from lazytrain.program.entrypoint import main as lazytrain_main
 from lazytrain.program.predictor import Predictor
 from lazytrain.program.run_command import load_run
@@ -99,7 +99,7 @@ def test_export_writes_the_aoti_package_and_legacy_torchscript_when_asked(
         return export.save_program(program, file)
 
     monkeypatch.setattr(export, "export_aoti", fake_compile)
-    monkeypatch.setattr(export, "load_aoti", export.load_program)
+    monkeypatch.setattr(exported, "load_aoti", exported.load_program)
     out = tmp_path / "export"
     _export(
         in_run_datasets["dir"], _val_files(in_run_datasets)[0], "export.onnx=false", "export.aoti=true",
