@@ -112,6 +112,7 @@ def test_export_writes_the_aoti_package_and_legacy_torchscript_when_asked(
     assert set(json.load(open(out / "model.json"))["parity"]) == {"program", "aoti", "torchscript"}
 
 
+@needs_torch_export  # below 2.14 the command stops first at the torch version (the test after this)
 def test_export_refuses_bad_input_with_one_line(in_run_datasets, tmp_path, capsys, monkeypatch):
     unweighted = tmp_path / "unweighted"
     unweighted.mkdir()
