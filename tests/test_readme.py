@@ -176,6 +176,10 @@ def check_outputs(command: str, result: subprocess.CompletedProcess, cwd) -> Non
             assert f.read().strip() == "model_final.pth"
         iterations = [json.loads(line).get("iteration") for line in open(cwd / "runs" / "a" / "metrics.json")]
         assert 1 in iterations
+    elif "predict.exported=" in command:
+        images = json.load(open(cwd / "runs" / "a" / "exported" / "images.json"))["images"]
+        assert len(images) == 6 and "Predicted 6 images" in result.stdout
+        assert "export/model.pt2" in output
     elif command.startswith("python -m lazytrain predict runs/a"):
         images = json.load(open(cwd / "runs" / "a" / "predictions" / "images.json"))["images"]
         assert len(images) == 6 and "Predicted 6 images" in result.stdout
@@ -183,7 +187,7 @@ def check_outputs(command: str, result: subprocess.CompletedProcess, cwd) -> Non
         assert len(os.listdir(cwd / "runs" / "a" / "predictions" / "drawn")) == 6
     elif command.startswith("python -m lazytrain export runs/a"):
         exported = sorted(os.listdir(cwd / "runs" / "a" / "export"))
-        assert exported == ["model.json", "model.onnx", "model.ts"], exported
+        assert exported == ["model.json", "model.onnx", "model.pt2"], exported
         assert output.count("parity") >= 2, output
     elif command.startswith("python scripts/"):
         assert "|" in result.stdout  # a markdown table

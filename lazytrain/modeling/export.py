@@ -18,12 +18,15 @@ size in ``torch.export``'s terms), not padded to ``detections_per_img``: every t
 ONNX through torch's exporter, AOTInductor) takes it as it is, zero detections included, so there is no
 ``num_detections`` output to get wrong. Height and width are dynamic from a smallest size on (the FPN's
 coarsest map must be larger than one pixel, e.g. 65 px for the demo model) that `input_size_range` reads from
-the program. Three changes to the inference path made the model exportable without changing its eager
+the program. These changes to the inference path made the model exportable without changing its eager
 results: NMS by `lazytrain.modeling.nms.batched_nms` (torchvision's branches on the number of boxes), the
-poolers' and the RPN's per-image paths under ``torch.compiler.is_exporting()``, and the box coder and padding
-without branches on sizes. torchvision's fake (shape-only) ``nms`` claims at least 2 kept boxes, so a program
-exported with it stops with "Runtime assertion failed" on an image with 0 or 1 detections; importing this
-module registers one that allows 0 (`_nms_output_size`).
+poolers' and the RPN's per-image paths under ``torch.compiler.is_exporting()``, the box coder and padding
+without branches on sizes, and inside the program the mask head run on ``detections_per_img`` padded RoIs
+(`RoIHeads._fixed_capacity_mask_branch`: AOTInductor computes it wrong on a count that depends on the data).
+torchvision's fake (shape-only) ``nms`` claims at least 2 kept boxes, so a program exported with it stops with
+"Runtime assertion failed" on an image with 0 or 1 detections; importing this module registers one that
+allows 0 (`_nms_output_size`). The targets need torch >= 2.14 (`MIN_EXPORT_TORCH`); docs/benchmarks.md
+("Export targets") has their export times and latencies and what was found on the way.
 """
 
 from __future__ import annotations

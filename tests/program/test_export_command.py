@@ -26,14 +26,20 @@ def _val_files(run) -> list[str]:
 
 
 @needs_torch_export
-def test_export_writes_a_checked_program_and_onnx_and_describes_them(in_run_datasets, tmp_path, capsys):
+def test_export_writes_a_checked_program_and_describes_it(in_run_datasets, tmp_path, capsys):
+    # ONNX of the demo run: README's `python -m lazytrain export runs/a` (tests/test_readme.py); here the program.
     out = tmp_path / "export"
-    _export(in_run_datasets["dir"], "model.roi_heads.score_thresh=0.0", f"export.output_dir={out}")
+    _export(
+        in_run_datasets["dir"],
+        "model.roi_heads.score_thresh=0.0",
+        "export.onnx=false",
+        f"export.output_dir={out}",
+    )
     printed = capsys.readouterr().out
-    assert sorted(os.listdir(out)) == ["model.json", "model.onnx", "model.pt2"]
-    assert printed.count("parity on 4 images (80 detections)") == 2, printed  # 4 test images x 20
+    assert sorted(os.listdir(out)) == ["model.json", "model.pt2"]
+    assert printed.count("parity on 4 images (80 detections)") == 1, printed  # 4 test images x 20
     described = json.load(open(out / "model.json"))
-    assert described["files"] == {"program": "model.pt2", "onnx": "model.onnx"}
+    assert described["files"] == {"program": "model.pt2"}
     assert list(described["inputs"]) == ["image", "original_size"]
     assert described["image_size_range"] == {"height": [65, None], "width": [65, None]}
     assert described["score_thresh"] == 0.0 and described["detections_per_img"] == 20
@@ -41,14 +47,14 @@ def test_export_writes_a_checked_program_and_onnx_and_describes_them(in_run_data
     assert described["classes"] == [c["name"] for c in saved]
     assert described["category_ids"] == [c["id"] for c in saved]
     assert described["test_mapper"]["augmentations"][0]["short_edge_length"] == 96
-    assert set(described["parity"]) == {"program", "onnx"}
+    assert set(described["parity"]) == {"program"}
     # The files predict as the eager model does, on images the check did not see, in their original sizes.
     overrides = ["model.roi_heads.score_thresh=0.0"]
     eager = Predictor.from_run(in_run_datasets["dir"], device="cpu", overrides=overrides)
     files = _val_files(in_run_datasets)[4:6]
     expected = eager(files)
     cfg, _ = load_run(in_run_datasets["dir"], overrides)
-    for name in ("model.pt2", "model.onnx"):
+    for name in ("model.pt2",):
         exported = Predictor.from_exported(cfg, str(out / name), categories=eager.categories)
         assert exported.device == torch.device("cpu")
         for want, got in zip(expected, exported(files)):
@@ -67,27 +73,9 @@ def test_export_writes_a_checked_program_and_onnx_and_describes_them(in_run_data
 
 
 @needs_torch_export
-def test_export_checks_on_the_given_images_and_never_overwrites(in_run_datasets, tmp_path, capsys):
-    images = tmp_path / "images"
-    images.mkdir()
-    for file in _val_files(in_run_datasets)[:2]:
-        shutil.copy(file, images)
-    out = tmp_path / "export"
-    _export(in_run_datasets["dir"], images, "export.onnx=false", f"export.output_dir={out}")
-    assert "parity on 2 images" in capsys.readouterr().out
-    assert sorted(os.listdir(out)) == ["model.json", "model.pt2"]
-    before = {name: (out / name).stat().st_mtime_ns for name in os.listdir(out)}
-    with pytest.raises(SystemExit) as exit_info:
-        _export(in_run_datasets["dir"], images, "export.onnx=false", f"export.output_dir={out}")
-    assert exit_info.value.code == 1
-    assert "model.pt2 exists; nothing is overwritten" in capsys.readouterr().err
-    assert {name: (out / name).stat().st_mtime_ns for name in os.listdir(out)} == before
-
-
-@needs_torch_export
 @pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:FutureWarning:torch")
 @pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning:torch")
-def test_export_writes_the_aoti_package_and_legacy_torchscript_when_asked(
+def test_export_writes_aoti_and_torchscript_when_asked_checks_given_images_and_never_overwrites(
     in_run_datasets, tmp_path, capsys, monkeypatch
 ):
     # The AOTInductor compile itself (~1 min) is tested in tests/modeling/test_export.py; here, the wiring:
@@ -100,16 +88,31 @@ def test_export_writes_the_aoti_package_and_legacy_torchscript_when_asked(
 
     monkeypatch.setattr(export, "export_aoti", fake_compile)
     monkeypatch.setattr(exported, "load_aoti", exported.load_program)
+    images = tmp_path / "images"
+    images.mkdir()
+    for file in _val_files(in_run_datasets)[:2]:
+        shutil.copy(file, images)
     out = tmp_path / "export"
-    _export(
-        in_run_datasets["dir"], _val_files(in_run_datasets)[0], "export.onnx=false", "export.aoti=true",
-        "export.torchscript=true", f"export.output_dir={out}",
-    )  # fmt: skip
+    argv = [
+        in_run_datasets["dir"],
+        images,
+        "export.onnx=false",
+        "export.aoti=true",
+        "export.torchscript=true",
+    ]
+    _export(*argv, f"export.output_dir={out}")
     printed = capsys.readouterr().out
     assert sorted(os.listdir(out)) == ["model.json", "model.pt2", "model.ts", "model_aoti.pt2"]
-    assert len(compiled) == 1 and printed.count("parity on 1 images") == 3, printed
+    assert len(compiled) == 1 and printed.count("parity on 2 images") == 3, printed
     assert "legacy TorchScript, which torch deprecates" in printed
     assert set(json.load(open(out / "model.json"))["parity"]) == {"program", "aoti", "torchscript"}
+    # Nothing already written is overwritten: the second run stops before exporting.
+    before = {name: (out / name).stat().st_mtime_ns for name in os.listdir(out)}
+    with pytest.raises(SystemExit) as exit_info:
+        _export(*argv, f"export.output_dir={out}")
+    assert exit_info.value.code == 1 and len(compiled) == 1
+    assert "model.pt2 exists; nothing is overwritten" in capsys.readouterr().err
+    assert {name: (out / name).stat().st_mtime_ns for name in os.listdir(out)} == before
 
 
 @needs_torch_export  # below 2.14 the command stops first at the torch version (the test after this)
