@@ -36,7 +36,7 @@ How to use: model.backbone.model_name=swin_large_patch4_window7_224.ms_in22k (Sw
 from lazytrain.config import LazyCall as L
 from lazytrain.modeling import TimmBackbone
 
-from ..recipes.data.lsj import lsj_augmentations
+from ..recipes.data.lsj import use_lsj
 from ..recipes.models.cascade_mask_rcnn_fpn import make_cascade_roi_heads
 from ..recipes.optim import AdamW as optimizer
 from .rfs_maskrcnn import dataloader, launch, losses, lr_multiplier, model, objective, train
@@ -59,12 +59,7 @@ train.init_checkpoint = ""  # the backbone's weights come with it (model.backbon
 model.roi_heads = make_cascade_roi_heads(model.roi_heads)
 losses.use = "fed"  # detectron2's ViTDet LVIS recipes: sigmoid CE with the federated loss
 
-dataloader.train.mapper.augmentations = lsj_augmentations(1024)
-dataloader.train.mapper.recompute_boxes = True
-dataloader.train.aspect_ratio_grouping = False
-dataloader.train.total_batch_size = 64
-dataloader.test.mapper.augmentations[0].short_edge_length = 1024
-dataloader.test.mapper.augmentations[0].max_size = 1024
+use_lsj(dataloader, 1024, total_batch_size=64)
 
 # detectron2's Swin-B LVIS schedule: 50 epochs = 78,125 iterations of 64 images, x0.1 at 8/9 and 26/27 of
 # training (69,444 and 75,231 there and here), 250 warmup iterations from x0.001.

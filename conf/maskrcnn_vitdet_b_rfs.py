@@ -26,7 +26,7 @@ How to use: model.backbone.model_name=vit_large_patch16_224.mae with optimizer.p
 from lazytrain.config import LazyCall as L
 from lazytrain.modeling import TimmBackbone
 
-from ..recipes.data.lsj import lsj_augmentations
+from ..recipes.data.lsj import use_lsj
 from ..recipes.optim import AdamW as optimizer
 from .rfs_maskrcnn import dataloader, launch, losses, lr_multiplier, model, objective, train
 
@@ -42,12 +42,7 @@ model.backbone = L(TimmBackbone)(
 )
 train.init_checkpoint = ""  # the backbone's weights come with it (model.backbone.pretrained)
 
-dataloader.train.mapper.augmentations = lsj_augmentations(1024)
-dataloader.train.mapper.recompute_boxes = True
-dataloader.train.aspect_ratio_grouping = False
-dataloader.train.total_batch_size = 64
-dataloader.test.mapper.augmentations[0].short_edge_length = 1024
-dataloader.test.mapper.augmentations[0].max_size = 1024
+use_lsj(dataloader, 1024, total_batch_size=64)
 
 # detectron2's ViTDet-B LVIS schedule: 100 epochs = 156,250 iterations of 64 images, x0.1 at 8/9 and 26/27 of
 # training (its 138,889 and 150,463; one less here, rounding down), 250 warmup iterations.

@@ -267,14 +267,8 @@ class Predictor:
         model = instantiate(cfg.model)
         _load_weights(model, checkpoint)
         model.to(device)
-        mapper = instantiate(cfg.dataloader.test.mapper)
-        if batch_size is None:
-            batch_size = int(cfg.dataloader.test.get("batch_size", 1) or 1)
-        if categories is None:
-            categories = get_categories(cfg) or _unnamed_categories(
-                int(getattr(model, "num_classes", 0) or 0)
-            )
-        return cls(model, mapper, categories, batch_size=batch_size)
+        num_classes = int(getattr(model, "num_classes", 0) or 0)
+        return cls(model, *_test_parts(cfg, categories, num_classes), batch_size=_batch_size(cfg, batch_size))
 
     @classmethod
     def from_exported(
@@ -291,13 +285,9 @@ class Predictor:
         those it was exported with (its ``model.json``)."""
         from lazytrain.modeling.exported import load_exported
 
-        model = load_exported(file)
-        mapper = instantiate(cfg.dataloader.test.mapper)
-        if batch_size is None:
-            batch_size = int(cfg.dataloader.test.get("batch_size", 1) or 1)
-        if categories is None:
-            categories = get_categories(cfg) or _unnamed_categories(int(cfg.model.get("num_classes", 0) or 0))
-        return cls(model, mapper, categories, batch_size=batch_size)
+        num_classes = int(cfg.model.get("num_classes", 0) or 0)
+        parts = _test_parts(cfg, categories, num_classes)
+        return cls(load_exported(file), *parts, batch_size=_batch_size(cfg, batch_size))
 
     def __call__(self, images: ImageInput | Sequence[ImageInput]) -> Prediction | list[Prediction]:
         """Predict one image (returns a `Prediction`) or a list of them (returns a list)."""
@@ -337,6 +327,20 @@ class Predictor:
             width=int(record["width"]),
             categories=self.categories,
         )
+
+
+def _test_parts(
+    cfg: DictConfig, categories: Categories | None, num_classes: int
+) -> tuple[DatasetMapper, Categories]:
+    """The config's test mapper, and `categories` or else those of its test data set (else unnamed)."""
+    if categories is None:
+        categories = get_categories(cfg) or _unnamed_categories(num_classes)
+    return instantiate(cfg.dataloader.test.mapper), categories
+
+
+def _batch_size(cfg: DictConfig, batch_size: int | None) -> int:
+    """`batch_size`, else the config's ``dataloader.test.batch_size`` (else 1)."""
+    return batch_size if batch_size is not None else int(cfg.dataloader.test.get("batch_size", 1) or 1)
 
 
 def _load_weights(model: torch.nn.Module, checkpoint: str) -> None:

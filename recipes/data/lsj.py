@@ -2,17 +2,20 @@
 
 Each image is resized to a random 0.1-2.0 x of a square target (aspect ratio kept), flipped, and cut to the
 target where larger; smaller images are padded by the batch. Boxes are recomputed from the masks, so a cut
-instance's box fits what stays visible. Use it in a config that has a train mapper:
+instance's box fits what stays visible. Use it in a config that has train and test mappers:
 
-    from ..recipes.data.lsj import lsj_augmentations
+    from ..recipes.data.lsj import use_lsj
 
-    dataloader.train.mapper.augmentations = lsj_augmentations(1024)
-    dataloader.train.mapper.recompute_boxes = True
-    dataloader.train.aspect_ratio_grouping = False   # every image is at most 1024 x 1024
+    use_lsj(dataloader, 1024, total_batch_size=64)
+
+or, for the train augmentations alone, ``dataloader.train.mapper.augmentations = lsj_augmentations(1024)``
+with ``recompute_boxes = True`` and ``aspect_ratio_grouping = False`` (every image is at most 1024 x 1024).
 
 Long LSJ schedules (100 epochs and more) are what make it pay; on a 1x schedule multi-scale resizing is the
 usual choice.
 """
+
+from typing import Any
 
 from lazytrain.config import LazyCall as L
 from lazytrain.data.transforms import FixedSizeCrop, RandomFlip, ResizeScale
@@ -27,3 +30,14 @@ def lsj_augmentations(image_size: int = 1024, min_scale: float = 0.1, max_scale:
         ),
         L(FixedSizeCrop)(crop_size=(image_size, image_size), pad=False),
     ]
+
+
+def use_lsj(dataloader: Any, image_size: int = 1024, *, total_batch_size: int = 64) -> None:
+    """Set a config's `dataloader` to LSJ training at `image_size` (boxes recomputed from the masks, no aspect
+    ratio grouping), the batch, and a test-time resize of the longer side to `image_size`."""
+    dataloader.train.mapper.augmentations = lsj_augmentations(image_size)
+    dataloader.train.mapper.recompute_boxes = True
+    dataloader.train.aspect_ratio_grouping = False
+    dataloader.train.total_batch_size = total_batch_size
+    dataloader.test.mapper.augmentations[0].short_edge_length = image_size
+    dataloader.test.mapper.augmentations[0].max_size = image_size
