@@ -1,7 +1,7 @@
-"""Box coding and matching without host syncs: torchvision's `BoxCoder` and `Matcher` with the same results.
+"""Box coding without host syncs: torchvision's `BoxCoder` with the same results.
 
-torchvision builds small tensors from Python numbers on every call of its box coder and finds low-quality
-matches with ``torch.where``; on a GPU each is a wait for the device. The RPN and the RoI heads use these.
+torchvision builds small tensors from Python numbers on every call of its box coder; on a GPU each is a wait
+for the device. The RPN and the RoI heads use this one (matching: `lazytrain.modeling.matching`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torchvision.models.detection import _utils as det_utils
 
-__all__ = ["BoxCoder", "Matcher"]
+__all__ = ["BoxCoder"]
 
 
 class BoxCoder(det_utils.BoxCoder):
@@ -66,16 +66,3 @@ class BoxCoder(det_utils.BoxCoder):
             predicted_y + half_height,
         )
         return torch.stack(corners, dim=2).flatten(1)
-
-
-class Matcher(det_utils.Matcher):
-    """torchvision's `Matcher`, adding the low-quality matches with a mask instead of ``torch.where(cond)``
-    (whose output size the host reads): the same matches."""
-
-    def set_low_quality_matches_(
-        self, matches: Tensor, all_matches: Tensor, match_quality_matrix: Tensor
-    ) -> None:
-        # Every prediction that is some ground truth's best (ties included) takes its own best match.
-        best_per_target = match_quality_matrix.max(dim=1).values
-        is_a_best = (match_quality_matrix == best_per_target[:, None]).any(dim=0)
-        matches.copy_(torch.where(is_a_best, all_matches, matches))

@@ -28,9 +28,17 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import boxes as box_ops
 
-from lazytrain.modeling.box_coding import BoxCoder, Matcher
+from lazytrain.modeling.box_coding import BoxCoder
 from lazytrain.modeling.classification_losses import ClassificationLoss
-from lazytrain.modeling.roi_heads import RoIHeads, _Batch, _Samples, box_losses, get_predictor_loss
+from lazytrain.modeling.matching import Matcher, gather_boxes
+from lazytrain.modeling.roi_heads import (
+    RoIHeads,
+    _Batch,
+    _Samples,
+    box_losses,
+    get_predictor_loss,
+    match_rois,
+)
 
 __all__ = ["CascadeRoIHeads"]
 
@@ -276,18 +284,17 @@ class CascadeRoIHeads(RoIHeads):
             proposals: per image, the RoIs [R_i, 4].
             targets: per image, ``boxes`` [G_i, 4] and ``labels`` [G_i].
         """
-        labels, matched_boxes = [], []
-        for boxes, target in zip(proposals, targets):
-            gt_boxes = target["boxes"].to(boxes.dtype)
-            if gt_boxes.shape[0] == 0:  # no ground truth: all background, matched to a placeholder box
-                labels.append(torch.zeros(boxes.shape[0], dtype=torch.int64, device=boxes.device))
-                matched_boxes.append(torch.zeros_like(boxes))
-                continue
-            matched = self.stage_matchers[stage](box_ops.box_iou(gt_boxes, boxes))
-            index = matched.clamp(min=0)  # below the threshold: -1
-            labels.append(torch.where(matched >= 0, target["labels"][index], 0))
-            matched_boxes.append(gt_boxes[index])
-        return labels, self.stage_box_coders[stage].encode(matched_boxes, proposals)
+        gt_boxes = [target["boxes"].to(proposals[0].dtype) for target in targets]
+        gt_labels = [target["labels"] for target in targets]
+        match = match_rois(self.stage_matchers[stage], proposals, gt_boxes, gt_labels)
+        matched_boxes = gather_boxes(match.gt.boxes, match.index)
+        codes = self.stage_box_coders[stage].encode_single(
+            matched_boxes.flatten(0, 1), match.rois.boxes.flatten(0, 1)
+        )
+        codes = codes.view_as(matched_boxes)
+        counts = [boxes.shape[0] for boxes in proposals]
+        labels = [match.labels[image, :count] for image, count in enumerate(counts)]
+        return labels, [codes[image, :count] for image, count in enumerate(counts)]
 
     def _detect(
         self, stages: list[_Stage], image_shapes: list[tuple[int, int]]

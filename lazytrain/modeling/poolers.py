@@ -26,7 +26,7 @@ import torchvision
 from torch import Tensor
 from torchvision.ops import MultiScaleRoIAlign as TorchvisionMultiScaleRoIAlign
 from torchvision.ops import roi_align as torchvision_roi_align
-from torchvision.ops.poolers import _convert_to_roi_format, _setup_scales
+from torchvision.ops.poolers import LevelMapper, _convert_to_roi_format, _setup_scales
 
 from lazytrain.modeling.interpolation import linear_interpolation_weights
 
@@ -147,6 +147,29 @@ def roi_align(
     return torchvision_roi_align(input, rois, size, spatial_scale, sampling_ratio, aligned)
 
 
+def _batch_rois(boxes: list[Tensor]) -> Tensor:
+    """torchvision's ``_convert_to_roi_format`` ([K, 5]: image index, box) with the image indices made for
+    all images at once (torchvision: one ``full_like`` per image). Not for tracing: the counts are baked in."""
+    counts = torch.tensor([b.shape[0] for b in boxes])
+    concatenated = torch.cat(boxes)
+    # Built on the host and copied without blocking: the counts are known there.
+    counts = counts.to(concatenated.device, non_blocking=True)
+    images = torch.arange(len(boxes), device=concatenated.device, dtype=concatenated.dtype)
+    images = images.repeat_interleave(counts, output_size=concatenated.shape[0])
+    return torch.cat((images[:, None], concatenated), dim=1)
+
+
+def _level_of_rois(mapper: LevelMapper, rois: Tensor) -> Tensor:
+    """torchvision's `LevelMapper` (FPN paper's Eqn. 1) for the [K, 5] RoIs of all images at once, with the
+    same arithmetic (and bits); torchvision computes the areas image by image."""
+    areas = (rois[:, 3] - rois[:, 1]) * (rois[:, 4] - rois[:, 2])
+    scale = torch.sqrt(areas)
+    eps = torch.tensor(mapper.eps, dtype=scale.dtype)
+    levels = torch.floor(mapper.lvl0 + torch.log2(scale / mapper.s0) + eps)
+    levels = torch.clamp(levels, min=mapper.k_min, max=mapper.k_max)
+    return (levels.to(torch.int64) - mapper.k_min).to(torch.int64)
+
+
 class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
     """torchvision's `MultiScaleRoIAlign` (same arguments, levels and results) with `roi_align` per level.
 
@@ -195,15 +218,15 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
             self.scales, self.map_levels = _setup_scales(
                 features, image_shapes, self.canonical_scale, self.canonical_level
             )
-        rois = _convert_to_roi_format(boxes)
         if len(features) == 1:
-            return self._pool(features[0], rois, self.scales[0])
-        levels = self.map_levels(boxes)
-        if every_level:
-            return self._pool_every_level(features, rois, levels)
-        if torchvision._is_tracing() or torch.compiler.is_exporting():
+            return self._pool(features[0], _convert_to_roi_format(boxes), self.scales[0])
+        if every_level or torchvision._is_tracing() or torch.compiler.is_exporting():
+            rois, levels = _convert_to_roi_format(boxes), self.map_levels(boxes)
+            if every_level:
+                return self._pool_every_level(features, rois, levels)
             return self._pool_levels_traceable(features, rois, levels)
-        return self._pool_levels(features, rois, levels)
+        rois = _batch_rois(boxes)
+        return self._pool_levels(features, rois, _level_of_rois(self.map_levels, rois))
 
     def _pool_levels(self, features: list[Tensor], rois: Tensor, levels: Tensor) -> Tensor:
         """Pools each level's RoIs as one slice of the RoIs sorted by level: one host read for all levels."""

@@ -35,11 +35,20 @@ from torchvision.ops import boxes as box_ops
 from lazytrain.modeling.box_coding import BoxCoder
 from lazytrain.modeling.classification_losses import ClassificationLoss, SoftmaxCrossEntropy
 from lazytrain.modeling.heads import MaskPredictor
+from lazytrain.modeling.matching import Matcher, PaddedBoxes, gather_boxes, match_padded, pad_boxes
 from lazytrain.modeling.nms import batched_nms
 from lazytrain.modeling.poolers import MultiScaleRoIAlign
 from lazytrain.modeling.sampling import BalancedMaskSampler
 
-__all__ = ["RoIHeads", "box_losses", "box_regression_loss", "get_predictor_loss", "mask_loss"]
+__all__ = [
+    "RoIHeads",
+    "RoIMatch",
+    "box_losses",
+    "box_regression_loss",
+    "get_predictor_loss",
+    "mask_loss",
+    "match_rois",
+]
 
 _DEFAULT_LOSS = SoftmaxCrossEntropy()  # stateless, so one instance serves every model
 
@@ -161,6 +170,38 @@ def _branch_boxes(samples: _Samples | None, result: list[dict[str, Tensor]]) -> 
     return [detection["boxes"] for detection in result], []
 
 
+class RoIMatch(NamedTuple):
+    """The RoIs of a batch matched to their images' ground truth (`match_rois`), padded per image."""
+
+    rois: PaddedBoxes  # [N, R, 4]
+    gt: PaddedBoxes  # [N, G, 4]
+    matches: Tensor  # [N, R]: the matcher's output (-1 below the low threshold, -2 between)
+    index: Tensor  # [N, R]: the matched ground-truth index, 0 where none (torchvision's clamped index)
+    labels: Tensor  # [N, R]: the matched ground truth's class, 0 (background) below the low threshold
+
+
+def match_rois(
+    matcher: Matcher, rois: list[Tensor], gt_boxes: list[Tensor], gt_labels: list[Tensor]
+) -> RoIMatch:
+    """torchvision's ``assign_targets_to_proposals`` for all images at once (`lazytrain.modeling.matching`):
+    the same matches and labels, without the ignored label (-1, between the thresholds) that the caller sets
+    where its matcher has such a band. An image without ground truth: every RoI background, index 0.
+
+    Args:
+        matcher: IoU thresholds (`lazytrain.modeling.matching.Matcher`).
+        rois: per image [R_i, 4].
+        gt_boxes: per image [G_i, 4], in the dtype of `rois`.
+        gt_labels: per image [G_i] int64 classes (1..K).
+    """
+    rois_padded, gt = pad_boxes(rois), pad_boxes(gt_boxes)
+    matches = match_padded(matcher, gt, rois_padded)
+    index = matches.clamp(min=0)
+    padded_labels = torch.nn.utils.rnn.pad_sequence(gt_labels, batch_first=True)
+    padded_labels = F.pad(padded_labels, (0, gt.boxes.shape[1] - padded_labels.shape[1]))
+    labels = padded_labels.gather(1, index).masked_fill(matches == matcher.BELOW_LOW_THRESHOLD, 0)
+    return RoIMatch(rois_padded, gt, matches, index, labels)
+
+
 class RoIHeads(TorchvisionRoIHeads):
     """torchvision's `RoIHeads` (same arguments) whose classification loss and inference scores come from
     ``box_predictor.loss`` (`lazytrain.modeling.BoxPredictor(loss=...)`; softmax cross-entropy if absent).
@@ -171,9 +212,14 @@ class RoIHeads(TorchvisionRoIHeads):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Without host syncs, same results: the box coder (no tensors from Python numbers), the sampler
-        # (the same counts, drawn as masks; a torchvision sampler assigned here is used as torchvision does).
+        # Without host syncs, same results: the box coder (no tensors from Python numbers), the matcher (a
+        # batch at once), the sampler (the same counts, drawn as masks; a torchvision sampler assigned here is
+        # used as torchvision does).
         self.box_coder = BoxCoder(self.box_coder.weights, self.box_coder.bbox_xform_clip)
+        matcher = self.proposal_matcher  # the same thresholds, matching all images at once
+        self.proposal_matcher = Matcher(
+            matcher.high_threshold, matcher.low_threshold, matcher.allow_low_quality_matches
+        )
         sampler = self.fg_bg_sampler
         self.fg_bg_sampler = BalancedMaskSampler(sampler.batch_size_per_image, sampler.positive_fraction)
 
@@ -183,34 +229,33 @@ class RoIHeads(TorchvisionRoIHeads):
         """Per image, the sampled RoIs (the ground-truth boxes added to the proposals), their matched
         ground-truth index, class (0: background) and box regression target.
 
-        With a `BalancedMaskSampler` (the default) each image's foreground RoIs come first, then its
-        background, each in proposal order, and the sampling costs one host read for the whole batch
-        (torchvision's sampler: three per image); with torchvision's sampler, torchvision's method and order.
+        With a `BalancedMaskSampler` (the default) the images are matched at once (`match_rois`), each
+        image's foreground RoIs come first, then its background, each in proposal order, and the sampling
+        costs one host read for the whole batch (torchvision's sampler: three per image); with torchvision's
+        sampler, torchvision's method and order.
         """
         if not isinstance(self.fg_bg_sampler, BalancedMaskSampler):
             return _Samples(*super().select_training_samples(proposals, targets))
         self.check_targets(targets)
         gt_boxes = [t["boxes"].to(proposals[0].dtype) for t in targets]
-        proposals = self.add_gt_proposals(proposals, gt_boxes)
-        matched_idxs, labels = self.assign_targets_to_proposals(
-            proposals, gt_boxes, [t["labels"] for t in targets]
-        )
-        order, num_foreground, num_sampled = self._draw_samples(labels)
-        kept = [image_order[:count] for image_order, count in zip(order, num_sampled)]
-        proposals = [p[k] for p, k in zip(proposals, kept)]
-        labels = [image_labels[k] for image_labels, k in zip(labels, kept)]
-        matched_idxs = [m[k] for m, k in zip(matched_idxs, kept)]
-        # An image without ground truth: every RoI is background, matched to a placeholder box.
-        gt_boxes = [g if g.numel() else g.new_zeros((1, 4)) for g in gt_boxes]
-        matched_gt_boxes = [g[m] for g, m in zip(gt_boxes, matched_idxs)]
-        regression_targets = self.box_coder.encode(matched_gt_boxes, proposals)
-        return _Samples(proposals, matched_idxs, labels, regression_targets, num_foreground)
+        rois = self.add_gt_proposals(proposals, gt_boxes)
+        match = match_rois(self.proposal_matcher, rois, gt_boxes, [t["labels"] for t in targets])
+        labels = match.labels.masked_fill(match.matches == self.proposal_matcher.BETWEEN_THRESHOLDS, -1)
+        order, num_foreground, num_sampled = self._draw_samples(labels.masked_fill(~match.rois.valid, -1))
+        order = order[:, : max(num_sampled)]
+        boxes = gather_boxes(match.rois.boxes, order)
+        index = match.index.gather(1, order)
+        matched_gt_boxes = gather_boxes(match.gt.boxes, index)
+        regression_targets = self.box_coder.encode_single(matched_gt_boxes.flatten(0, 1), boxes.flatten(0, 1))
+        per_image = (boxes, index, labels.gather(1, order), regression_targets.view_as(boxes))
+        sampled = [[values[image, :count] for image, count in enumerate(num_sampled)] for values in per_image]
+        return _Samples(*sampled, num_foreground)
 
-    def _draw_samples(self, labels: list[Tensor]) -> tuple[Tensor, list[int], list[int]]:
+    def _draw_samples(self, labels: Tensor) -> tuple[Tensor, list[int], list[int]]:
         """Each image's RoIs ordered foreground-sampled first, then background-sampled, then the rest (each
-        in proposal order), and per image the numbers of foreground and of all sampled RoIs."""
-        padded = torch.nn.utils.rnn.pad_sequence(labels, batch_first=True, padding_value=-1)
-        positive, negative = self.fg_bg_sampler(padded)
+        in proposal order), and per image the numbers of foreground and of all sampled RoIs. `labels`:
+        [N, R], -1 where a RoI is not drawn (ignored, or padding)."""
+        positive, negative = self.fg_bg_sampler(labels)
         rank = positive.to(torch.uint8) * 2 + negative.to(torch.uint8)
         order = rank.sort(dim=1, descending=True, stable=True).indices
         # The one host read of the sampling: how many RoIs each image keeps.

@@ -11,8 +11,9 @@ same work for all images at once, on tensors whose sizes do not depend on the da
   not removed; greedy NMS for every (image, level) group at once (`lazytrain.modeling.nms.grouped_nms`, the
   same boxes survive as with torchvision's CPU ``nms``); the host reads one small tensor (the number of
   proposals per image) to return torchvision's per-image lists;
-- training (`compute_loss`): `BalancedMaskSampler` draws the anchors as masks, the losses are masked sums,
-  and the matcher adds low-quality matches with a mask (`lazytrain.modeling.box_coding.Matcher`).
+- training: the anchors of all images are matched to their ground truth at once
+  (`assign_targets_to_anchors`, `lazytrain.modeling.matching`); `BalancedMaskSampler` draws them as masks
+  and the losses are masked sums (`compute_loss`).
 
 Where torchvision's results depend on how a sort orders equal scores, this module orders them by position
 (level, then rank within the level), which is what torchvision's own ``nms`` does; see `filter_proposals`.
@@ -30,7 +31,8 @@ from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.rpn import RegionProposalNetwork as TorchvisionRegionProposalNetwork
 from torchvision.ops import boxes as box_ops
 
-from lazytrain.modeling.box_coding import BoxCoder, Matcher
+from lazytrain.modeling.box_coding import BoxCoder
+from lazytrain.modeling.matching import Matcher, PaddedBoxes, gather_boxes, match_padded, pad_boxes
 from lazytrain.modeling.nms import batched_nms, grouped_nms
 from lazytrain.modeling.sampling import BalancedMaskSampler
 
@@ -206,6 +208,31 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         valid = (widths >= self.min_size) & (heights >= self.min_size) & (scores >= self.score_thresh)
         level_sizes = [min(self.pre_nms_top_n(), count) for count in num_anchors_per_level]
         return _valid_first(_Candidates(boxes, scores, valid, level_sizes))
+
+    def assign_targets_to_anchors(
+        self, anchors: list[Tensor], targets: list[dict[str, Tensor]]
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """torchvision's labels and matched ground-truth boxes per image, computed for the batch at once.
+
+        Labels: 1 for an anchor matched to a ground-truth box, 0 below ``bg_iou_thresh`` (every anchor of an
+        image without boxes), -1 in between; the matched box, zeros where none (torchvision's values).
+        The similarity is IoU (torchvision's ``box_similarity``), computed by `lazytrain.modeling.matching`.
+
+        Args:
+            anchors: per image [A, 4].
+            targets: per image, ``boxes`` [G_i, 4].
+
+        Returns:
+            ``(labels, matched_gt_boxes)``: per image [A] float32 and [A, 4].
+        """
+        gt = pad_boxes([target["boxes"] for target in targets])
+        stacked = torch.stack(anchors)
+        all_anchors = torch.ones(stacked.shape[:2], dtype=torch.bool, device=stacked.device)
+        matches = match_padded(self.proposal_matcher, gt, PaddedBoxes(stacked, all_anchors))
+        matched_gt_boxes = gather_boxes(gt.boxes, matches.clamp(min=0))
+        labels = (matches >= 0).to(torch.float32)
+        labels.masked_fill_(matches == self.proposal_matcher.BETWEEN_THRESHOLDS, -1.0)
+        return list(labels.unbind()), list(matched_gt_boxes.unbind())
 
     def compute_loss(
         self,

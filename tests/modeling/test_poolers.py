@@ -8,8 +8,16 @@ import torch
 from pytest import param
 from torchvision.ops import MultiScaleRoIAlign as TorchvisionMultiScaleRoIAlign
 from torchvision.ops import roi_align as torchvision_roi_align
+from torchvision.ops.poolers import LevelMapper, _convert_to_roi_format
 
-from lazytrain.modeling.poolers import DENSE_MAX_ELEMENTS, MultiScaleRoIAlign, roi_align, roi_align_dense
+from lazytrain.modeling.poolers import (
+    DENSE_MAX_ELEMENTS,
+    MultiScaleRoIAlign,
+    _batch_rois,
+    _level_of_rois,
+    roi_align,
+    roi_align_dense,
+)
 from lazytrain.utils.host_syncs import TO_HOST, HostSyncCounter
 
 
@@ -252,3 +260,16 @@ def test_multiscale_roi_align_reads_the_device_once_per_call(levels, expected):
     with HostSyncCounter() as counter:
         _pool_and_grad(pool, features, boxes)
     assert dict(counter.counts) == expected
+
+
+def test_rois_and_levels_of_a_batch_are_torchvisions_bit_for_bit():
+    generator = torch.Generator().manual_seed(0)
+    corners = torch.rand(40, 2, generator=generator) * 300
+    sizes = 2 ** (torch.rand(40, 2, generator=generator) * 9 + 1)  # 2 to 1024 px: every level
+    boxes = torch.cat((corners, corners + sizes), dim=1)
+    per_image = [boxes[:15], boxes[15:15], boxes[15:39], boxes[39:]]  # one image without boxes
+    mapper = LevelMapper(2, 5)
+    rois = _batch_rois(per_image)
+    assert torch.equal(rois, _convert_to_roi_format(per_image))
+    levels = _level_of_rois(mapper, rois)
+    assert torch.equal(levels, mapper(per_image)) and len(levels.unique()) == 4

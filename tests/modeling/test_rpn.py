@@ -16,7 +16,7 @@ from torchvision.ops import box_iou
 import lazytrain.modeling.nms as nms_module
 import lazytrain.modeling.rpn as rpn_module
 from lazytrain.config import instantiate
-from lazytrain.modeling import RegionProposalNetwork, box_coding
+from lazytrain.modeling import RegionProposalNetwork, matching
 from lazytrain.utils.host_syncs import TO_HOST, HostSyncCounter
 from tests.modeling.helpers import CPU_RECIPE, R50_RECIPE, build_model, load_model_config
 
@@ -346,6 +346,8 @@ def test_anchor_matching_and_box_coding_equal_torchvisions():
     rpn = _recipe_rpn().train()
     reference = _torchvision_copy(rpn)
     images, features, targets = _inputs(rpn, DEMO_BATCH_8, seed=4, channels=1)
+    targets[3] = {"boxes": torch.zeros(0, 4)}  # torchvision's background image: labels 0, zero boxes
+    targets[5]["boxes"] = torch.cat((targets[5]["boxes"], targets[5]["boxes"][:1]))  # tied best anchors
     anchors = rpn.anchor_generator(images, list(features.values()))
     labels, matched = rpn.assign_targets_to_anchors(anchors, targets)
     expected_labels, expected_matched = reference.assign_targets_to_anchors(anchors, targets)
@@ -365,7 +367,7 @@ def test_low_quality_matches_equal_torchvisions_ties_included(seed):
     # Few distinct values: many predictions share a ground truth's best quality.
     quality = (torch.rand(5, 200, generator=generator) * 8).floor() / 10
     quality[3] = 0.0  # a ground truth that overlaps nothing
-    matcher = box_coding.Matcher(0.7, 0.3, allow_low_quality_matches=True)
+    matcher = matching.Matcher(0.7, 0.3, allow_low_quality_matches=True)
     expected = Matcher(0.7, 0.3, allow_low_quality_matches=True)(quality)
     with HostSyncCounter() as counter:
         got = matcher(quality)
