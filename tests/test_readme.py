@@ -47,7 +47,7 @@ def readme_commands(section: str | None = None) -> list[str]:
 def test_quickstart_is_two_commands_install_and_run_then_test():
     install_and_run, test = readme_commands("Quickstart")
     assert install_and_run.startswith("pip install -e ") and "python -m lazytrain conf/" in install_and_run
-    assert test == "python -m pytest tests -q"
+    assert test == "python -m pytest tests -q -n 2"
 
 
 def test_ci_runs_the_readme_test_command_verbatim():
