@@ -1,7 +1,9 @@
-"""Box coding without host syncs: torchvision's `BoxCoder` with the same results.
+"""Box coding and clipping without host syncs: torchvision's `BoxCoder` and ``clip_boxes_to_image`` with the
+same results.
 
 torchvision builds small tensors from Python numbers on every call of its box coder; on a GPU each is a wait
 for the device. The RPN and the RoI heads use this one (matching: `lazytrain.modeling.matching`).
+`clip_to_image_sizes` clips boxes of many images at once, each to its own size.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import torch
 from torch import Tensor
 from torchvision.models.detection import _utils as det_utils
 
-__all__ = ["BoxCoder"]
+__all__ = ["BoxCoder", "clip_to_image_sizes"]
 
 
 class BoxCoder(det_utils.BoxCoder):
@@ -66,3 +68,12 @@ class BoxCoder(det_utils.BoxCoder):
             predicted_y + half_height,
         )
         return torch.stack(corners, dim=2).flatten(1)
+
+
+def clip_to_image_sizes(boxes: Tensor, sizes: Tensor) -> Tensor:
+    """[N, K, 4] boxes clipped to [0, width] x [0, height] of their image; `sizes` [N, 2] holds (height,
+    width). torchvision's ``clip_boxes_to_image`` (the same values), with one size per row."""
+    heights, widths = sizes[:, None, None, 0], sizes[:, None, None, 1]
+    x = boxes[..., 0::2].clamp(min=0).minimum(widths)
+    y = boxes[..., 1::2].clamp(min=0).minimum(heights)
+    return torch.stack((x, y), dim=-1).reshape(boxes.shape)

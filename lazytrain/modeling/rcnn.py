@@ -390,8 +390,10 @@ class RCNN(GeneralizedRCNN):
     ) -> dict[str, Tensor]:
         height = int(record.get("height", input_size[0]))
         width = int(record.get("width", input_size[1]))
-        scale = detection["boxes"].new_tensor(
-            [width / input_size[1], height / input_size[0], width / input_size[1], height / input_size[0]]
+        scale = [width / input_size[1], height / input_size[0]] * 2
+        # Built on the host and copied without blocking: new_tensor(...) would wait for the device.
+        scale = torch.tensor(scale, dtype=detection["boxes"].dtype).to(
+            detection["boxes"].device, non_blocking=True
         )
         boxes = box_ops.clip_boxes_to_image(detection["boxes"] * scale, (height, width))
         return self.to_instances({**detection, "boxes": boxes}, (height, width))

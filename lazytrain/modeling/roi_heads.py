@@ -32,7 +32,7 @@ from torchvision.models.detection.roi_heads import (
 )
 from torchvision.ops import boxes as box_ops
 
-from lazytrain.modeling.box_coding import BoxCoder
+from lazytrain.modeling.box_coding import BoxCoder, clip_to_image_sizes
 from lazytrain.modeling.classification_losses import ClassificationLoss, SoftmaxCrossEntropy
 from lazytrain.modeling.heads import MaskPredictor
 from lazytrain.modeling.matching import Matcher, PaddedBoxes, gather_boxes, match_padded, pad_boxes
@@ -358,16 +358,57 @@ class RoIHeads(TorchvisionRoIHeads):
     ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
         """Per image: boxes, scores and labels (1..K) of the detections kept from every RoI's decoded boxes
         `boxes` [R, K+1, 4] and `scores` [R, K+1] (RoIs of all images in the order of `proposals`): score
-        threshold, small boxes, per-class NMS, top `detections_per_img`."""
-        # shape[0], not len(): a trace (model export) keeps the former dynamic and freezes the latter.
-        per_image = [p.shape[0] for p in proposals]
-        kept = [
-            self._detections_in_image(image_boxes, image_scores, image_shape)
-            for image_boxes, image_scores, image_shape in zip(
-                boxes.split(per_image), scores.split(per_image), image_shapes
-            )
-        ]
+        threshold, small boxes, per-class NMS, top `detections_per_img` (torchvision's steps and results).
+
+        The thresholds run on the whole batch with one host read (`_candidates`; torchvision: two
+        ``torch.where`` per image), NMS image by image; under tracing and ``torch.export``, everything image
+        by image (`_detections_in_image`), which records no candidate count."""
+        if torch.jit.is_tracing() or torch.compiler.is_exporting():
+            # shape[0], not len(): a trace (model export) keeps the former dynamic and freezes the latter.
+            per_image = [p.shape[0] for p in proposals]
+            kept = [
+                self._detections_in_image(image_boxes, image_scores, image_shape)
+                for image_boxes, image_scores, image_shape in zip(
+                    boxes.split(per_image), scores.split(per_image), image_shapes
+                )
+            ]
+        else:
+            kept = [
+                self._nms_in_image(*candidates, image_shape)
+                for *candidates, image_shape in zip(*self._candidates(boxes, scores, proposals, image_shapes))
+            ]
         return [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept]
+
+    def _candidates(
+        self, boxes: Tensor, scores: Tensor, proposals: list[Tensor], image_shapes: list[tuple[int, int]]
+    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...], list[tuple[int, int]]]:
+        """Per image, the boxes, scores and labels of every (RoI, foreground class) scoring above
+        `score_thresh` whose box, clipped to its image, is at least 0.01 px wide and high, in torchvision's
+        order (RoI, then class); the host reads the number per image, once for the batch."""
+        num_images, num_classes = len(proposals), scores.shape[1] - 1
+        # Built on the host and copied without blocking: torch.tensor(..., device=) would wait for the device.
+        counts = torch.tensor([p.shape[0] for p in proposals]).to(boxes.device, non_blocking=True)
+        image_of_roi = torch.arange(num_images, device=boxes.device).repeat_interleave(
+            counts, output_size=boxes.shape[0]
+        )
+        sizes = torch.tensor(image_shapes, dtype=boxes.dtype).to(boxes.device, non_blocking=True)
+        boxes = clip_to_image_sizes(boxes[:, 1:], sizes[image_of_roi])  # column 0, the background: never
+        scores = scores[:, 1:]
+        widths, heights = boxes[..., 2] - boxes[..., 0], boxes[..., 3] - boxes[..., 1]
+        candidate = (scores > self.score_thresh) & (widths >= 1e-2) & (heights >= 1e-2)
+        per_image = torch.zeros(num_images, dtype=torch.int64, device=boxes.device)
+        per_image = per_image.index_add_(0, image_of_roi, candidate.sum(dim=1)).tolist()  # the host read
+        index = torch.nonzero_static(candidate.flatten(), size=sum(per_image))[:, 0]
+        labels = index % num_classes + 1
+        found = (boxes.reshape(-1, 4)[index], scores.flatten()[index], labels)
+        return (*(values.split(per_image) for values in found), image_shapes)
+
+    def _nms_in_image(
+        self, boxes: Tensor, scores: Tensor, labels: Tensor, image_shape: tuple[int, int]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-class NMS of one image's candidates and its top `detections_per_img`."""
+        keep = batched_nms(boxes, scores, labels, self.nms_thresh, image_shape)[: self.detections_per_img]
+        return boxes[keep], scores[keep], labels[keep]
 
     def _detections_in_image(
         self, boxes: Tensor, scores: Tensor, image_shape: tuple[int, int]
@@ -381,9 +422,7 @@ class RoIHeads(TorchvisionRoIHeads):
         keep = torch.where(scores > self.score_thresh)[0]
         boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
         keep = box_ops.remove_small_boxes(boxes, min_size=1e-2)
-        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
-        keep = batched_nms(boxes, scores, labels, self.nms_thresh, image_shape)[: self.detections_per_img]
-        return boxes[keep], scores[keep], labels[keep]
+        return self._nms_in_image(boxes[keep], scores[keep], labels[keep], image_shape)
 
     def _mask_branch(self, batch: _Batch) -> dict[str, Tensor]:
         """Training: ``loss_mask`` on the foreground RoIs. Eval: adds ``masks`` to each detection dict."""

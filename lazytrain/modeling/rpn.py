@@ -31,7 +31,7 @@ from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.rpn import RegionProposalNetwork as TorchvisionRegionProposalNetwork
 from torchvision.ops import boxes as box_ops
 
-from lazytrain.modeling.box_coding import BoxCoder
+from lazytrain.modeling.box_coding import BoxCoder, clip_to_image_sizes
 from lazytrain.modeling.matching import Matcher, PaddedBoxes, gather_boxes, match_padded, pad_boxes
 from lazytrain.modeling.nms import batched_nms, grouped_nms
 from lazytrain.modeling.sampling import BalancedMaskSampler
@@ -203,7 +203,7 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         boxes = proposals.gather(1, top[..., None].expand(-1, -1, 4))
         # Built on the host and copied without blocking: torch.tensor(..., device=) would wait for the device.
         sizes = torch.tensor(image_shapes, dtype=boxes.dtype).to(boxes.device, non_blocking=True)
-        boxes = _clip_to_images(boxes, sizes)
+        boxes = clip_to_image_sizes(boxes, sizes)
         widths, heights = boxes[..., 2] - boxes[..., 0], boxes[..., 3] - boxes[..., 1]
         valid = (widths >= self.min_size) & (heights >= self.min_size) & (scores >= self.score_thresh)
         level_sizes = [min(self.pre_nms_top_n(), count) for count in num_anchors_per_level]
@@ -289,15 +289,6 @@ class _Candidates(NamedTuple):
     scores: Tensor
     valid: Tensor
     level_sizes: list[int]
-
-
-def _clip_to_images(boxes: Tensor, sizes: Tensor) -> Tensor:
-    """[N, K, 4] boxes clipped to [0, width] x [0, height] of their image; `sizes` [N, 2] holds (height,
-    width). torchvision's clip_boxes_to_image, with one size per image."""
-    heights, widths = sizes[:, None, None, 0], sizes[:, None, None, 1]
-    x = boxes[..., 0::2].clamp(min=0).minimum(widths)
-    y = boxes[..., 1::2].clamp(min=0).minimum(heights)
-    return torch.stack((x, y), dim=-1).reshape(boxes.shape)
 
 
 def _valid_first(candidates: _Candidates) -> _Candidates:

@@ -427,3 +427,27 @@ def test_box_regression_loss_equals_torchvisions_without_host_syncs():
     torch.testing.assert_close(loss, expected)
     (expected_grad,) = torch.autograd.grad(expected, box_regression)
     torch.testing.assert_close(grad, expected_grad)
+
+
+@pytest.mark.parametrize("score_thresh", [0.0, 0.2, 0.99])
+def test_detections_selected_for_the_batch_equal_image_by_image_with_one_host_read(score_thresh):
+    heads = RoIHeads(None, None, None, 0.5, 0.5, 16, 0.25, None, score_thresh, 0.5, 7)
+    generator = torch.Generator().manual_seed(0)
+    per_image = [12, 0, 9]  # an image without RoIs
+    shapes = [(100, 120), (80, 80), (60, 90)]
+    corners = torch.rand(21, 6, 2, generator=generator) * 130 - 10  # some outside their image
+    sizes = torch.rand(21, 6, 2, generator=generator) * 40
+    sizes[::4, :, 0] = 0.001  # too narrow once clipped: removed as small boxes
+    boxes = torch.cat((corners, corners + sizes), dim=2)
+    scores = torch.randn(21, 6, generator=generator).mul(3).softmax(dim=1)
+    proposals = [torch.zeros(count, 4) for count in per_image]
+    with HostSyncCounter() as counter:
+        selected = heads.select_detections(boxes, scores, proposals, shapes)
+    assert counter.counts[TO_HOST] == 1 and "aten.nonzero" not in counter.counts, counter.format_counts()
+    found = 0
+    for image, (image_boxes, image_scores) in enumerate(zip(boxes.split(per_image), scores.split(per_image))):
+        expected = heads._detections_in_image(image_boxes, image_scores, shapes[image])
+        for got, wanted in zip((values[image] for values in selected), expected):
+            assert torch.equal(got, wanted)
+        found += len(expected[0])
+    assert (found > 0) == (score_thresh < 0.99)
