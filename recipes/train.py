@@ -43,6 +43,10 @@ train = dict(
     verbose=False,  # True: also print the full config, environment and model on the console (always in log.txt)
     eval_period=5000,  # 0: evaluate only after training
     amp=dict(enabled=False, dtype="bfloat16"),  # or "float16" (with a checkpointed grad scaler)
+    # cuDNN times its convolution algorithms per new input shape (pays when shapes repeat, e.g. LSJ's 1024 px).
+    cudnn_benchmark=False,
+    # torch.set_float32_matmul_precision: "high" runs fp32 matmuls in TF32 (Ampere+; changes fp32 numerics).
+    float32_matmul_precision="highest",
     clip_grad=dict(enabled=False, max_norm=None),  # e.g. enabled=True, max_norm=10.0 (global gradient norm)
     checkpointer=dict(period=5000, max_to_keep=None),  # None keeps every periodic checkpoint
     # Images per process and forward pass; None: the whole share of total_batch_size at once. Must divide it.

@@ -53,6 +53,7 @@ __all__ = [
     "load_init_checkpoint",
     "run",
     "seed_all_rng",
+    "set_backend_flags",
 ]
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ def seed_all_rng(seed: int) -> None:
 
 
 def default_setup(cfg: DictConfig) -> None:
-    """Prepare this rank: logging, environment info, config dump to ``output_dir/config.yaml``, seeding.
+    """Prepare this rank: logging, environment info, config dump to ``output_dir/config.yaml``, seeding, the
+    torch backend settings (`set_backend_flags`).
 
     Each rank seeds ``train.seed + rank``; a negative ``train.seed`` draws one random seed on rank 0, shared
     by all ranks (then also offset by the rank).
@@ -109,6 +111,18 @@ def default_setup(cfg: DictConfig) -> None:
         seed = comm.shared_random_seed()
     seed_all_rng(seed + rank)
     logger.debug("Seeded the random number generators with %d (train.seed + rank)", seed + rank)
+    set_backend_flags(cfg)
+
+
+def set_backend_flags(cfg: DictConfig) -> None:
+    """``train.cudnn_benchmark`` (detectron2's key; default false) into ``torch.backends.cudnn.benchmark`` and
+    ``train.float32_matmul_precision`` (default "highest", torch's) into ``torch.set_float32_matmul_precision``.
+    Either may change float32 results: cuDNN's algorithms round differently, and "high" is TF32."""
+    benchmark = bool(cfg.train.get("cudnn_benchmark", False))
+    precision = str(cfg.train.get("float32_matmul_precision", "highest"))
+    torch.backends.cudnn.benchmark = benchmark
+    torch.set_float32_matmul_precision(precision)
+    logger.debug("cudnn.benchmark=%s, float32 matmul precision %s", benchmark, precision)
 
 
 def _point_at_output_dir(cfg: DictConfig, output_dir: str) -> None:

@@ -44,6 +44,19 @@ def test_preflight_of_a_sound_job_finds_nothing(tmp_path):
     assert preflight(cfg, INJECTED_ARGUMENTS) == []
 
 
+def test_backend_settings_torch_would_refuse_are_named_before_the_run(tmp_path):
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.train.output_dir = str(tmp_path)
+    cfg.train.cudnn_benchmark = "yes"
+    cfg.train.float32_matmul_precision = "tf32"
+    assert preflight(cfg, INJECTED_ARGUMENTS) == [
+        "train.cudnn_benchmark='yes': must be true or false (detectron2's key: let cuDNN time its convolution "
+        "algorithms for each new input shape; it pays when the shapes repeat).",
+        "train.float32_matmul_precision='tf32': must be one of highest, high, medium "
+        "(torch.set_float32_matmul_precision; 'high' runs float32 matmuls in TF32 on Ampere and later).",
+    ]
+
+
 def test_preflight_checks_the_gpu_count_once_the_launch_values_are_sound(tmp_path):
     cfg = load_primary_config(ENGINE_TOY)
     cfg.train.output_dir = str(tmp_path)

@@ -8,12 +8,12 @@ Two entry points, one per moment:
   every value the command line gives them (each value of a grid sweep too).
 - `preflight(cfg)`: in each Hydra job, on its resolved config, before any process starts: the config's
   structure (`lazytrain.config.validate`), the ``launch.*`` values and GPU count, the batch settings (gradient
-  accumulation, LR scaling), the built-in data sets on disk, and the checkpoint the run starts from. Returns
+  accumulation, LR scaling), the torch backend settings, the built-in data sets on disk, and the checkpoint the run starts from. Returns
   every problem at once.
 
 Modules: `command_line` (overrides, output directories), `json_data` (a user's COCO/LVIS json), `builtin_data`
 (``coco_2017_*``, ``lvis_v1_*``), `checkpoints`, `processes` (``launch.*``), `batch` (``train.images_per_forward``,
-``train.auto_scale_lr``).
+``train.auto_scale_lr``), `backends` (``train.cudnn_benchmark``, ``train.float32_matmul_precision``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from lazytrain.config import validate
 from lazytrain.errors import ConfigError
 from lazytrain.program.job_plan import get_processes_per_machine
 from lazytrain.program.objective import check_search, get_search_sweeper
+from lazytrain.program.preflight.backends import find_backend_problems
 from lazytrain.program.preflight.batch import find_batch_problems
 from lazytrain.program.preflight.builtin_data import find_missing_data
 from lazytrain.program.preflight.checkpoints import find_checkpoint_problems
@@ -88,6 +89,7 @@ def preflight(cfg: DictConfig, injected: dict[str, tuple[str, ...]]) -> list[str
     # The process count needs valid launch values, and the batch check needs the process count.
     count_problems = launch_problems or _problems_raised_by(get_processes_per_machine, cfg)
     problems += count_problems or find_batch_problems(cfg)
+    problems += find_backend_problems(cfg)
     missing = find_missing_data(cfg)
     if missing:
         problems.append("\n".join(missing))
