@@ -2,6 +2,7 @@
 RoI heads (Cascade R-CNN's too), predictors and their classification losses, the sampling of training examples, weight loading, and
 export (torch.export's ExportedProgram, ONNX, AOTInductor; TorchScript, legacy) with a parity check."""
 
+from lazytrain.modeling.anchors import AnchorGenerator
 from lazytrain.modeling.backbone import build_resnet_fpn_backbone
 from lazytrain.modeling.cascade_roi_heads import CascadeRoIHeads
 from lazytrain.modeling.classification_losses import (
@@ -43,6 +44,7 @@ from lazytrain.modeling.timm_backbone import SimpleFeaturePyramid, TimmBackbone
 from lazytrain.modeling.weights import load_init_weights
 
 __all__ = [
+    "AnchorGenerator",
     "RCNN",
     "BalancedMaskSampler",
     "BoxPredictor",

@@ -2,7 +2,7 @@
 same results.
 
 torchvision builds small tensors from Python numbers on every call of its box coder; on a GPU each is a wait
-for the device. The RPN and the RoI heads use this one (matching: `lazytrain.modeling.matching`).
+for the device; and it decodes half and bfloat16 codes in their own dtype (coordinates rounded to 4-8 px). The RPN and the RoI heads use this one (matching: `lazytrain.modeling.matching`).
 `clip_to_image_sizes` clips boxes of many images at once, each to its own size.
 """
 
@@ -47,6 +47,11 @@ class BoxCoder(det_utils.BoxCoder):
         return self.decode_single(rel_codes, torch.cat(boxes)).unflatten(1, (-1, 4))
 
     def decode_single(self, rel_codes: Tensor, boxes: Tensor) -> Tensor:
+        """torchvision's decoding, in float32 for half and bfloat16 codes (under autocast the heads give
+        those): torchvision decodes in the codes' dtype, which rounds a coordinate between 512 and 1024 px to
+        a multiple of 4 in bfloat16. detectron2 decodes in float32 too."""
+        if rel_codes.dtype in (torch.float16, torch.bfloat16):
+            rel_codes = rel_codes.float()
         boxes = boxes.to(rel_codes.dtype)
         widths = boxes[:, 2] - boxes[:, 0]
         heights = boxes[:, 3] - boxes[:, 1]

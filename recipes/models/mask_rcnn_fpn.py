@@ -13,7 +13,6 @@ The model is built with random weights; its ImageNet ResNet-50 start is ``train.
 address): the R-50 file would fill only the blocks both depths have, and the report would list the rest.
 """
 
-from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import TwoMLPHead
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads
 from torchvision.models.detection.rpn import RPNHead
@@ -21,6 +20,7 @@ from torchvision.models.detection.rpn import RPNHead
 from lazytrain.config import LazyCall as L
 from lazytrain.modeling import (  # MultiScaleRoIAlign: torchvision's, with a faster CPU training path
     RCNN,
+    AnchorGenerator,  # torchvision's anchors, in float32 under autocast, computed once per size
     BoxPredictor,
     MaskPredictor,
     MultiScaleRoIAlign,
