@@ -170,11 +170,11 @@ def _iou_above_tiles(boxes: Tensor, valid: Tensor, iou_threshold: float) -> Iter
     """
     groups, count = valid.shape
     padded = _round_up(count, 64)
-    # nan coordinates for invalid boxes and the padding: their IoUs are nan, above no threshold.
-    x1, y1, x2, y2 = (
-        F.pad(boxes[..., index].masked_fill(~valid, math.nan), (0, padded - count), value=math.nan)
-        for index in range(4)
-    )
+    # nan coordinates for invalid boxes and the padding: their IoUs are nan, above no threshold. One
+    # operation each for all four coordinates, which then lie one after the other in memory.
+    coordinates = boxes.masked_fill(~valid[..., None], math.nan)
+    coordinates = F.pad(coordinates, (0, 0, 0, padded - count), value=math.nan).movedim(-1, 0).contiguous()
+    x1, y1, x2, y2 = coordinates.unbind()
     areas = (x2 - x1) * (y2 - y1)
     threshold = _float_below(iou_threshold, boxes.dtype)
     budget = _TILE_ELEMENTS.get(boxes.device.type, _DEVICE_TILE_ELEMENTS)
