@@ -37,6 +37,7 @@ from lazytrain.config import LazyCall as L
 from lazytrain.modeling import TimmBackbone
 
 from ..recipes.data.lsj import use_lsj
+from ..recipes.schedules import use_vitdet_lvis_schedule
 from ..recipes.models.cascade_mask_rcnn_fpn import make_cascade_roi_heads
 from ..recipes.optim import AdamW as optimizer
 from .rfs_maskrcnn import dataloader, launch, losses, lr_multiplier, model, objective, train
@@ -63,13 +64,7 @@ use_lsj(dataloader, 1024, total_batch_size=64)
 
 # detectron2's Swin-B LVIS schedule: 50 epochs = 78,125 iterations of 64 images, x0.1 at 8/9 and 26/27 of
 # training (69,444 and 75,231 there and here), 250 warmup iterations from x0.001.
-train.max_iter = 78125
-lr_multiplier.warmup_iters = 250
-lr_multiplier.milestones = [
-    "${lazytrain.frac:${train.max_iter},8,9}",
-    "${lazytrain.frac:${train.max_iter},26,27}",
-]
-train.amp.enabled = True
+use_vitdet_lvis_schedule(train, lr_multiplier, max_iter=78125)
 
 # detectron2's Swin settings: AdamW lr 1e-4 at batch 64, wd 0.05, no decay on norms, one lr for every layer.
 optimizer.lr = 1e-4

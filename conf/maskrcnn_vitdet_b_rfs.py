@@ -27,6 +27,7 @@ from lazytrain.config import LazyCall as L
 from lazytrain.modeling import TimmBackbone
 
 from ..recipes.data.lsj import use_lsj
+from ..recipes.schedules import use_vitdet_lvis_schedule
 from ..recipes.optim import AdamW as optimizer
 from .rfs_maskrcnn import dataloader, launch, losses, lr_multiplier, model, objective, train
 
@@ -46,13 +47,7 @@ use_lsj(dataloader, 1024, total_batch_size=64)
 
 # detectron2's ViTDet-B LVIS schedule: 100 epochs = 156,250 iterations of 64 images, x0.1 at 8/9 and 26/27 of
 # training (its 138,889 and 150,463; one less here, rounding down), 250 warmup iterations.
-train.max_iter = 156250
-lr_multiplier.warmup_iters = 250
-lr_multiplier.milestones = [
-    "${lazytrain.frac:${train.max_iter},8,9}",
-    "${lazytrain.frac:${train.max_iter},26,27}",
-]
-train.amp.enabled = True
+use_vitdet_lvis_schedule(train, lr_multiplier, max_iter=156250)
 optimizer.lr = 2e-4  # ViTDet-B LVIS: lr 2e-4 at batch 64, wd 0.1, layer decay 0.7 over 12 blocks
 optimizer.params.layer_decay = 0.7
 optimizer.params.num_layers = 12
