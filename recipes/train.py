@@ -47,6 +47,9 @@ train = dict(
     cudnn_benchmark=False,
     # torch.set_float32_matmul_precision: "high" runs fp32 matmuls in TF32 (Ampere+; changes fp32 numerics).
     float32_matmul_precision="highest",
+    # torch.compile of the backbone + FPN in training (RCNN.compile_backbone): fixed shapes only, so pad
+    # training batches to fixed sizes (model.pad_to_sizes=[[1024,1024]]); mode="reduce-overhead": CUDA graphs.
+    compile=dict(enabled=False, mode=None, backend="inductor"),
     clip_grad=dict(enabled=False, max_norm=None),  # e.g. enabled=True, max_norm=10.0 (global gradient norm)
     checkpointer=dict(period=5000, max_to_keep=None),  # None keeps every periodic checkpoint
     # Images per process and forward pass; None: the whole share of total_batch_size at once. Must divide it.

@@ -2,6 +2,7 @@
 
     python scripts/benchmark_gpu_step.py                  # R50-FPN, 1203 classes, batch 2 and 8, fp32, bf16
     python scripts/benchmark_gpu_step.py --channels-last  # one measure at a time: --tf32, --fused-optimizer
+    python scripts/benchmark_gpu_step.py --models lazytrain --compile default   # or reduce-overhead (CUDA graphs)
     python scripts/benchmark_gpu_step.py --models lazytrain --batch-sizes 2 --precisions bf16 --sync-table
     python scripts/benchmark_gpu_step.py --device cpu --iters 1 --warmup 1 --batch-sizes 1 --precisions fp32 \
         --size 64 --max-size 64 --num-classes 30 --num-images 1  # a smoke run without a GPU (~10 s)
@@ -88,6 +89,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tf32", action="store_true", help="TF32 matmuls (torch's default: convs only)")
     parser.add_argument("--fused-optimizer", action="store_true", help="SGD(fused=True)")
     parser.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark")
+    parser.add_argument(
+        "--compile",
+        default=None,
+        metavar="MODE",
+        help="lazytrain: RCNN.compile_backbone with this torch.compile mode (default, reduce-overhead: CUDA "
+        "graphs, max-autotune-no-cudagraphs); compiled during the warm-up steps",
+    )
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend for --compile")
     parser.add_argument("--inputs-on-device", action="store_true", help="give lazytrain device tensors")
     parser.add_argument("--sync-table", action="store_true", help="print each step's syncs by line")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -167,6 +176,10 @@ def build_lazytrain(args: argparse.Namespace, device: torch.device):
     overrides = [f"model.num_classes={args.num_classes}", f"model.channels_last={args.channels_last}"]
     LazyConfig.apply_overrides(cfg, [*overrides, *args.overrides])
     model = instantiate(cfg.model).to(device).train()
+    if args.compile:
+        model.compile_backbone(
+            mode=None if args.compile == "default" else args.compile, backend=args.compile_backend
+        )
     optim = LazyConfig.load(os.path.join(REPO, "recipes", "optim.py")).optimizer
     params = instantiate(optim.params, model=model)
     fused = {"fused": True} if args.fused_optimizer else {}
@@ -334,6 +347,8 @@ def _free_memory(device: torch.device) -> None:
 def _options(args: argparse.Namespace) -> str:
     flags = ("channels_last", "tf32", "fused_optimizer", "cudnn_benchmark", "inputs_on_device")
     chosen = [flag.replace("_", "-") for flag in flags if getattr(args, flag)]
+    if args.compile:
+        chosen.append(f"compile {args.compile} ({args.compile_backend})")
     return ", ".join(chosen) or "-"
 
 

@@ -49,16 +49,24 @@ class NoResizeTransform(GeneralizedRCNNTransform):
         pixel_mean: per-channel mean, on the scale of the images it receives (0-255 inside `RCNN`).
         pixel_std: per-channel standard deviation, same scale.
         size_divisible: the padded batch height and width are multiples of this (32 suits FPN strides).
+        pad_to_sizes: (height, width) pairs, multiples of `size_divisible`; in training each batch is padded to
+            the smallest of them (by area) that holds it, so that the backbone sees a few fixed shapes (what
+            a compiled backbone and CUDA graphs need). None: padded to the batch's own size.
     """
 
     def __init__(
-        self, pixel_mean: Sequence[float], pixel_std: Sequence[float], size_divisible: int = 32
+        self,
+        pixel_mean: Sequence[float],
+        pixel_std: Sequence[float],
+        size_divisible: int = 32,
+        pad_to_sizes: Sequence[Sequence[int]] | None = None,
     ) -> None:
         # min_size/max_size are unused: `resize` below is the identity.
         super().__init__(
             min_size=0, max_size=0, image_mean=list(pixel_mean), image_std=list(pixel_std),
             size_divisible=size_divisible,
         )  # fmt: skip
+        self.pad_to_sizes = _check_pad_to_sizes(pad_to_sizes, size_divisible)
 
         # On the model's device, moved with it: torchvision's `normalize` builds them from Python lists for
         # every image, two host-to-device copies per image that each wait for the GPU's queue. Not persistent:
@@ -79,22 +87,69 @@ class NoResizeTransform(GeneralizedRCNNTransform):
     def batch_images(self, images: list[Tensor], size_divisible: int = 32) -> Tensor:
         """torchvision's padding into one batch; under ``torch.export`` with integer arithmetic on the sizes,
         which keeps them symbolic (torchvision's rounds through ``float`` and ``math.ceil``, which fixes an
-        exported program to the example's image size)."""
+        exported program to the example's image size). In training with `pad_to_sizes`, to one of those."""
+        if self.training and self.pad_to_sizes:
+            return _pad_batch(images, *self._fixed_size_for(images))
         if not torch.compiler.is_exporting():
             return super().batch_images(images, size_divisible)
         height = functools.reduce(torch.sym_max, [image.shape[-2] for image in images])
         width = functools.reduce(torch.sym_max, [image.shape[-1] for image in images])
         height = (height + size_divisible - 1) // size_divisible * size_divisible
         width = (width + size_divisible - 1) // size_divisible * size_divisible
-        return torch.stack(
-            [F.pad(image, (0, width - image.shape[-1], 0, height - image.shape[-2])) for image in images]
+        return _pad_batch(images, height, width)
+
+    def _fixed_size_for(self, images: list[Tensor]) -> tuple[int, int]:
+        height = max(image.shape[-2] for image in images)
+        width = max(image.shape[-1] for image in images)
+        for size in self.pad_to_sizes:  # smallest area first
+            if size[0] >= height and size[1] >= width:
+                return size
+        raise ValueError(
+            f"RCNN(pad_to_sizes={[list(size) for size in self.pad_to_sizes]}): a training batch has images up to "
+            f"{height} x {width} px (height x width), which fit none of these sizes. Add a size that holds them "
+            f"(model.pad_to_sizes=[..., [{_round_up(height, self.size_divisible)}, "
+            f"{_round_up(width, self.size_divisible)}]]) or make the train mapper's images smaller."
         )
 
     def __repr__(self) -> str:
+        fixed = f", pad_to_sizes={[list(size) for size in self.pad_to_sizes]}" if self.pad_to_sizes else ""
         return (
             f"{type(self).__name__}(mean={self.image_mean}, std={self.image_std}, "
-            f"size_divisible={self.size_divisible}, no resize)"
+            f"size_divisible={self.size_divisible}{fixed}, no resize)"
         )
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+def _pad_batch(images: list[Tensor], height: Any, width: Any) -> Tensor:
+    return torch.stack(
+        [F.pad(image, (0, width - image.shape[-1], 0, height - image.shape[-2])) for image in images]
+    )
+
+
+def _check_pad_to_sizes(
+    sizes: Sequence[Sequence[int]] | None, size_divisible: int
+) -> tuple[tuple[int, int], ...]:
+    if sizes is None:
+        return ()
+    is_list = isinstance(sizes, Sequence) and not isinstance(sizes, str)
+    pairs = [tuple(size) if isinstance(size, Sequence) else () for size in sizes] if is_list else []
+    valid = bool(pairs) and all(
+        len(pair) == 2
+        and all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 and v % size_divisible == 0 for v in pair
+        )
+        for pair in pairs
+    )
+    if not valid:
+        raise ValueError(
+            f"RCNN(pad_to_sizes=) must be a list of [height, width] pairs of positive multiples of "
+            f"size_divisible={size_divisible}; got {sizes!r}. E.g. model.pad_to_sizes=[[1024,1024]] for "
+            "large-scale jitter at 1024 px, or a few buckets such as [[800,1344],[1344,800],[1344,1344]]."
+        )
+    return tuple(sorted(pairs, key=lambda pair: (pair[0] * pair[1], pair)))
 
 
 def _check_stats(name: str, values: Sequence[float]) -> list[float]:
@@ -132,6 +187,8 @@ class RCNN(GeneralizedRCNN):
             model is on a GPU (or any device but the CPU), NCHW on the CPU, switched whenever the model moves
             (``model.to(device)``, before an optimizer or DDP sees it). On one H100 the R50-FPN step took
             0.1438 instead of 0.1587 s/it in bf16 and 0.1471 instead of 0.1665 in fp32 (issue 26).
+        pad_to_sizes: training batches padded to the smallest of these [height, width] sizes that holds them
+            (see `NoResizeTransform`), for `compile_backbone`; evaluation pads by `size_divisible` as always.
     """
 
     def __init__(
@@ -146,9 +203,13 @@ class RCNN(GeneralizedRCNN):
         size_divisible: int = 32,
         mask_threshold: float = 0.5,
         channels_last: bool | None = None,
+        pad_to_sizes: Sequence[Sequence[int]] | None = None,
     ) -> None:
         transform = NoResizeTransform(
-            _check_stats("pixel_mean", pixel_mean), _check_stats("pixel_std", pixel_std), size_divisible
+            _check_stats("pixel_mean", pixel_mean),
+            _check_stats("pixel_std", pixel_std),
+            size_divisible,
+            pad_to_sizes,
         )
         super().__init__(backbone, rpn, roi_heads, transform)
         self.num_classes = self._check_num_classes(num_classes)
@@ -158,6 +219,14 @@ class RCNN(GeneralizedRCNN):
         self.channels_last = channels_last
         self.memory_format = torch.contiguous_format
         self._follow_memory_format()
+        self.backbone_compile_options: dict[str, Any] | None = None
+        self._compiled_input_shapes: list[tuple[int, ...]] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The compiled backbone (dynamo's code cache) is rebuilt at first use by a copy or an unpickled model.
+        state = dict(super().__getstate__())
+        state.pop("_compiled_backbone", None)
+        return state
 
     def _apply(self, fn: Any, recurse: bool = True) -> RCNN:
         # Every move and cast (`to`, `cuda`, `cpu`, `half`, ...) ends here: channels_last=None follows the device.
@@ -202,6 +271,56 @@ class RCNN(GeneralizedRCNN):
             model.backbone, model.rpn, model.roi_heads, pixel_mean=pixel_mean, pixel_std=pixel_std,
             size_divisible=transform.size_divisible, channels_last=channels_last,
         )  # fmt: skip
+
+    def compile_backbone(self, *, mode: str | None = None, backend: str = "inductor") -> None:
+        """Run the backbone (with its FPN) through ``torch.compile`` in training steps (a regional compile:
+        the RPN and RoI heads, with their data-dependent shapes, stay eager; so does evaluation).
+
+        Compiled graphs are for fixed shapes (``dynamic=False``): the first training batch's shape is
+        compiled, and a batch of another shape raises a ValueError instead of compiling again, unless
+        `pad_to_sizes` allows it (one shape per size). With large-scale jitter, pad every batch to its size
+        (``model.pad_to_sizes=[[1024,1024]]``); with multi-scale resizing, to a few buckets.
+
+        Args:
+            mode: ``torch.compile``'s mode: None/"default", "reduce-overhead" (CUDA graphs on a GPU),
+                "max-autotune", "max-autotune-no-cudagraphs".
+            backend: ``torch.compile``'s backend ("inductor"; "aot_eager" traces without generating code).
+        """
+        self.backbone_compile_options = {"mode": mode, "backend": backend}
+        self._compiled_input_shapes = []
+        self.__dict__.pop("_compiled_backbone", None)
+
+    def _backbone_for(self, batch: Tensor) -> nn.Module:
+        """The backbone to run `batch` through: compiled in training after `compile_backbone`, else eager."""
+        options = self.backbone_compile_options
+        if options is None or not self.training or torch.compiler.is_compiling():
+            return self.backbone
+        shape = tuple(batch.shape)
+        if shape not in self._compiled_input_shapes:
+            self._check_new_input_shape(shape)
+            self._compiled_input_shapes.append(shape)
+        compiled = self.__dict__.get("_compiled_backbone")
+        if compiled is None:
+            # Kept out of the module tree (no state-dict keys, no second parameter listing).
+            compiled = torch.compile(self.backbone, dynamic=False, **options)
+            self.__dict__["_compiled_backbone"] = compiled
+        if options["mode"] in ("reduce-overhead", "max-autotune"):
+            # CUDA graphs reuse their output memory: each training forward starts a new step.
+            torch.compiler.cudagraph_mark_step_begin()
+        return compiled
+
+    def _check_new_input_shape(self, shape: tuple[int, ...]) -> None:
+        allowed = max(len(self.transform.pad_to_sizes), 1)
+        if len(self._compiled_input_shapes) < allowed:
+            return
+        compiled = ", ".join(str(list(s)) for s in self._compiled_input_shapes)
+        raise ValueError(
+            f"RCNN.compile_backbone (train.compile.enabled=true): the backbone was compiled for the input shape "
+            f"{compiled} and a training batch now has {list(shape)}. Each new shape would compile again (and "
+            "record new CUDA graphs). Give training fixed shapes: model.pad_to_sizes=[[H, W]] (one size, e.g. "
+            "[[1024,1024]] for large-scale jitter) or a few buckets (one compile each), and a fixed "
+            "dataloader.train.total_batch_size per process; or set train.compile.enabled=false."
+        )
 
     def _check_num_classes(self, num_classes: int | None) -> int:
         predictors = self.roi_heads.box_predictor
@@ -338,7 +457,8 @@ class RCNN(GeneralizedRCNN):
         """Normalise and batch, then backbone, RPN and RoI heads: (detections, losses); in training the
         detections are empty, in eval the losses."""
         image_list, targets = self.transform(images, targets)
-        features = self.backbone(image_list.tensors.contiguous(memory_format=self.memory_format))
+        batch = image_list.tensors.contiguous(memory_format=self.memory_format)
+        features = self._backbone_for(batch)(batch)
         if isinstance(features, Tensor):
             features = OrderedDict([("0", features)])
         proposals, proposal_losses = self.rpn(image_list, features, targets)

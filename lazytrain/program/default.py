@@ -46,6 +46,7 @@ __all__ = [
     "INJECTED_ARGUMENTS",
     "build_model",
     "build_model_ema",
+    "compile_backbone",
     "default_setup",
     "do_test",
     "do_train",
@@ -145,6 +146,23 @@ def build_model(cfg: DictConfig) -> torch.nn.Module:
     return model.to(device)
 
 
+def compile_backbone(cfg: DictConfig, model: torch.nn.Module) -> None:
+    """``train.compile.enabled``: the model's backbone through ``torch.compile`` for training
+    (`lazytrain.modeling.RCNN.compile_backbone`, with ``train.compile.mode`` and ``backend``)."""
+    options = cfg.train.get("compile") or {}
+    if not options.get("enabled", False):
+        return
+    if not hasattr(model, "compile_backbone"):
+        raise TypeError(
+            f"train.compile.enabled=true compiles the model's backbone, but the model ({type(model).__name__}) "
+            "has no compile_backbone(mode=, backend=) method (lazytrain.modeling.RCNN has one). Set "
+            "train.compile.enabled=false, or compile inside your model."
+        )
+    mode, backend = options.get("mode"), options.get("backend", "inductor")
+    model.compile_backbone(mode=mode, backend=backend)
+    logger.info("train.compile: the backbone runs through torch.compile (mode %s, backend %s)", mode, backend)
+
+
 def _wrap_ddp(cfg: DictConfig, model: torch.nn.Module) -> torch.nn.Module:
     if comm.get_world_size() == 1:
         return model
@@ -237,6 +255,7 @@ def do_train(cfg: DictConfig) -> dict:
     # Model: on its device and wrapped in DDP before the optimizer and trainer see it.
     model = build_model(cfg)
     logger.debug("Model:\n%s", model)
+    compile_backbone(cfg, model)
     model = _wrap_ddp(cfg, model)
     optimizer = _build_optimizer(cfg, _unwrap_ddp(model))
     scale_learning_rate(cfg, optimizer)  # train.auto_scale_lr

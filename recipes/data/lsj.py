@@ -11,6 +11,10 @@ instance's box fits what stays visible. Use it in a config that has train and te
 or, for the train augmentations alone, ``dataloader.train.mapper.augmentations = lsj_augmentations(1024)``
 with ``recompute_boxes = True`` and ``aspect_ratio_grouping = False`` (every image is at most 1024 x 1024).
 
+Every training image is at most `image_size` square, so ``model.pad_to_sizes=[[1024,1024]]`` gives training one
+input shape, what ``train.compile.enabled=true`` (a compiled backbone, CUDA graphs with its reduce-overhead mode)
+needs.
+
 Long LSJ schedules (100 epochs and more) are what make it pay; on a 1x schedule multi-scale resizing is the
 usual choice.
 """

@@ -266,3 +266,31 @@ def test_timm_demo_trains_and_evaluates_with_each_family(family, datasets_root, 
     assert len(logged) == 2 and all(math.isfinite(x) for x in logged), losses
     saved = LazyConfig.load(str(tmp_path / "config.yaml"))
     assert saved.model.backbone.model_name == cfg.model.backbone.model_name
+
+
+def test_demo_trains_with_a_compiled_backbone_at_padded_sizes_and_refuses_varying_shapes(
+    datasets_root, tmp_path, monkeypatch
+):
+    """``train.compile`` on the demo recipe (aot_eager here: the same capture as inductor without generating
+    code; tests/modeling/test_compiled_backbone.py compiles with inductor)."""
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", datasets_root)
+    torch.set_num_threads(1)
+    compiled = ["train.compile.enabled=true", "train.compile.backend=aot_eager", "train.max_iter=4"]
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
+    fixed = [
+        "model.pad_to_sizes=[[128,128]]",
+        f"train.output_dir={tmp_path / 'fixed'}",
+        "train.eval_period=0",
+    ]
+    LazyConfig.apply_overrides(cfg, [*SMOKE, *compiled, *fixed, "~train.hooks.eval"])
+    validate(cfg, INJECTED_ARGUMENTS)
+    run(cfg)
+    log = open(tmp_path / "fixed" / "log.txt").read()
+    assert "train.compile: the backbone runs through torch.compile (mode None, backend aot_eager)" in log
+    losses = [json.loads(line).get("total_loss") for line in open(tmp_path / "fixed" / "metrics.json")]
+    assert sum(math.isfinite(x) for x in losses if x is not None) == 4, losses
+    # The smoke data's images have several shapes: without fixed sizes the second shape stops the run.
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
+    LazyConfig.apply_overrides(cfg, [*SMOKE, *compiled, f"train.output_dir={tmp_path / 'varying'}"])
+    with pytest.raises(ValueError, match=r"the backbone was compiled for the input shape \[2, 3, \d+, \d+\]"):
+        run(cfg)

@@ -57,6 +57,45 @@ def test_backend_settings_torch_would_refuse_are_named_before_the_run(tmp_path):
     ]
 
 
+@pytest.mark.parametrize(
+    ("compile_settings", "problem"),
+    [
+        ({"enabled": "yes"}, "train.compile.enabled='yes': must be true or false."),
+        ({"backend": "fast"}, "train.compile.backend='fast': not a torch.compile backend; one of "),
+        ({"mode": "fastest"}, "train.compile.mode='fastest' (backend 'inductor'): modes are inductor's ("),
+        (
+            {"mode": "reduce-overhead", "backend": "aot_eager"},
+            "train.compile.mode='reduce-overhead' (backend 'aot_eager'): modes are inductor's (",
+        ),
+        ({"mode": "reduce-overhead"}, None),
+        ({"backend": "aot_eager"}, None),
+    ],
+)
+def test_compile_settings_torch_would_refuse_are_named_before_the_run(tmp_path, compile_settings, problem):
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.train.output_dir = str(tmp_path)
+    cfg.train.compile = {"enabled": True, "mode": None, "backend": "inductor", **compile_settings}
+    problems = preflight(cfg, INJECTED_ARGUMENTS)
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_compiling_on_the_cpu_without_a_cpp_compiler_is_named_before_the_run(tmp_path, monkeypatch):
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.train.output_dir = str(tmp_path)
+    cfg.train.device = "cpu"
+    cfg.train.compile = {"enabled": True, "mode": None, "backend": "inductor"}
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert preflight(cfg, INJECTED_ARGUMENTS) == [
+        "train.compile.enabled=true with train.device=cpu: inductor compiles C++ and finds no compiler (g++, "
+        "clang++, or $CXX). Install one (apt install g++), or use train.compile.backend=aot_eager."
+    ]
+    cfg.train.compile.backend = "aot_eager"
+    assert preflight(cfg, INJECTED_ARGUMENTS) == []
+
+
 def test_preflight_checks_the_gpu_count_once_the_launch_values_are_sound(tmp_path):
     cfg = load_primary_config(ENGINE_TOY)
     cfg.train.output_dir = str(tmp_path)

@@ -1,7 +1,12 @@
 """The torch backend settings of a run must be values torch accepts before any process starts:
-``train.cudnn_benchmark`` (a bool) and ``train.float32_matmul_precision`` (torch's names)."""
+``train.cudnn_benchmark`` (a bool), ``train.float32_matmul_precision`` (torch's names) and ``train.compile``
+(torch.compile's modes and backends, and the compiler its code generation needs)."""
 
 from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
 
 from omegaconf import DictConfig
 
@@ -27,4 +32,48 @@ def find_backend_problems(cfg: DictConfig) -> list[str]:
             f"train.float32_matmul_precision={precision!r}: must be one of {', '.join(FLOAT32_MATMUL_PRECISIONS)} "
             "(torch.set_float32_matmul_precision; 'high' runs float32 matmuls in TF32 on Ampere and later)."
         )
-    return problems
+    return problems + find_compile_problems(cfg)
+
+
+def find_compile_problems(cfg: DictConfig) -> list[str]:
+    """``train.compile``: a bool ``enabled``, torch.compile's ``mode`` and ``backend`` names, and for inductor
+    the code generator it needs (a C++ compiler on the CPU, Triton on a GPU)."""
+    options = cfg.train.get("compile") or {}
+    enabled = options.get("enabled", False)
+    if not isinstance(enabled, bool):
+        return [f"train.compile.enabled={enabled!r}: must be true or false."]
+    if not enabled:
+        return []
+    import torch._dynamo  # about a second: only for runs that compile
+    import torch._inductor
+
+    mode, backend = options.get("mode"), options.get("backend", "inductor")
+    backends = torch._dynamo.list_backends(exclude_tags=())
+    if backend not in backends:
+        return [
+            f"train.compile.backend={backend!r}: not a torch.compile backend; one of {', '.join(backends)}."
+        ]
+    modes = list(torch._inductor.list_mode_options())
+    if mode is not None and (backend != "inductor" or mode not in modes):
+        return [
+            f"train.compile.mode={mode!r} (backend {backend!r}): modes are inductor's ({', '.join(modes)}); "
+            "use train.compile.backend=inductor with one of them, or train.compile.mode=null."
+        ]
+    if backend != "inductor":
+        return []
+    if cfg.train.get("device", "cpu") == "cpu" and not _cpp_compiler():
+        return [
+            "train.compile.enabled=true with train.device=cpu: inductor compiles C++ and finds no compiler (g++, "
+            "clang++, or $CXX). Install one (apt install g++), or use train.compile.backend=aot_eager."
+        ]
+    if cfg.train.get("device", "cpu") != "cpu" and importlib.util.find_spec("triton") is None:
+        return [
+            "train.compile.enabled=true on a GPU: inductor generates Triton kernels and the triton package is "
+            "missing (it comes with torch's CUDA wheels: pip install triton)."
+        ]
+    return []
+
+
+def _cpp_compiler() -> str | None:
+    candidates = [os.environ.get("CXX", ""), "g++", "clang++", "c++"]
+    return next((path for path in map(shutil.which, filter(None, candidates)) if path), None)
