@@ -3,6 +3,8 @@
     python scripts/benchmark_gpu_step.py                  # R50-FPN, 1203 classes, batch 2 and 8, fp32, bf16
     python scripts/benchmark_gpu_step.py --channels-last  # one measure at a time: --tf32, --fused-optimizer
     python scripts/benchmark_gpu_step.py --models lazytrain --compile default   # or reduce-overhead (CUDA graphs)
+    python scripts/benchmark_gpu_step.py --models lazytrain --batch-sizes 8 --precisions bf16 \
+        --variants 'base;tf32;fused-optimizer;cudnn-benchmark;compile=default;compile=reduce-overhead'
     python scripts/benchmark_gpu_step.py --models lazytrain --batch-sizes 2 --precisions bf16 --sync-table
     python scripts/benchmark_gpu_step.py --device cpu --iters 1 --warmup 1 --batch-sizes 1 --precisions fp32 \
         --size 64 --max-size 64 --num-classes 30 --num-images 1  # a smoke run without a GPU (~10 s)
@@ -97,10 +99,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "graphs, max-autotune-no-cudagraphs); compiled during the warm-up steps",
     )
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend for --compile")
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="';'-separated option sets measured one after the other in this process (one table), each a "
+        "space-separated list of the flags above without their dashes, compile=MODE, or recipe key=value overrides "
+        "(lazytrain only); 'base' is none of them. E.g. "
+        "'base;tf32;fused-optimizer;compile=default;+model.backbone.fold_frozen_bn=false'",
+    )
     parser.add_argument("--inputs-on-device", action="store_true", help="give lazytrain device tensors")
     parser.add_argument("--sync-table", action="store_true", help="print each step's syncs by line")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     return parser.parse_args(argv)
+
+
+# --variants flags: the boolean options of the command line.
+VARIANT_FLAGS = ("channels-last", "tf32", "fused-optimizer", "cudnn-benchmark", "inputs-on-device")
+
+
+def variant_args(args: argparse.Namespace, variant: str) -> argparse.Namespace:
+    """`args` with one ``--variants`` option set applied (flags on, compile=MODE, recipe overrides added)."""
+    changed = argparse.Namespace(**vars(args))
+    changed.overrides = list(args.overrides)
+    for token in variant.split():
+        if token == "base":
+            continue
+        if token in VARIANT_FLAGS:
+            setattr(changed, token.replace("-", "_"), True)
+        elif token.startswith("compile="):
+            changed.compile = token.split("=", 1)[1]
+        elif "=" in token:
+            changed.overrides.append(token)
+        else:
+            raise ValueError(
+                f"benchmark_gpu_step: --variants takes {', '.join(VARIANT_FLAGS)}, compile=MODE or key=value "
+                f"overrides, separated by spaces; got {token!r} in {variant!r}"
+            )
+    return changed
 
 
 def _split(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
@@ -344,11 +379,12 @@ def _free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _options(args: argparse.Namespace) -> str:
-    flags = ("channels_last", "tf32", "fused_optimizer", "cudnn_benchmark", "inputs_on_device")
-    chosen = [flag.replace("_", "-") for flag in flags if getattr(args, flag)]
-    if args.compile:
-        chosen.append(f"compile {args.compile} ({args.compile_backend})")
+def _options(args: argparse.Namespace, name: str) -> str:
+    chosen = [flag for flag in VARIANT_FLAGS if getattr(args, flag.replace("-", "_"))]
+    if name == "lazytrain":
+        if args.compile:
+            chosen.append(f"compile {args.compile} ({args.compile_backend})")
+        chosen += args.overrides[len(args.base_overrides) :]
     return ", ".join(chosen) or "-"
 
 
@@ -356,12 +392,12 @@ def _cell(value) -> str:
     return "n/a" if value is None else str(value)
 
 
-def format_table(rows: list[dict], args: argparse.Namespace) -> str:
+def format_table(rows: list[dict]) -> str:
     columns = ["model", "batch", "precision", "options", "s/it", "images/s", "GPU busy", "peak memory GiB"]
     columns += ["host syncs / step", "syncs (CUDA debug mode)", "host syncs / inference", "device ops / step"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        cells = {**row, "options": _options(args)}
+        cells = dict(row)
         cells["s/it"] = f"{row['s/it']:.4f}"
         cells["images/s"] = f"{row['images/s']:.1f}"
         cells["GPU busy"] = "n/a" if row["GPU busy"] is None else f"{row['GPU busy']:.0%}"
@@ -385,24 +421,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     _check_counts(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.tf32:
-        torch.set_float32_matmul_precision("high")
-    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    args.base_overrides = list(args.overrides)
+    variants = [variant_args(args, variant) for variant in (args.variants or "base").split(";")]
     samples = load_samples(args)
     device = torch.device(args.device)
     rows = []
     for batch_size in batch_sizes:
         for precision in precisions:
-            for name in models:
-                rows.append(measure(name, args, samples, batch_size, precision))
-                _free_memory(device)
+            for variant in variants:
+                torch.set_float32_matmul_precision("high" if variant.tf32 else "highest")
+                torch.backends.cudnn.benchmark = variant.cudnn_benchmark
+                for name in models:
+                    row = measure(name, variant, samples, batch_size, precision)
+                    rows.append({**row, "options": _options(variant, name)})
+                    _free_memory(device)
     size = samples[0]["image"].shape[-2:]
     recipe = " ".join([args.recipe.removeprefix(REPO + os.sep), *args.overrides])
     print(
         f"\n{_device_name(device)}, torch {torch.__version__}; {recipe}, {args.num_classes} classes, images "
         f"{size[1]} x {size[0]}, {args.iters} timed steps after {args.warmup}\n"
     )
-    print(format_table(rows, args))
+    print(format_table(rows))
     if args.sync_table:
         for row in rows:
             for part, table in row["sync tables"].items():

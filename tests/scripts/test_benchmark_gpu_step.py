@@ -42,6 +42,22 @@ def test_cpu_run_prints_one_row_per_model(script, data_root, capsys):
     assert "CPU (1 threads), torch" in out and "images 64 x 64" in out
 
 
+def test_variants_run_in_one_process_and_name_their_options(script, data_root, capsys):
+    variants = "base;tf32;compile=default model.roi_heads.batch_size_per_image=64"
+    argv = [*SMALLEST, "--data-root", data_root, "--models", "lazytrain", "--compile-backend", "aot_eager"]
+    rows = script.main([*argv, "--variants", variants])
+    assert [row["options"] for row in rows] == [
+        "-",
+        "tf32",
+        "compile default (aot_eager), model.roi_heads.batch_size_per_image=64",
+    ]
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| lazytrain")]
+    assert [line.split("|")[4].strip() for line in table] == [row["options"] for row in rows]
+    assert torch.get_float32_matmul_precision() == "highest"  # the last variant has tf32 off again
+    with pytest.raises(ValueError, match="--variants takes channels-last, tf32, .* got 'fast'"):
+        script.main([*argv, "--variants", "base;fast"])
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
