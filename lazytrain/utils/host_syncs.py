@@ -36,9 +36,11 @@ The CPU count is a proxy, not the CUDA count:
   ``torch.tensor(x)``, an optimizer's step counter) counts on the CPU and is free on the GPU;
 - ``.to(device)`` of host memory and a device tensor used as a one-element ``index_put_`` value are missed;
 - some code branches on the device: torchvision's ``batched_nms`` loops over classes (``unique``, one
-  ``nonzero`` and one ``nms`` per class) above 4,000 box coordinates on the CPU but only above 20,000 on CUDA,
-  where it offsets the boxes instead (one ``nms``, one host-to-device copy); lazytrain's dense RoIAlign
-  (`lazytrain.modeling.poolers`, CPU training only) adds a ``nonzero`` per image and feature map.
+  ``nonzero`` and one ``nms`` per class) above 4,000 box coordinates on the CPU; on CUDA it offsets the boxes
+  instead (one ``nms``, one host-to-device copy) up to 100,000 (torchvision 0.29), and above that
+  `lazytrain.modeling.nms.batched_nms` runs `grouped_batched_nms` (a few reads in all) on a device;
+  lazytrain's dense RoIAlign (`lazytrain.modeling.poolers`, CPU training only) adds a ``nonzero`` per image and
+  feature map.
 
 `HostSyncCounter` also counts every operation that would launch work on the device (`operations`,
 `is_device_operation`): views and allocations excluded, so about one per kernel launch. A step's kernel count
