@@ -94,9 +94,7 @@ class NoResizeTransform(GeneralizedRCNNTransform):
             return super().batch_images(images, size_divisible)
         height = functools.reduce(torch.sym_max, [image.shape[-2] for image in images])
         width = functools.reduce(torch.sym_max, [image.shape[-1] for image in images])
-        height = (height + size_divisible - 1) // size_divisible * size_divisible
-        width = (width + size_divisible - 1) // size_divisible * size_divisible
-        return _pad_batch(images, height, width)
+        return _pad_batch(images, _round_up(height, size_divisible), _round_up(width, size_divisible))
 
     def _fixed_size_for(self, images: list[Tensor]) -> tuple[int, int]:
         height = max(image.shape[-2] for image in images)
@@ -119,7 +117,7 @@ class NoResizeTransform(GeneralizedRCNNTransform):
         )
 
 
-def _round_up(value: int, multiple: int) -> int:
+def _round_up(value: Any, multiple: int) -> Any:
     return (value + multiple - 1) // multiple * multiple
 
 

@@ -61,12 +61,13 @@ def find_compile_problems(cfg: DictConfig) -> list[str]:
         ]
     if backend != "inductor":
         return []
-    if cfg.train.get("device", "cpu") == "cpu" and not _cpp_compiler():
+    on_cpu = cfg.train.get("device", "cpu") == "cpu"
+    if on_cpu and not _cpp_compiler():
         return [
             "train.compile.enabled=true with train.device=cpu: inductor compiles C++ and finds no compiler (g++, "
             "clang++, or $CXX). Install one (apt install g++), or use train.compile.backend=aot_eager."
         ]
-    if cfg.train.get("device", "cpu") != "cpu" and importlib.util.find_spec("triton") is None:
+    if not on_cpu and importlib.util.find_spec("triton") is None:
         return [
             "train.compile.enabled=true on a GPU: inductor generates Triton kernels and the triton package is "
             "missing (it comes with torch's CUDA wheels: pip install triton)."
