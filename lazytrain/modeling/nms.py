@@ -12,7 +12,10 @@ How:
   before box j and their IoU is above the threshold. The IoUs are computed by tiles of columns
   (`_iou_above_tiles`: small on the CPU, to stay in cache; large on devices, where each tile costs a few
   kernel launches) with the float32 operations of torchvision's CPU ``nms`` kernel, and compared with the
-  threshold in double precision as that kernel does (`_float_below`), so the same boxes survive;
+  threshold in double precision as that kernel does (`_float_below`), so the same boxes survive. Each tile
+  is about a dozen element-wise passes over [rows, columns] arrays; ``compiled=True`` computes the packed
+  words in one ``torch.compile``d kernel instead (`_iou_above_words`: the same operations, fused, nothing
+  of the tile's size written), which pays where memory traffic costs more than a compile, on a GPU;
 - greedy NMS keeps a box unless an earlier kept box of its group overlaps it by IoU above the threshold. That
   is a fixed point, keep = valid & ~(some earlier kept box suppresses it), with one solution, which the step
   keep <- valid & ~suppressed_by(keep) reaches from any start within M steps (after step t the first t boxes
@@ -28,10 +31,12 @@ any size: the classes in buckets of similar size, a few host reads in all.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import struct
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -127,6 +132,7 @@ def grouped_nms(
     *,
     limit: int,
     decided: int | None = None,
+    compiled: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Greedy NMS within every group of every row at once, for each group's first `decided` candidates (all when
     None, then stepping, with a host read per `NMS_STEPS` steps, until the result is final).
@@ -144,6 +150,10 @@ def grouped_nms(
         iou_threshold: IoU above which a box suppresses the later boxes of its group.
         limit: how many of each row's best survivors the caller needs (what ``is_final`` vouches for).
         decided: candidates decided per group, from its first; None: all.
+        compiled: compute who suppresses whom with one ``torch.compile``d kernel per group (`_iou_above_words`)
+            instead of the element-wise tiles, and the greedy steps compiled too; same result (on the CPU bit
+            for bit; CUDA code may fuse a multiply and add into one rounding, as torchvision's CUDA ``nms``
+            kernel does). The first call compiles (seconds), once per process.
 
     Returns:
         ``(keep, is_final)``: [N, K] survivors among the decided candidates, and a 0-dim bool: false when the
@@ -155,22 +165,29 @@ def grouped_nms(
         return is_decided, is_decided.new_ones(())
     for group in groups:
         is_decided[:, group] = True
-    suppression = _suppression_bits(boxes, valid, groups, iou_threshold)
+    suppression = _suppression_bits(boxes, valid, groups, iou_threshold, compiled=compiled)
     stacked_valid = _stack_groups(valid, groups, suppression.shape[2])
-    keep, settled = _greedy_steps(suppression, stacked_valid, stacked_valid)
+    steps = _compiled_greedy_steps() if compiled else _greedy_steps
+    keep, settled = steps(suppression, stacked_valid, stacked_valid)
     if decided is None:
-        keep, settled = _settle(suppression, stacked_valid, keep, settled)
+        keep, settled = _settle(steps, suppression, stacked_valid, keep, settled)
     keep = _unstack_groups(keep, groups, is_decided)
     return keep, settled & _is_complete(scores, valid, keep, is_decided, limit)
 
 
-def _settle(suppression: Tensor, valid: Tensor, keep: Tensor, settled: Tensor) -> tuple[Tensor, Tensor]:
-    """More `_greedy_steps` until they change nothing, reading that on the host after each round."""
+def _settle(
+    steps: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
+    suppression: Tensor,
+    valid: Tensor,
+    keep: Tensor,
+    settled: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """More `steps` (`_greedy_steps`) until they change nothing, reading that on the host after each round."""
     # M steps always settle (see the module's docstring): at most M // NMS_STEPS more rounds.
     for _ in range(suppression.shape[2] // NMS_STEPS):
         if bool(settled):
             break
-        keep, settled = _greedy_steps(suppression, valid, keep)
+        keep, settled = steps(suppression, valid, keep)
     assert bool(settled), "greedy NMS steps did not settle within the number of boxes"
     return keep, settled
 
@@ -196,18 +213,78 @@ def _greedy_steps(suppression: Tensor, valid: Tensor, keep: Tensor) -> tuple[Ten
     return keep, (keep == previous).all()
 
 
-def _suppression_bits(boxes: Tensor, valid: Tensor, groups: list[slice], iou_threshold: float) -> Tensor:
+def _suppression_bits(
+    boxes: Tensor, valid: Tensor, groups: list[slice], iou_threshold: float, *, compiled: bool = False
+) -> Tensor:
     """[N, G, M, M / 64] int64: bit i of row j (as `_pack_bits` packs flag i) is set when candidate i of the
-    group suppresses candidate j (`_iou_above_tiles`); M: the largest group's size rounded up to 64. Rows and
-    bits past a group's size are 0."""
+    group suppresses candidate j (`_iou_above_tiles`, or `_iou_above_words` when `compiled`); M: the largest
+    group's size rounded up to 64. Rows and bits past a group's size are 0."""
     size = _round_up(max(group.stop - group.start for group in groups), 64)
     bits = valid.new_zeros((valid.shape[0], len(groups), size, size // 64), dtype=torch.int64)
     bit_values = _bit_values(bits.device)
+    # The compiled words put flag k at bit k: `_pack_bits`'s order on little-endian machines (all of torch's).
+    compiled = compiled and sys.byteorder == "little"
     for index, group in enumerate(groups):
         group_boxes = _nms_boxes(boxes[:, group])
+        if compiled:
+            coordinates = _padded_coordinates(group_boxes, valid[:, group])
+            threshold = _float_below(iou_threshold, group_boxes.dtype)
+            words = _compiled_iou_above_words()(coordinates, threshold)
+            bits[:, index, : words.shape[1], : words.shape[2]] = words
+            continue
         for columns, above in _iou_above_tiles(group_boxes, valid[:, group], iou_threshold):
             bits[:, index, columns, : above.shape[2] // 64] = _pack_bits(above, bit_values)
     return bits
+
+
+def _padded_coordinates(boxes: Tensor, valid: Tensor) -> Tensor:
+    """[4, G, P] x1, y1, x2, y2 of G groups of M boxes, P = M rounded up to 64, nan for invalid boxes and the
+    padding: their IoUs are nan, above no threshold. One operation each for all four coordinates, which then
+    lie one after the other in memory."""
+    padded = _round_up(valid.shape[1], 64)
+    coordinates = boxes.masked_fill(~valid[..., None], math.nan)
+    return F.pad(coordinates, (0, 0, 0, padded - valid.shape[1]), value=math.nan).movedim(-1, 0).contiguous()
+
+
+def _iou_above_words(coordinates: Tensor, threshold: float) -> Tensor:
+    """Who suppresses whom among G groups of P boxes (`_padded_coordinates`), packed: [G, P, P / 64] int64, bit
+    i % 64 of word i // 64 in row j set where box i comes before box j (i < j) and IoU(i, j) > `threshold`
+    (compared as is: pass `_float_below` of the IoU threshold).
+
+    The IoUs are `_iou_above_tiles`'s (the float operations of torchvision's CPU kernel, in its order); written
+    for ``torch.compile`` (`_compiled_iou_above_words`), which fuses it into one kernel that reads the
+    coordinates and writes only the words. Run eagerly it would allocate a dozen [G, P, P] arrays.
+    """
+    x1, y1, x2, y2 = coordinates.unbind()
+    areas = (x2 - x1) * (y2 - y1)
+
+    def pairs(values: Tensor) -> tuple[Tensor, Tensor]:
+        # [G, j, i]: box j (the one suppressed) down the rows, box i (the one suppressing) along the columns.
+        return values[:, None, :], values[:, :, None]
+
+    width = (torch.minimum(*pairs(x2)) - torch.maximum(*pairs(x1))).clamp(min=0)
+    height = torch.minimum(*pairs(y2)) - torch.maximum(*pairs(y1))
+    intersection = width * height
+    union = (areas[:, None, :] + areas[:, :, None]) - intersection
+    index = torch.arange(coordinates.shape[-1], device=coordinates.device)
+    above = ((intersection / union) > threshold) & (index[None, :] < index[:, None])
+    # Distinct powers of two: their sum is their bitwise or (bit 63 wraps to the sign, as in an int64 word).
+    shifts = torch.arange(64, device=coordinates.device)
+    return (above.long().unflatten(-1, (-1, 64)) << shifts).sum(dim=-1)
+
+
+@functools.cache
+def _compiled_greedy_steps() -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """`_greedy_steps` through ``torch.compile`` (about two kernels per step instead of six), made once per
+    process, with dynamic shapes."""
+    return torch.compile(_greedy_steps, dynamic=True)
+
+
+@functools.cache
+def _compiled_iou_above_words() -> Callable[[Tensor, float], Tensor]:
+    """`_iou_above_words` through ``torch.compile``, made once per process. Shapes are dynamic: other group
+    sizes and counts do not compile again (a group of at most 64 boxes compiles once more)."""
+    return torch.compile(_iou_above_words, dynamic=True)
 
 
 def _iou_above_tiles(boxes: Tensor, valid: Tensor, iou_threshold: float) -> Iterator[tuple[slice, Tensor]]:
@@ -222,11 +299,7 @@ def _iou_above_tiles(boxes: Tensor, valid: Tensor, iou_threshold: float) -> Iter
     """
     groups, count = valid.shape
     padded = _round_up(count, 64)
-    # nan coordinates for invalid boxes and the padding: their IoUs are nan, above no threshold. One
-    # operation each for all four coordinates, which then lie one after the other in memory.
-    coordinates = boxes.masked_fill(~valid[..., None], math.nan)
-    coordinates = F.pad(coordinates, (0, 0, 0, padded - count), value=math.nan).movedim(-1, 0).contiguous()
-    x1, y1, x2, y2 = coordinates.unbind()
+    x1, y1, x2, y2 = _padded_coordinates(boxes, valid).unbind()
     areas = (x2 - x1) * (y2 - y1)
     threshold = _float_below(iou_threshold, boxes.dtype)
     budget = _TILE_ELEMENTS.get(boxes.device.type, _DEVICE_TILE_ELEMENTS)

@@ -69,7 +69,13 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         batched: select proposals for all images at once with one host read (True), or with torchvision's
             per-image loop (False). None (the default): batched on any device but the CPU, where nothing waits
             for a device and the loop is faster (demo step with 2 threads: RPN forward 41 ms with the loop,
-            62 ms batched; one thread: about equal).
+            62 ms batched; one thread: about equal), and batched wherever `compiled_nms` is set.
+        compiled_nms: in the batched selection, compute NMS's who-suppresses-whom bits with one
+            ``torch.compile``d kernel per FPN level (`lazytrain.modeling.nms.grouped_nms`'s ``compiled``)
+            instead of about a dozen element-wise passes over each level's [boxes x boxes] IoUs (at batch 8
+            and 800 px about 11 GB of memory traffic per training step). The same proposals; the first
+            forward compiles (seconds; inductor needs Triton on a GPU, a C++ compiler on the CPU). On the CPU
+            it does not pay: the passes run on cache-sized tiles there.
     """
 
     def __init__(
@@ -86,6 +92,7 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         score_thresh: float = 0.0,
         *,
         batched: bool | None = None,
+        compiled_nms: bool = False,
     ) -> None:
         if not 0.0 <= nms_thresh <= 1.0:
             raise ValueError(f"RegionProposalNetwork(nms_thresh=) must be in [0, 1]; got {nms_thresh}")
@@ -96,7 +103,14 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         self.box_coder = BoxCoder(weights=(1.0, 1.0, 1.0, 1.0))
         self.proposal_matcher = Matcher(fg_iou_thresh, bg_iou_thresh, allow_low_quality_matches=True)
         self.fg_bg_sampler = BalancedMaskSampler(batch_size_per_image, positive_fraction)
+        if compiled_nms and batched is False:
+            raise ValueError(
+                "RegionProposalNetwork(compiled_nms=True, batched=False): the compiled NMS is part of the batched "
+                "proposal selection, which batched=False turns off. Set batched=None (or true), or "
+                "compiled_nms=false."
+            )
         self.batched = batched
+        self.compiled_nms = compiled_nms
 
     def filter_proposals(
         self,
@@ -130,18 +144,23 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         """
         if torch.compiler.is_exporting():
             return self._exported_proposals(proposals, objectness, image_shapes, num_anchors_per_level)
-        batched = self.batched if self.batched is not None else proposals.device.type != "cpu"
+        batched = self.batched
+        if batched is None:
+            batched = proposals.device.type != "cpu" or self.compiled_nms
         if torch.jit.is_tracing() or not batched:
             return super().filter_proposals(proposals, objectness, image_shapes, num_anchors_per_level)
         candidates = self._candidates(proposals, objectness, image_shapes, num_anchors_per_level)
         limit = self.post_nms_top_n()
         decided = math.ceil(DECIDED_PER_RESULT * limit)
-        keep, is_final = grouped_nms(*candidates, self.nms_thresh, limit=limit, decided=decided)
+        compiled = self.compiled_nms
+        keep, is_final = grouped_nms(
+            *candidates, self.nms_thresh, limit=limit, decided=decided, compiled=compiled
+        )
         counts = keep.sum(dim=1).clamp(max=limit)
         # The one host read: how many proposals each image returns, and whether NMS needs more work.
         *counts, is_final = torch.cat((counts, is_final.reshape(1))).tolist()
         if not is_final:
-            keep, _ = grouped_nms(*candidates, self.nms_thresh, limit=limit, decided=None)
+            keep, _ = grouped_nms(*candidates, self.nms_thresh, limit=limit, decided=None, compiled=compiled)
             counts = keep.sum(dim=1).clamp(max=limit).tolist()
         return _best_kept(candidates, keep, counts, limit)
 

@@ -13,7 +13,9 @@ from torchvision.models import resnet50
 
 from lazytrain.config import LazyConfig, instantiate, validate
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
+from lazytrain.modeling import nms
 from lazytrain.program.default import INJECTED_ARGUMENTS, run
+from lazytrain.program.preflight.backends import find_backend_problems
 from lazytrain.program.preflight.builtin_data import find_missing_data
 from lazytrain.program.preflight.json_data import find_json_dataset_problems
 from tests.smoke import FEW_DETECTIONS, TINY_SYNTHETIC_LT, lsj_smoke_overrides, smoke_overrides
@@ -268,27 +270,36 @@ def test_timm_demo_trains_and_evaluates_with_each_family(family, datasets_root, 
     assert saved.model.backbone.model_name == cfg.model.backbone.model_name
 
 
-def test_demo_trains_with_a_compiled_backbone_at_padded_sizes_and_refuses_varying_shapes(
+def test_demo_trains_with_a_compiled_backbone_and_nms_at_padded_sizes_and_refuses_varying_shapes(
     datasets_root, tmp_path, monkeypatch
 ):
     """``train.compile`` on the demo recipe (aot_eager here: the same capture as inductor without generating
-    code; tests/modeling/test_compiled_backbone.py compiles with inductor)."""
+    code; tests/modeling/test_compiled_backbone.py compiles with inductor), with ``model.rpn.compiled_nms``
+    (inductor)."""
     monkeypatch.setenv("LAZYTRAIN_DATASETS", datasets_root)
     torch.set_num_threads(1)
     compiled = ["train.compile.enabled=true", "train.compile.backend=aot_eager", "train.max_iter=4"]
     cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
     fixed = [
         "model.pad_to_sizes=[[128,128]]",
+        "model.rpn.compiled_nms=true",
         f"train.output_dir={tmp_path / 'fixed'}",
         "train.eval_period=0",
     ]
     LazyConfig.apply_overrides(cfg, [*SMOKE, *compiled, *fixed, "~train.hooks.eval"])
     validate(cfg, INJECTED_ARGUMENTS)
+    assert find_backend_problems(cfg) == []
+    nms_calls = []
+    compiled_words = nms._compiled_iou_above_words()
+    monkeypatch.setattr(
+        nms, "_compiled_iou_above_words", lambda: lambda *a: nms_calls.append(1) or compiled_words(*a)
+    )
     run(cfg)
     log = open(tmp_path / "fixed" / "log.txt").read()
     assert "train.compile: the backbone runs through torch.compile (mode None, backend aot_eager)" in log
     losses = [json.loads(line).get("total_loss") for line in open(tmp_path / "fixed" / "metrics.json")]
     assert sum(math.isfinite(x) for x in losses if x is not None) == 4, losses
+    assert len(nms_calls) == 4 * 5  # 4 steps, 5 FPN levels
     # The smoke data's images have several shapes: without fixed sizes the second shape stops the run.
     cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
     LazyConfig.apply_overrides(cfg, [*SMOKE, *compiled, f"train.output_dir={tmp_path / 'varying'}"])

@@ -76,3 +76,51 @@ def test_batched_nms_groups_on_devices_above_torchvisions_loop_size(monkeypatch)
     assert torch.equal(batched_nms(boxes, scores, labels, 0.5, (800, 800)), expected) and calls == []
     many = _candidates(26000, 40)
     assert batched_nms(*many, 0.5, (800, 800)).numel() == 0 and calls == [(26000, 4)]
+
+
+def _level_candidates(rows: int, count: int, seed: int, dtype=torch.float32):
+    """An RPN level's candidates for `rows` images: clustered boxes (with exact duplicates, boxes of zero width
+    and a zero-area box), and about a tenth of them invalid."""
+    boxes, _, _ = _candidates(rows * count, 1, seed=seed, dtype=dtype)
+    boxes = boxes.reshape(rows, count, 4)
+    if count > 4:
+        boxes[:, 1] = boxes[:, 0]  # a duplicate: IoU 1
+        boxes[:, 2, 2] = boxes[:, 2, 0]  # zero width
+        boxes[:, 3] = boxes[:, 3, :1].repeat(1, 4)  # a point: zero area, IoU nan with itself
+    valid = torch.rand(rows, count, generator=torch.Generator().manual_seed(seed)) > 0.1
+    return boxes, valid
+
+
+@pytest.mark.slow  # compiles with inductor (C++ on the CPU): ~5-15 s in a fresh process
+@pytest.mark.parametrize(
+    "rows, sizes, threshold, dtype",
+    [
+        (2, [2000, 507], 0.7, torch.float32),  # the R50 RPN's level sizes in training
+        (8, [600, 150, 37], 0.7, torch.float32),  # the demo's, batch 8; a level of at most 64 boxes
+        (3, [300], 0.3, torch.float32),  # 0.3 rounds up in float32: compared as torchvision does
+        (2, [130, 64], 0.5, torch.float64),
+    ],
+)
+def test_compiled_suppression_bits_equal_the_tiles_bit_for_bit(rows, sizes, threshold, dtype):
+    boxes, valid = _level_candidates(rows, sum(sizes), seed=len(sizes), dtype=dtype)
+    groups = nms._group_slices(sizes)
+    compiled = nms._suppression_bits(boxes, valid, groups, threshold, compiled=True)
+    expected = nms._suppression_bits(boxes, valid, groups, threshold, compiled=False)
+    assert torch.equal(compiled, expected)
+    assert bool((expected != 0).any())  # boxes do suppress each other
+
+
+@pytest.mark.slow
+def test_grouped_nms_with_the_compiled_bits_keeps_torchvisions_boxes():
+    boxes, valid = _level_candidates(3, 900, seed=5)
+    scores = torch.rand(3, 900, generator=torch.Generator().manual_seed(5))
+    scores, order = scores.masked_fill(~valid, -1.0).sort(dim=1, descending=True)
+    boxes, valid = boxes.gather(1, order[..., None].expand(-1, -1, 4)), valid.gather(1, order)
+    sizes = [400, 300, 200]
+    keep, is_final = nms.grouped_nms(boxes, scores, valid, sizes, 0.6, limit=0, compiled=True)
+    assert bool(is_final)
+    for row in range(3):
+        for group in nms._group_slices(sizes):
+            members = valid[row, group].nonzero()[:, 0]
+            kept = box_ops.nms(boxes[row, group][members], scores[row, group][members], 0.6)
+            assert torch.equal(keep[row, group].nonzero()[:, 0], members[kept].sort().values)

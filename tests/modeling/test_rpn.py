@@ -187,8 +187,11 @@ def _pair_with_iou(target: torch.Tensor) -> torch.Tensor:
     raise AssertionError(f"no box pair with IoU {float(target)}")
 
 
+@pytest.mark.parametrize(
+    "compiled", [param(False, id="tiles"), param(True, id="compiled", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("threshold", [0.3, 0.7, 0.5, 0.1])
-def test_ious_at_the_threshold_are_decided_as_torchvisions_nms_decides(threshold):
+def test_ious_at_the_threshold_are_decided_as_torchvisions_nms_decides(threshold, compiled):
     # One pair per image: IoU at the float32 nearest to the threshold, one float32 step above and below.
     # torchvision compares in double precision: float32(0.3) is above 0.3, so that pair is suppressed.
     nearest = torch.tensor(threshold, dtype=torch.float32)
@@ -197,6 +200,7 @@ def test_ious_at_the_threshold_are_decided_as_torchvisions_nms_decides(threshold
     logits = torch.tensor([[1.0], [0.0]]).repeat(len(ious), 1)
     rpn = _recipe_rpn().eval()
     rpn.nms_thresh = threshold
+    rpn.compiled_nms = compiled
     got, expected = _filter_both(rpn, (proposals, logits, [(16, 16)] * len(ious), [2]))
     _assert_same_proposals(got, expected)
     assert [len(boxes) for boxes in got[0]] == [1 if float(nearest) > threshold else 2, 1, 2]
@@ -209,11 +213,15 @@ def test_ious_at_the_threshold_are_decided_as_torchvisions_nms_decides(threshold
         param(rpn_module, "DECIDED_PER_RESULT", 0.1, id="too few candidates decided"),
     ],
 )
+@pytest.mark.parametrize(
+    "compiled", [param(False, id="tiles"), param(True, id="compiled", marks=pytest.mark.slow)]
+)
 def test_when_the_first_pass_is_not_final_the_result_is_still_torchvisions(
-    monkeypatch, module, setting, value
+    monkeypatch, module, setting, value, compiled
 ):
     monkeypatch.setattr(module, setting, value)
     rpn = _recipe_rpn().eval()
+    rpn.compiled_nms = compiled
     candidates = _candidates(rpn, DEMO_SIZES, seed=0)
     with HostSyncCounter() as counter:
         got = rpn.filter_proposals(*candidates)
@@ -435,3 +443,46 @@ def test_on_the_cpu_the_default_is_torchvisions_loop(monkeypatch):
     rpn.batched = True
     with pytest.raises(AssertionError, match="batched selection ran"):
         rpn.filter_proposals(*candidates)
+
+
+def _count_compiled_calls(monkeypatch) -> list:
+    calls = []
+    compiled = nms_module._compiled_iou_above_words()
+
+    def counted():
+        return lambda *args: calls.append(1) or compiled(*args)
+
+    monkeypatch.setattr(nms_module, "_compiled_iou_above_words", counted)
+    return calls
+
+
+@pytest.mark.slow  # compiles with inductor once per process (~5-15 s)
+@pytest.mark.parametrize(
+    "recipe, sizes, training",
+    [
+        param(CPU_RECIPE, DEMO_BATCH_8, True, id="demo recipe, batch 8 with a 48 x 40 image, training"),
+        param(R50_RECIPE, R50_SIZES, False, id="R50 recipe, 800-1333 px, batch 8"),
+        param(R50_RECIPE, R50_SIZES[:3], True, id="R50 recipe, 800-1333 px, training"),
+    ],
+)
+def test_compiled_nms_gives_torchvisions_proposals(recipe, sizes, training, monkeypatch):
+    rpn = _recipe_rpn(recipe, "model.rpn.compiled_nms=true").train(training)
+    calls = _count_compiled_calls(monkeypatch)
+    got, expected = _filter_both(rpn, _candidates(rpn, sizes, seed=3))
+    _assert_same_proposals(got, expected)
+    assert len(calls) == 5  # one per FPN level
+
+
+@pytest.mark.slow
+def test_compiled_nms_takes_the_batched_selection_on_the_cpu_too_and_refuses_batched_false(monkeypatch):
+    rpn = _recipe_rpn(CPU_RECIPE, "model.rpn.batched=null", "model.rpn.compiled_nms=true").eval()
+    calls = _count_compiled_calls(monkeypatch)
+    got, expected = _filter_both(rpn, _candidates(rpn, DEMO_SIZES, seed=4))
+    _assert_same_proposals(got, expected)
+    assert len(calls) == 5
+    with pytest.raises(
+        ValueError,
+        match=r"RegionProposalNetwork\(compiled_nms=True, batched=False\): the compiled NMS is part of the "
+        r"batched proposal selection",
+    ):
+        _recipe_rpn(CPU_RECIPE, "model.rpn.batched=false", "model.rpn.compiled_nms=true")

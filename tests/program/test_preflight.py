@@ -2,16 +2,19 @@
 `check_command_line` checks a user's json data sets with every value a grid sweep gives them, before Hydra
 creates the sweep directory."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from lazytrain.errors import ConfigError
 from lazytrain.program.default import INJECTED_ARGUMENTS
 from lazytrain.program.preflight import check_command_line, preflight
+from lazytrain.program.preflight.backends import find_compiled_nms_problems
 from lazytrain.program.primary_config import DEFAULT_MAIN, load_primary_config
 from tests.data.custom_fixtures import write_export
 
@@ -94,6 +97,39 @@ def test_compiling_on_the_cpu_without_a_cpp_compiler_is_named_before_the_run(tmp
     ]
     cfg.train.compile.backend = "aot_eager"
     assert preflight(cfg, INJECTED_ARGUMENTS) == []
+
+
+@pytest.mark.parametrize(
+    ("device", "compiled", "missing", "problem"),
+    [
+        ("cpu", True, None, None),
+        ("cpu", False, "compiler", None),
+        ("cpu", "yes", None, "model.rpn.compiled_nms='yes': must be true or false."),
+        (
+            "cpu",
+            True,
+            "compiler",
+            "model.rpn.compiled_nms=true with train.device=cpu: inductor compiles C++ and finds no compiler (g++, "
+            "clang++, or $CXX). Install one (apt install g++), or use model.rpn.compiled_nms=false.",
+        ),
+        (
+            "cuda",
+            True,
+            "triton",
+            "model.rpn.compiled_nms=true on a GPU: inductor generates Triton kernels and the triton package is "
+            "missing (it comes with torch's CUDA wheels: pip install triton).",
+        ),
+    ],
+)
+def test_a_compiled_nms_without_its_code_generator_is_named_before_the_run(
+    monkeypatch, device, compiled, missing, problem
+):
+    cfg = OmegaConf.create({"train": {"device": device}, "model": {"rpn": {"compiled_nms": compiled}}})
+    if missing == "compiler":
+        monkeypatch.setattr(shutil, "which", lambda name: None)
+    if missing == "triton":
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert find_compiled_nms_problems(cfg) == ([] if problem is None else [problem])
 
 
 def test_preflight_checks_the_gpu_count_once_the_launch_values_are_sound(tmp_path):

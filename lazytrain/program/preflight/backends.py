@@ -1,6 +1,7 @@
 """The torch backend settings of a run must be values torch accepts before any process starts:
-``train.cudnn_benchmark`` (a bool), ``train.float32_matmul_precision`` (torch's names) and ``train.compile``
-(torch.compile's modes and backends, and the compiler its code generation needs)."""
+``train.cudnn_benchmark`` (a bool), ``train.float32_matmul_precision`` (torch's names), ``train.compile``
+(torch.compile's modes and backends, and the compiler its code generation needs) and ``model.rpn.compiled_nms``
+(a bool, and the same compiler)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def find_backend_problems(cfg: DictConfig) -> list[str]:
             f"train.float32_matmul_precision={precision!r}: must be one of {', '.join(FLOAT32_MATMUL_PRECISIONS)} "
             "(torch.set_float32_matmul_precision; 'high' runs float32 matmuls in TF32 on Ampere and later)."
         )
-    return problems + find_compile_problems(cfg)
+    return problems + find_compile_problems(cfg) + find_compiled_nms_problems(cfg)
 
 
 def find_compile_problems(cfg: DictConfig) -> list[str]:
@@ -61,16 +62,39 @@ def find_compile_problems(cfg: DictConfig) -> list[str]:
         ]
     if backend != "inductor":
         return []
+    return _inductor_code_generator_problems(
+        cfg, "train.compile.enabled=true", "train.compile.backend=aot_eager"
+    )
+
+
+def find_compiled_nms_problems(cfg: DictConfig) -> list[str]:
+    """``model.rpn.compiled_nms`` (`lazytrain.modeling.RegionProposalNetwork`): a bool, and inductor's code
+    generator when true."""
+    rpn = (cfg.get("model") or {}).get("rpn")
+    if not isinstance(rpn, DictConfig) or "compiled_nms" not in rpn:
+        return []
+    compiled = rpn.compiled_nms
+    if not isinstance(compiled, bool):
+        return [f"model.rpn.compiled_nms={compiled!r}: must be true or false."]
+    if not compiled:
+        return []
+    return _inductor_code_generator_problems(
+        cfg, "model.rpn.compiled_nms=true", "model.rpn.compiled_nms=false"
+    )
+
+
+def _inductor_code_generator_problems(cfg: DictConfig, setting: str, alternative: str) -> list[str]:
+    """Inductor's code generator for the run's device: a C++ compiler on the CPU, Triton on a GPU."""
     on_cpu = cfg.train.get("device", "cpu") == "cpu"
     if on_cpu and not _cpp_compiler():
         return [
-            "train.compile.enabled=true with train.device=cpu: inductor compiles C++ and finds no compiler (g++, "
-            "clang++, or $CXX). Install one (apt install g++), or use train.compile.backend=aot_eager."
+            f"{setting} with train.device=cpu: inductor compiles C++ and finds no compiler (g++, clang++, or "
+            f"$CXX). Install one (apt install g++), or use {alternative}."
         ]
     if not on_cpu and importlib.util.find_spec("triton") is None:
         return [
-            "train.compile.enabled=true on a GPU: inductor generates Triton kernels and the triton package is "
-            "missing (it comes with torch's CUDA wheels: pip install triton)."
+            f"{setting} on a GPU: inductor generates Triton kernels and the triton package is missing (it comes "
+            "with torch's CUDA wheels: pip install triton)."
         ]
     return []
 
