@@ -149,6 +149,7 @@ class CascadeRoIHeads(RoIHeads):
         batch_size_per_image, positive_fraction: the first stage's sampling (`RoIHeads`'s).
         score_thresh, nms_thresh, detections_per_img: the postprocessing (`RoIHeads`'s).
         mask_roi_pool, mask_head, mask_predictor: the mask branch (all None: no masks).
+        compiled_nms: the detections' per-class NMS in compiled kernels where it runs grouped (`RoIHeads`'s).
     """
 
     def __init__(
@@ -167,6 +168,7 @@ class CascadeRoIHeads(RoIHeads):
         mask_roi_pool: nn.Module | None = None,
         mask_head: nn.Module | None = None,
         mask_predictor: nn.Module | None = None,
+        compiled_nms: bool = False,
     ) -> None:
         _check_stages(box_heads, box_predictors, stage_iou_thresholds, stage_bbox_reg_weights)
         weights = [tuple(float(w) for w in stage_weights) for stage_weights in stage_bbox_reg_weights]
@@ -176,6 +178,7 @@ class CascadeRoIHeads(RoIHeads):
             first_iou, first_iou, batch_size_per_image, positive_fraction, weights[0],
             score_thresh, nms_thresh, detections_per_img,
             mask_roi_pool=mask_roi_pool, mask_head=mask_head, mask_predictor=mask_predictor,
+            compiled_nms=compiled_nms,
         )  # fmt: skip
         # Stage 0 matches and encodes with RoIHeads' own matcher and coder (the same threshold and weights).
         self.stage_box_coders = [BoxCoder(w, self.box_coder.bbox_xform_clip) for w in weights]

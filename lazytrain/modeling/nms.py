@@ -60,7 +60,13 @@ _DEVICE_GROUPED_ABOVE_ELEMENTS = 100_000
 
 
 def batched_nms(
-    boxes: Tensor, scores: Tensor, groups: Tensor, iou_threshold: float, image_shape: tuple[int, int]
+    boxes: Tensor,
+    scores: Tensor,
+    groups: Tensor,
+    iou_threshold: float,
+    image_shape: tuple[int, int],
+    *,
+    compiled: bool = False,
 ) -> Tensor:
     """Indices of the boxes kept by NMS within each group, by decreasing score: torchvision's ``batched_nms``,
     except where it would loop over the groups on a device (`grouped_batched_nms`: a few host reads instead of
@@ -71,18 +77,22 @@ def batched_nms(
     boxes are moved apart by a multiple of the image's larger side (boxes clipped to `image_shape` never
     reach it) and one ``nms`` runs on them: the coordinate trick, which a TorchScript trace also records, with
     an offset known without reading the boxes, so that no size or value of the data is needed.
+
+    `compiled`: `grouped_batched_nms`'s, where it runs (nothing changes where torchvision's runs).
     """
     if not torch.compiler.is_exporting():
         above = _GROUPED_ABOVE_ELEMENTS.get(boxes.device.type, _DEVICE_GROUPED_ABOVE_ELEMENTS)
         if above is not None and boxes.numel() > above and not torch.jit.is_tracing():
-            return grouped_batched_nms(boxes, scores, groups, iou_threshold)
+            return grouped_batched_nms(boxes, scores, groups, iou_threshold, compiled=compiled)
         return box_ops.batched_nms(boxes, scores, groups, iou_threshold)
     stride = torch.sym_max(image_shape[0], image_shape[1]) + 1
     offsets = groups.to(boxes.dtype) * stride
     return box_ops.nms(boxes + offsets[:, None], scores, iou_threshold)
 
 
-def grouped_batched_nms(boxes: Tensor, scores: Tensor, groups: Tensor, iou_threshold: float) -> Tensor:
+def grouped_batched_nms(
+    boxes: Tensor, scores: Tensor, groups: Tensor, iou_threshold: float, *, compiled: bool = False
+) -> Tensor:
     """torchvision's ``batched_nms`` (the indices of the boxes kept within each group, by decreasing score, ties
     by index) with a few host reads for any number of groups, where its loop makes two per group.
 
@@ -95,6 +105,7 @@ def grouped_batched_nms(boxes: Tensor, scores: Tensor, groups: Tensor, iou_thres
         scores: [C] scores.
         groups: [C] integer group of each box (NMS runs within a group only).
         iou_threshold: IoU above which a box suppresses the lower-scoring boxes of its group.
+        compiled: `grouped_nms`'s (each bucket's bit matrix and greedy steps in ``torch.compile``d kernels).
     """
     order = scores.sort(descending=True, stable=True).indices
     order = order[groups[order].sort(stable=True).indices]  # by group, then by decreasing score
@@ -109,7 +120,9 @@ def grouped_batched_nms(boxes: Tensor, scores: Tensor, groups: Tensor, iou_thres
         columns = torch.arange(size, device=boxes.device)
         valid = columns < count[:, None]
         rows = order[first[:, None] + torch.minimum(columns, count[:, None] - 1)]
-        keep, _ = grouped_nms(boxes[rows], scores[rows], valid, [size], iou_threshold, limit=0)
+        keep, _ = grouped_nms(
+            boxes[rows], scores[rows], valid, [size], iou_threshold, limit=0, compiled=compiled
+        )
         kept.index_put_((rows.flatten(),), (keep & valid).flatten().to(kept.dtype), accumulate=True)
     survivors = torch.nonzero(kept)[:, 0]  # ascending index, as torchvision's
     return survivors[scores[survivors].sort(descending=True, stable=True).indices]

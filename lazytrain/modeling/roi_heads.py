@@ -208,10 +208,16 @@ class RoIHeads(TorchvisionRoIHeads):
 
     Training returns ``loss_classifier`` (whatever the loss), ``loss_box_reg`` and, with a mask or keypoint
     head, ``loss_mask``/``loss_keypoint``; eval returns torchvision's detections, ranked by the loss's scores.
+
+    One argument of its own, keyword only: ``compiled_nms`` (default False), the per-class NMS of the
+    detections in ``torch.compile``d kernels where it runs grouped (`lazytrain.modeling.nms.batched_nms`: on a
+    device above 100,000 box coordinates per image, as LVIS's 1,203 classes at score threshold 1e-4 give;
+    torchvision's ``nms`` elsewhere, unchanged). The same detections; the first such call compiles.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, compiled_nms: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.compiled_nms = compiled_nms
         # Without host syncs, same results: the box coder (no tensors from Python numbers), the matcher (a
         # batch at once), the sampler (the same counts, drawn as masks; a torchvision sampler assigned here is
         # used as torchvision does).
@@ -407,7 +413,8 @@ class RoIHeads(TorchvisionRoIHeads):
         self, boxes: Tensor, scores: Tensor, labels: Tensor, image_shape: tuple[int, int]
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Per-class NMS of one image's candidates and its top `detections_per_img`."""
-        keep = batched_nms(boxes, scores, labels, self.nms_thresh, image_shape)[: self.detections_per_img]
+        keep = batched_nms(boxes, scores, labels, self.nms_thresh, image_shape, compiled=self.compiled_nms)
+        keep = keep[: self.detections_per_img]
         return boxes[keep], scores[keep], labels[keep]
 
     def _detections_in_image(

@@ -62,6 +62,7 @@ def make_cascade_roi_heads(roi_heads):
         mask_roi_pool=roi_heads.mask_roi_pool,
         mask_head=roi_heads.mask_head,
         mask_predictor=roi_heads.mask_predictor,
+        compiled_nms=roi_heads.compiled_nms,
     )
 
 

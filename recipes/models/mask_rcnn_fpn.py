@@ -68,6 +68,9 @@ model = L(RCNN)(
         score_thresh=0.05,
         nms_thresh=0.5,
         detections_per_img=100,
+        # The per-class NMS of the detections in compiled kernels where it runs grouped (on a GPU, above 100,000
+        # box coordinates per image: LVIS evaluation at score_thresh=0.0001); torchvision's nms elsewhere.
+        compiled_nms=False,
         mask_roi_pool=L(MultiScaleRoIAlign)(
             featmap_names=["0", "1", "2", "3"], output_size=14, sampling_ratio=2
         ),

@@ -67,7 +67,9 @@ def test_a_few_host_reads_for_any_number_of_groups_where_torchvisions_loop_makes
 def test_batched_nms_groups_on_devices_above_torchvisions_loop_size(monkeypatch):
     boxes, scores, labels = _candidates(3000, 40)
     calls = []
-    monkeypatch.setattr(nms, "grouped_batched_nms", lambda *args: calls.append(args[0].shape) or args[2][:0])
+    monkeypatch.setattr(
+        nms, "grouped_batched_nms", lambda *args, **kwargs: calls.append(args[0].shape) or args[2][:0]
+    )
     expected = box_ops.batched_nms(boxes, scores, labels, 0.5)
     assert torch.equal(
         batched_nms(boxes, scores, labels, 0.5, (800, 800)), expected
@@ -124,3 +126,14 @@ def test_grouped_nms_with_the_compiled_bits_keeps_torchvisions_boxes():
             members = valid[row, group].nonzero()[:, 0]
             kept = box_ops.nms(boxes[row, group][members], scores[row, group][members], 0.6)
             assert torch.equal(keep[row, group].nonzero()[:, 0], members[kept].sort().values)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "count, groups, threshold, dtype",
+    [(6000, 1203, 0.5, torch.float32), (3000, 7, 0.7, torch.float64), (70, 1, 0.5, torch.float32)],
+)
+def test_grouped_batched_nms_with_compiled_kernels_keeps_torchvisions_boxes(count, groups, threshold, dtype):
+    boxes, scores, labels = _candidates(count, groups, dtype=dtype)
+    expected = box_ops.batched_nms(boxes, scores, labels, threshold)
+    assert torch.equal(grouped_batched_nms(boxes, scores, labels, threshold, compiled=True), expected)

@@ -278,6 +278,23 @@ def test_each_further_image_adds_few_device_operations(monkeypatch):
     assert 0 < per_image <= MAX_DEVICE_OPERATIONS_PER_EXTRA_IMAGE, f"{operations}: {per_image} per image"
 
 
+@pytest.mark.slow  # compiles with inductor
+def test_lvis_inference_with_compiled_nms_gives_the_same_detections(monkeypatch):
+    overrides = ("model.roi_heads.score_thresh=0.0001", "model.roi_heads.detections_per_img=300")
+    torch.manual_seed(0)
+    model = _gpu_paths_model(R50_RECIPE, 1203, overrides).eval()
+    batch = [{"image": make_record(192, 256, seed=seed)["image"]} for seed in range(2)]
+    monkeypatch.setattr(nms, "_GROUPED_ABOVE_ELEMENTS", {})  # as on a device
+    with torch.no_grad():
+        expected = model(batch)
+        model.rpn.compiled_nms = model.roi_heads.compiled_nms = True
+        outputs = model(batch)
+    assert [len(output["instances"]["boxes"]) for output in outputs] == [300, 300]
+    for output, reference in zip(outputs, expected):
+        for key, value in reference["instances"].items():
+            assert torch.equal(output["instances"][key], value), key
+
+
 def test_lvis_inference_host_syncs_do_not_grow_with_the_classes_and_results_are_unchanged(monkeypatch):
     overrides = ("model.roi_heads.score_thresh=0.0001", "model.roi_heads.detections_per_img=300")
     torch.manual_seed(0)
