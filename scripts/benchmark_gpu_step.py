@@ -35,8 +35,10 @@ step over that median; peak memory is torch.cuda.max_memory_allocated; host sync
 with `lazytrain.utils.host_syncs.HostSyncCounter` (on the CPU, its proxy count) and, on CUDA, the warnings of
 ``torch.cuda.set_sync_debug_mode("warn")`` (the exact number, as far as torch instruments it); host syncs per
 inference counts one eval-mode forward pass of the first batch; device ops per step counts the step's
-operations that launch device work (`HostSyncCounter.operation_total`: about one per kernel launch). ``--sync-table`` prints the counted syncs by
-operation and calling line. Prints markdown.
+operations that launch device work (`HostSyncCounter.operation_total`: about one per kernel launch); GB moved
+per step adds up the bytes those operations read and write (`HostSyncCounter.memory_traffic_total`, eager: the
+counter runs compiled code eagerly). ``--sync-table`` prints the counted syncs by operation and calling line,
+and the memory traffic by line. Prints markdown.
 """
 
 from __future__ import annotations
@@ -362,6 +364,7 @@ def measure(
     inference = count_inference_syncs(name, model, batches[0], precision, device)
     tables = {
         "training step": training.format_table(sites=True),
+        "training step, memory traffic": training.format_memory_traffic(),
         "inference": inference.format_table(sites=True),
     }
     return {
@@ -369,7 +372,7 @@ def measure(
         "images/s": batch_size / seconds, "GPU busy": busy, "peak memory GiB": memory,
         "host syncs / step": training.total, "syncs (CUDA debug mode)": exact,
         "host syncs / inference": inference.total, "device ops / step": training.operation_total,
-        "sync tables": tables,
+        "GB moved / step": training.memory_traffic_total / 1e9, "sync tables": tables,
     }  # fmt: skip
 
 
@@ -395,6 +398,7 @@ def _cell(value) -> str:
 def format_table(rows: list[dict]) -> str:
     columns = ["model", "batch", "precision", "options", "s/it", "images/s", "GPU busy", "peak memory GiB"]
     columns += ["host syncs / step", "syncs (CUDA debug mode)", "host syncs / inference", "device ops / step"]
+    columns += ["GB moved / step"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         cells = dict(row)
@@ -403,6 +407,7 @@ def format_table(rows: list[dict]) -> str:
         cells["GPU busy"] = "n/a" if row["GPU busy"] is None else f"{row['GPU busy']:.0%}"
         memory = row["peak memory GiB"]
         cells["peak memory GiB"] = "n/a" if memory is None else f"{memory:.2f}"
+        cells["GB moved / step"] = f"{row['GB moved / step']:.2f}"
         lines.append("| " + " | ".join(_cell(cells[column]) for column in columns) + " |")
     return "\n".join(lines)
 
@@ -445,7 +450,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.sync_table:
         for row in rows:
             for part, table in row["sync tables"].items():
-                print(f"\nHost syncs, {part}, {row['model']} batch {row['batch']} {row['precision']}:\n")
+                title = part if "memory" in part else f"Host syncs, {part}"
+                print(f"\n{title}, {row['model']} batch {row['batch']} {row['precision']}:\n")
                 print(table)
     return rows
 

@@ -45,7 +45,13 @@ The CPU count is a proxy, not the CUDA count:
 `HostSyncCounter` also counts every operation that would launch work on the device (`operations`,
 `is_device_operation`): views and allocations excluded, so about one per kernel launch. A step's kernel count
 is what keeps a GPU busy or idle (each launch costs the host ~5-10 us); the count keeps it from creeping back
-(tests/utils/test_host_syncs.py holds a training step's count).
+(tests/utils/test_host_syncs.py holds a training step's count). With them it adds up the bytes of their tensor
+arguments and results (`memory_traffic`, by operator and, with ``record_sites=True``, by calling line): the
+memory an operation reads and writes, each tensor counted once per argument or result (in-place results
+twice), a proxy for the time of the operations that are bound by memory rather than arithmetic (element-wise
+passes over large arrays; a convolution's figure says little about its time). Calls to ``torch.compile``d
+code run eagerly under the counter (dynamo steps aside while a dispatch mode is active), so this counts what
+their eager form would do.
 
 Count a step after a first one: the first also sets up what later steps reuse (RoI pooler scales, with
 ``.item()`` calls on the host).
@@ -129,6 +135,17 @@ def _tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         values = value if isinstance(value, (list, tuple)) else [value]
         found += [v for v in values if isinstance(v, torch.Tensor)]
     return found
+
+
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in `value` (tensors, lists, tuples and dicts of them), as they are shaped."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(item) for item in value)
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(item) for item in value.values())
+    return 0
 
 
 def _is_device(tensor: torch.Tensor, treat_cpu_as_device: bool) -> bool:
@@ -279,7 +296,8 @@ class HostSyncCounter(TorchDispatchMode):
     Args:
         treat_cpu_as_device: count operations on CPU tensors as if they ran on the accelerator (the CPU
             proxy, the default). Give False on a CUDA device to count only what touches device tensors.
-        record_sites: also count where each one was called from (`sites`), the innermost line outside torch.
+        record_sites: also count where each one was called from (`sites`), the innermost line outside torch,
+            and the memory traffic by line (`memory_traffic_sites`).
     """
 
     def __init__(self, *, treat_cpu_as_device: bool = True, record_sites: bool = False) -> None:
@@ -289,6 +307,8 @@ class HostSyncCounter(TorchDispatchMode):
         self.counts: Counter[str] = Counter()
         self.operations: Counter[str] = Counter()
         self.sites: Counter[tuple[str, str]] = Counter()
+        self.memory_traffic: Counter[str] = Counter()
+        self.memory_traffic_sites: Counter[str] = Counter()
         self._python_calls: _PythonCallCounter | None = None
 
     @property
@@ -301,6 +321,11 @@ class HostSyncCounter(TorchDispatchMode):
         """All operations that would run a kernel on the device (`is_device_operation`), syncs or not."""
         return sum(self.operations.values())
 
+    @property
+    def memory_traffic_total(self) -> int:
+        """Bytes read and written by the counted operations (see this module's docstring)."""
+        return sum(self.memory_traffic.values())
+
     def _add(self, name: str) -> None:
         self.counts[name] += 1
         if self.record_sites:
@@ -311,9 +336,15 @@ class HostSyncCounter(TorchDispatchMode):
         name = get_host_sync_name(func, args, kwargs, treat_cpu_as_device=self.treat_cpu_as_device)
         if name is not None:
             self._add(name)
+        result = func(*args, **kwargs)
         if is_device_operation(func, args, kwargs, treat_cpu_as_device=self.treat_cpu_as_device):
-            self.operations[str(func.overloadpacket)] += 1
-        return func(*args, **kwargs)
+            operator = str(func.overloadpacket)
+            self.operations[operator] += 1
+            traffic = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(result)
+            self.memory_traffic[operator] += traffic
+            if self.record_sites:
+                self.memory_traffic_sites[_caller_site()] += traffic
+        return result
 
     def __enter__(self) -> HostSyncCounter:
         if self.treat_cpu_as_device:
@@ -340,6 +371,15 @@ class HostSyncCounter(TorchDispatchMode):
         """One line, most frequent first: ``total 57: aten.nonzero 30, aten._local_scalar_dense 12, ...``."""
         parts = ", ".join(f"{name} {count}" for name, count in self.counts.most_common())
         return f"total {self.total}: {parts}" if parts else "total 0"
+
+    def format_memory_traffic(self, *, top: int = 15) -> str:
+        """A markdown table of the memory traffic in GB by calling line (needs ``record_sites=True``) or else
+        by operator, the largest `top` first, and its total."""
+        counter = self.memory_traffic_sites if self.record_sites else self.memory_traffic
+        lines = [f"| {'line' if self.record_sites else 'operator'} | GB read and written |", "|---|---|"]
+        lines += [f"| {name} | {size / 1e9:.3f} |" for name, size in counter.most_common(top)]
+        lines.append(f"| **total** | {self.memory_traffic_total / 1e9:.3f} |")
+        return "\n".join(lines)
 
     def format_table(self, *, sites: bool = False) -> str:
         """A markdown table of the counts (most frequent first) and their total.

@@ -39,6 +39,7 @@ def test_cpu_run_prints_one_row_per_model(script, data_root, capsys):
         assert float(cells[4]) > 0 and float(cells[5]) > 0  # s/it, images/s
         assert cells[6:8] == ["n/a", "n/a"]  # GPU busy and peak memory: no GPU
         assert int(cells[8]) > 0 and cells[9] == "n/a" and int(cells[10]) > 0  # host syncs
+        assert int(cells[11]) > 0 and float(cells[12]) > 0  # device ops, GB moved per step
     assert "CPU (1 threads), torch" in out and "images 64 x 64" in out
 
 

@@ -47,6 +47,10 @@ MAX_HOST_SYNCS_PER_LVIS_INFERENCE = 30
 # docs/benchmarks.md). The ceilings leave 3% for other torch versions' decompositions. Lower them when a
 # change removes operations.
 MAX_DEVICE_OPERATIONS_PER_STEP = {"mask_rcnn_r18_fpn_cpu": 960, "mask_rcnn_fpn": 1125}
+# Bytes those operations read and write in the same step (`HostSyncCounter.memory_traffic_total`), measured
+# 2026-11-27 (torch 2.14.1): demo model 1.175 GB, R50-FPN recipe 5.698 GB, of which the RPN's NMS IoU tiles
+# ~1.0 GB (docs/benchmarks.md, "the RPN's NMS in compiled kernels"). 5% above, for other torch versions.
+MAX_MEMORY_TRAFFIC_PER_STEP = {"mask_rcnn_r18_fpn_cpu": 1.234e9, "mask_rcnn_fpn": 5.983e9}
 # What each further image adds to a step of the demo model (4 images against 2, halved): 93.5 -> 22.5 (2026-11-27:
 # anchors and RoIs matched for the batch at once, the poolers' RoIs and levels for all images at once). The
 # rest is per-image input handling (targets, normalisation) and the mask targets, cropped from each image's
@@ -110,6 +114,25 @@ def test_operations_count_what_launches_device_work_not_views_or_allocations():
     with HostSyncCounter(treat_cpu_as_device=False) as counter:
         VALUES * 2  # a host tensor in a device run: no device work
     assert counter.operation_total == 0
+
+
+def test_memory_traffic_adds_up_the_bytes_operations_read_and_write_by_operator_and_line():
+    single, double = torch.ones(1000), torch.ones(1000, dtype=torch.float64)
+    with HostSyncCounter(record_sites=True) as counter:
+        single + single  # two arguments and a result of 4,000 bytes
+        single.view(10, 100).t()  # views: no traffic
+        double.sum()  # 8,000 in, 8 out
+        single.add_(1)  # in place: the argument and the result
+    assert dict(counter.memory_traffic) == {"aten.add": 12_000, "aten.sum": 8_008, "aten.add_": 8_000}
+    assert counter.memory_traffic_total == 28_008
+    lines = [site for site in counter.memory_traffic_sites]
+    assert len(lines) == 3 and all(site.startswith("tests/utils/test_host_syncs.py:") for site in lines), (
+        lines
+    )
+    table = counter.format_memory_traffic()
+    assert table.splitlines()[0] == "| line | GB read and written |" and table.endswith(
+        "| **total** | 0.000 |"
+    )
 
 
 def test_counts_inside_the_backward_pass():
@@ -247,7 +270,9 @@ def test_inference_host_syncs_stay_at_or_below_today_and_results_are_unchanged()
     "recipe, num_classes",
     [param(CPU_RECIPE, 3, id="demo model"), param(R50_RECIPE, 1203, id="R50-FPN recipe, LVIS classes")],
 )
-def test_training_step_device_operations_stay_at_or_below_today(recipe, num_classes, monkeypatch):
+def test_training_step_device_operations_and_memory_traffic_stay_at_or_below_today(
+    recipe, num_classes, monkeypatch
+):
     # As on a GPU: the RPN's NMS in tiles of a device's size (the CPU's are smaller: more, smaller
     # operations), SGD's multi-tensor step (torch's default on CUDA; a loop per parameter on the CPU).
     monkeypatch.setattr(nms, "_TILE_ELEMENTS", {})
@@ -256,11 +281,13 @@ def test_training_step_device_operations_stay_at_or_below_today(recipe, num_clas
     optimizer = _recipe_optimizer(model, foreach=True)
     batch = _batch()
     _training_step(model, optimizer, batch)
-    with HostSyncCounter() as counter:
+    with HostSyncCounter(record_sites=True) as counter:
         _training_step(model, optimizer, batch)
     ceiling = MAX_DEVICE_OPERATIONS_PER_STEP[Path(recipe).stem]
     top = ", ".join(f"{name} {count}" for name, count in counter.operations.most_common(12))
     assert 0 < counter.operation_total <= ceiling, f"{counter.operation_total} operations per step: {top}"
+    traffic = MAX_MEMORY_TRAFFIC_PER_STEP[Path(recipe).stem]
+    assert 0 < counter.memory_traffic_total <= traffic, counter.format_memory_traffic()
 
 
 def test_each_further_image_adds_few_device_operations(monkeypatch):
