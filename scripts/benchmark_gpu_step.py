@@ -36,8 +36,10 @@ with `lazytrain.utils.host_syncs.HostSyncCounter` (on the CPU, its proxy count) 
 ``torch.cuda.set_sync_debug_mode("warn")`` (the exact number, as far as torch instruments it); host syncs per
 inference counts one eval-mode forward pass of the first batch; device ops per step counts the step's
 operations that launch device work (`HostSyncCounter.operation_total`: about one per kernel launch); GB moved
-per step adds up the bytes those operations read and write (`HostSyncCounter.memory_traffic_total`, eager: the
-counter runs compiled code eagerly). ``--sync-table`` prints the counted syncs by operation and calling line,
+per step adds up the bytes those operations read and write (`HostSyncCounter.memory_traffic_total`). Compiled
+code runs eagerly under the counter, so with a compiled part (``--compile``, ``model.rpn.compiled_nms``, ...)
+these two columns say "eager X": what the eager form launches and moves, not the compiled kernels.
+``--sync-table`` prints the counted syncs by operation and calling line,
 and the memory traffic by line. Prints markdown.
 """
 
@@ -362,6 +364,7 @@ def measure(
         busy = gpu_seconds_per_step(step, first + args.iters, args.profile_steps, device) / seconds
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if on_cuda else None
     inference = count_inference_syncs(name, model, batches[0], precision, device)
+    eager = "eager " if _has_compiled_parts(model) else ""
     tables = {
         "training step": training.format_table(sites=True),
         "training step, memory traffic": training.format_memory_traffic(),
@@ -371,9 +374,15 @@ def measure(
         "model": name, "batch": batch_size, "precision": precision, "s/it": seconds,
         "images/s": batch_size / seconds, "GPU busy": busy, "peak memory GiB": memory,
         "host syncs / step": training.total, "syncs (CUDA debug mode)": exact,
-        "host syncs / inference": inference.total, "device ops / step": training.operation_total,
-        "GB moved / step": training.memory_traffic_total / 1e9, "sync tables": tables,
+        "host syncs / inference": inference.total, "device ops / step": f"{eager}{training.operation_total}",
+        "GB moved / step": f"{eager}{training.memory_traffic_total / 1e9:.2f}", "sync tables": tables,
     }  # fmt: skip
+
+
+def _has_compiled_parts(model: torch.nn.Module) -> bool:
+    """Whether the model runs parts through torch.compile: a compiled backbone or a compiled NMS."""
+    backbone = getattr(model, "backbone_compile_options", None) is not None
+    return backbone or any(getattr(module, "compiled_nms", False) for module in model.modules())
 
 
 def _free_memory(device: torch.device) -> None:
@@ -407,7 +416,6 @@ def format_table(rows: list[dict]) -> str:
         cells["GPU busy"] = "n/a" if row["GPU busy"] is None else f"{row['GPU busy']:.0%}"
         memory = row["peak memory GiB"]
         cells["peak memory GiB"] = "n/a" if memory is None else f"{memory:.2f}"
-        cells["GB moved / step"] = f"{row['GB moved / step']:.2f}"
         lines.append("| " + " | ".join(_cell(cells[column]) for column in columns) + " |")
     return "\n".join(lines)
 

@@ -349,7 +349,8 @@ def _pack_bits(flags: Tensor, bit_values: Tensor) -> Tensor:
     """[..., 64 * W] flags (bool or 0/1 uint8) as [..., W] int64 words, with `_bit_values`: flag k is bit k % 8
     of byte k // 8 (the words' bytes in memory order, so the packings of the matrix rows and of the kept boxes
     agree on any machine)."""
-    as_bytes = flags.view(torch.uint8).unflatten(-1, (-1, 8)) * bit_values
+    # bool times uint8 is uint8 (no view of the bools as bytes: inductor in torch 2.11 cannot lower that).
+    as_bytes = flags.unflatten(-1, (-1, 8)) * bit_values
     return as_bytes.sum(dim=-1, dtype=torch.uint8).view(torch.int64)
 
 

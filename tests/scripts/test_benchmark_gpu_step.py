@@ -54,6 +54,8 @@ def test_variants_run_in_one_process_and_name_their_options(script, data_root, c
     ]
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| lazytrain")]
     assert [line.split("|")[4].strip() for line in table] == [row["options"] for row in rows]
+    # Compiled code runs eagerly under the counter: its counts are the eager form's, and say so.
+    assert [line.split("|")[12].strip().startswith("eager ") for line in table] == [False, False, True]
     assert torch.get_float32_matmul_precision() == "highest"  # the last variant has tf32 off again
     with pytest.raises(ValueError, match="--variants takes channels-last, tf32, .* got 'fast'"):
         script.main([*argv, "--variants", "base;fast"])
