@@ -37,13 +37,14 @@ import math
 import struct
 import sys
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import boxes as box_ops
 
-__all__ = ["NMS_STEPS", "batched_nms", "grouped_batched_nms", "grouped_nms"]
+__all__ = ["NMS_STEPS", "GroupedNMS", "batched_nms", "grouped_batched_nms", "grouped_nms"]
 
 # Greedy NMS is solved by repeated steps on a bit matrix of who suppresses whom; NMS_STEPS run before the host
 # looks at the result. Measured on the demo model's RPN (192 px, 600 candidates per level), trained and at
@@ -148,11 +149,31 @@ def grouped_nms(
     compiled: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Greedy NMS within every group of every row at once, for each group's first `decided` candidates (all when
-    None, then stepping, with a host read per `NMS_STEPS` steps, until the result is final).
+    None, then stepping, with a host read per `NMS_STEPS` steps, until the result is final): one
+    `GroupedNMS.solve`. A caller that may solve twice (a first pass with `decided`, a second without when the
+    first is not final) keeps a `GroupedNMS`, which shares the work of the two passes.
+
+    Args and returns: `GroupedNMS` and `GroupedNMS.solve`.
+    """
+    problem = GroupedNMS(boxes, scores, valid, group_sizes, iou_threshold, compiled=compiled)
+    return problem.solve(limit=limit, decided=decided)
+
+
+class _Decision(NamedTuple):
+    """What a `GroupedNMS.solve` decided: its groups' slices and their bit matrix, valid candidates and keep
+    flags, stacked one group per row (`_stack_groups`)."""
+
+    groups: list[slice]
+    suppression: Tensor
+    valid: Tensor
+    keep: Tensor
+
+
+class GroupedNMS:
+    """Greedy NMS within every group of every row at once.
 
     The survivors are those of torchvision's ``nms`` run on each group's valid boxes, bit for bit (the same
-    float32 IoUs, compared with the threshold as its CPU kernel does). Nothing is read on the host when
-    `decided` is given: the caller reads ``is_final`` and, when it is false, calls again with ``decided=None``.
+    float32 IoUs, compared with the threshold as its CPU kernel does).
 
     Args:
         boxes: [N, K, 4] boxes (x1, y1, x2, y2); half and bfloat16 boxes are compared in float32.
@@ -161,31 +182,68 @@ def grouped_nms(
             group's valid candidates first, so that its first `decided` are valid.
         group_sizes: the groups' sizes, one after the other in each row (they sum to K).
         iou_threshold: IoU above which a box suppresses the later boxes of its group.
-        limit: how many of each row's best survivors the caller needs (what ``is_final`` vouches for).
-        decided: candidates decided per group, from its first; None: all.
         compiled: compute who suppresses whom with one ``torch.compile``d kernel per group (`_iou_above_words`)
             instead of the element-wise tiles, and the greedy steps compiled too; same result (on the CPU bit
             for bit; CUDA code may fuse a multiply and add into one rounding, as torchvision's CUDA ``nms``
             kernel does). The first call compiles (seconds), once per process.
-
-    Returns:
-        ``(keep, is_final)``: [N, K] survivors among the decided candidates, and a 0-dim bool: false when the
-        steps have not settled or an undecided candidate might belong among a row's best `limit` survivors.
     """
-    groups = _group_slices(group_sizes, decided)
-    is_decided = torch.zeros_like(valid)
-    if not groups:
-        return is_decided, is_decided.new_ones(())
-    for group in groups:
-        is_decided[:, group] = True
-    suppression = _suppression_bits(boxes, valid, groups, iou_threshold, compiled=compiled)
-    stacked_valid = _stack_groups(valid, groups, suppression.shape[2])
-    steps = _compiled_greedy_steps() if compiled else _greedy_steps
-    keep, settled = steps(suppression, stacked_valid, stacked_valid)
-    if decided is None:
-        keep, settled = _settle(steps, suppression, stacked_valid, keep, settled)
-    keep = _unstack_groups(keep, groups, is_decided)
-    return keep, settled & _is_complete(scores, valid, keep, is_decided, limit)
+
+    def __init__(
+        self,
+        boxes: Tensor,
+        scores: Tensor,
+        valid: Tensor,
+        group_sizes: list[int],
+        iou_threshold: float,
+        *,
+        compiled: bool = False,
+    ) -> None:
+        self.boxes, self.scores, self.valid = boxes, scores, valid
+        self.group_sizes, self.iou_threshold, self.compiled = list(group_sizes), iou_threshold, compiled
+        self._steps = _compiled_greedy_steps() if compiled else _greedy_steps
+        self._last: _Decision | None = None
+
+    def solve(self, *, limit: int, decided: int | None = None) -> tuple[Tensor, Tensor]:
+        """The survivors among each group's first `decided` candidates (all when None, then stepping, with a
+        host read per `NMS_STEPS` steps, until the result is final).
+
+        Nothing is read on the host when `decided` is given: the caller reads ``is_final`` and, when it is
+        false, solves again with ``decided=None``. That second solve computes no bit matrix again where the
+        first decided every candidate (the greedy steps had not settled): it steps on from the first's flags.
+
+        Args:
+            limit: how many of each row's best survivors the caller needs (what ``is_final`` vouches for).
+            decided: candidates decided per group, from its first; None: all.
+
+        Returns:
+            ``(keep, is_final)``: [N, K] survivors among the decided candidates, and a 0-dim bool: false when
+            the steps have not settled or an undecided candidate might belong among a row's best `limit`
+            survivors.
+        """
+        groups = _group_slices(self.group_sizes, decided)
+        is_decided = torch.zeros_like(self.valid)
+        if not groups:
+            return is_decided, is_decided.new_ones(())
+        for group in groups:
+            is_decided[:, group] = True
+        decision = self._decide(groups)
+        keep, settled = self._steps(decision.suppression, decision.valid, decision.keep)
+        if decided is None:
+            keep, settled = _settle(self._steps, decision.suppression, decision.valid, keep, settled)
+        self._last = decision._replace(keep=keep)
+        keep = _unstack_groups(keep, groups, is_decided)
+        return keep, settled & _is_complete(self.scores, self.valid, keep, is_decided, limit)
+
+    def _decide(self, groups: list[slice]) -> _Decision:
+        """The bit matrix of `groups` and the flags to step from: the last solve's where it decided the same
+        candidates (any flags converge to the one solution), else all valid candidates."""
+        if self._last is not None and self._last.groups == groups:
+            return self._last
+        suppression = _suppression_bits(
+            self.boxes, self.valid, groups, self.iou_threshold, compiled=self.compiled
+        )
+        stacked_valid = _stack_groups(self.valid, groups, suppression.shape[2])
+        return _Decision(groups, suppression, stacked_valid, stacked_valid)
 
 
 def _settle(

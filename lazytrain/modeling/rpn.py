@@ -8,7 +8,7 @@ loops over the levels with ``unique`` and ``where``), samples the training ancho
 same work for all images at once, on tensors whose sizes do not depend on the data:
 
 - proposals (`filter_proposals`): clip with a per-image size tensor; small and low-scoring boxes are masked,
-  not removed; greedy NMS for every (image, level) group at once (`lazytrain.modeling.nms.grouped_nms`, the
+  not removed; greedy NMS for every (image, level) group at once (`lazytrain.modeling.nms.GroupedNMS`, the
   same boxes survive as with torchvision's CPU ``nms``); the host reads one small tensor (the number of
   proposals per image) to return torchvision's per-image lists;
 - training: the anchors of all images are matched to their ground truth at once
@@ -33,7 +33,7 @@ from torchvision.ops import boxes as box_ops
 
 from lazytrain.modeling.box_coding import BoxCoder, clip_to_image_sizes
 from lazytrain.modeling.matching import Matcher, PaddedBoxes, gather_boxes, match_padded, pad_boxes
-from lazytrain.modeling.nms import batched_nms, grouped_nms
+from lazytrain.modeling.nms import GroupedNMS, batched_nms
 from lazytrain.modeling.sampling import BalancedMaskSampler
 
 __all__ = ["RegionProposalNetwork"]
@@ -71,7 +71,7 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
             for a device and the loop is faster (demo step with 2 threads: RPN forward 41 ms with the loop,
             62 ms batched; one thread: about equal), and batched wherever `compiled_nms` is set.
         compiled_nms: in the batched selection, compute NMS's who-suppresses-whom bits with one
-            ``torch.compile``d kernel per FPN level (`lazytrain.modeling.nms.grouped_nms`'s ``compiled``)
+            ``torch.compile``d kernel per FPN level (`lazytrain.modeling.nms.GroupedNMS`'s ``compiled``)
             instead of about a dozen element-wise passes over each level's [boxes x boxes] IoUs (at batch 8
             and 800 px about 11 GB of memory traffic per training step). The same proposals; the first
             forward compiles (seconds; inductor needs Triton on a GPU, a C++ compiler on the CPU). On the CPU
@@ -152,15 +152,13 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         candidates = self._candidates(proposals, objectness, image_shapes, num_anchors_per_level)
         limit = self.post_nms_top_n()
         decided = math.ceil(DECIDED_PER_RESULT * limit)
-        compiled = self.compiled_nms
-        keep, is_final = grouped_nms(
-            *candidates, self.nms_thresh, limit=limit, decided=decided, compiled=compiled
-        )
+        nms = GroupedNMS(*candidates, self.nms_thresh, compiled=self.compiled_nms)
+        keep, is_final = nms.solve(limit=limit, decided=decided)
         counts = keep.sum(dim=1).clamp(max=limit)
         # The one host read: how many proposals each image returns, and whether NMS needs more work.
         *counts, is_final = torch.cat((counts, is_final.reshape(1))).tolist()
         if not is_final:
-            keep, _ = grouped_nms(*candidates, self.nms_thresh, limit=limit, decided=None, compiled=compiled)
+            keep, _ = nms.solve(limit=limit, decided=None)
             counts = keep.sum(dim=1).clamp(max=limit).tolist()
         return _best_kept(candidates, keep, counts, limit)
 
@@ -302,7 +300,7 @@ def _batch_mask(drawn: Tensor | list[Tensor]) -> Tensor:
 class _Candidates(NamedTuple):
     """The NMS candidates of a batch, [N, K] per image: the levels' blocks one after the other, each block
     holding its valid candidates (`valid`: large enough, scoring at least ``score_thresh``) in decreasing score
-    order (top-k's order), then its invalid ones. The fields come in the order `grouped_nms` takes them."""
+    order (top-k's order), then its invalid ones. The fields come in the order `GroupedNMS` takes them."""
 
     boxes: Tensor
     scores: Tensor
@@ -312,7 +310,8 @@ class _Candidates(NamedTuple):
 
 def _valid_first(candidates: _Candidates) -> _Candidates:
     """The same candidates with each level's valid ones moved first, in their order. torchvision removes the
-    invalid ones; here a level's first candidates, which `grouped_nms` may decide alone, are then all valid."""
+    invalid ones; here a level's first candidates, which `GroupedNMS.solve` may decide alone, are then all
+    valid."""
     boxes, scores, valid, level_sizes = candidates
     level = torch.cat(
         [torch.full((size,), index, device=valid.device) for index, size in enumerate(level_sizes)]

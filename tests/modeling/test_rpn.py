@@ -229,6 +229,27 @@ def test_when_the_first_pass_is_not_final_the_result_is_still_torchvisions(
     assert counter.counts[TO_HOST] >= 2  # the first read found more work to do
 
 
+@pytest.mark.parametrize(
+    "module, setting, value, bit_matrices",
+    [
+        param(nms_module, "NMS_STEPS", 1, 1, id="steps that do not settle: the first pass's matrix"),
+        param(rpn_module, "DECIDED_PER_RESULT", 0.1, 2, id="too few candidates decided: a larger one"),
+    ],
+)
+def test_a_second_pass_computes_a_bit_matrix_only_for_more_candidates(
+    monkeypatch, module, setting, value, bit_matrices
+):
+    # The R50 recipe's RPN in eval: the first pass decides every candidate (1.5 x 1000 >= 1000 per level).
+    monkeypatch.setattr(module, setting, value)
+    calls = []
+    bits = nms_module._suppression_bits
+    monkeypatch.setattr(nms_module, "_suppression_bits", lambda *a, **k: calls.append(1) or bits(*a, **k))
+    rpn = _recipe_rpn(R50_RECIPE).eval()
+    got, expected = _filter_both(rpn, _candidates(rpn, R50_SIZES[:2], seed=0))
+    _assert_same_proposals(got, expected)
+    assert len(calls) == bit_matrices
+
+
 def _inputs(rpn, sizes, *, seed: int, channels: int):
     """An image batch, random FPN features for it, and targets (the last image has no boxes)."""
     generator = torch.Generator().manual_seed(seed)
@@ -438,7 +459,7 @@ def test_on_the_cpu_the_default_is_torchvisions_loop(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the batched selection ran on the CPU")
 
-    monkeypatch.setattr(rpn_module, "grouped_nms", fail)
+    monkeypatch.setattr(rpn_module, "GroupedNMS", fail)
     _assert_same_proposals(rpn.filter_proposals(*candidates), expected)
     rpn.batched = True
     with pytest.raises(AssertionError, match="batched selection ran"):
