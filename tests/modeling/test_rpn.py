@@ -236,8 +236,11 @@ def test_when_the_first_pass_is_not_final_the_result_is_still_torchvisions(
         param(rpn_module, "DECIDED_PER_RESULT", 0.1, 2, id="too few candidates decided: a larger one"),
     ],
 )
+@pytest.mark.parametrize(
+    "compiled", [param(False, id="tiles"), param(True, id="compiled", marks=pytest.mark.slow)]
+)
 def test_a_second_pass_computes_a_bit_matrix_only_for_more_candidates(
-    monkeypatch, module, setting, value, bit_matrices
+    monkeypatch, module, setting, value, bit_matrices, compiled
 ):
     # The R50 recipe's RPN in eval: the first pass decides every candidate (1.5 x 1000 >= 1000 per level).
     monkeypatch.setattr(module, setting, value)
@@ -245,6 +248,7 @@ def test_a_second_pass_computes_a_bit_matrix_only_for_more_candidates(
     bits = nms_module._suppression_bits
     monkeypatch.setattr(nms_module, "_suppression_bits", lambda *a, **k: calls.append(1) or bits(*a, **k))
     rpn = _recipe_rpn(R50_RECIPE).eval()
+    rpn.compiled_nms = compiled
     got, expected = _filter_both(rpn, _candidates(rpn, R50_SIZES[:2], seed=0))
     _assert_same_proposals(got, expected)
     assert len(calls) == bit_matrices
