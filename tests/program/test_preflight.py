@@ -124,12 +124,26 @@ def test_compiling_on_the_cpu_without_a_cpp_compiler_is_named_before_the_run(tmp
 def test_a_compiled_nms_without_its_code_generator_is_named_before_the_run(
     monkeypatch, device, compiled, missing, problem
 ):
-    cfg = OmegaConf.create({"train": {"device": device}, "model": {"rpn": {"compiled_nms": compiled}}})
+    model = {"rpn": {"compiled_nms": compiled}, "roi_heads": {"compiled_nms": False}}
+    cfg = OmegaConf.create({"train": {"device": device}, "model": model})
     if missing == "compiler":
         monkeypatch.setattr(shutil, "which", lambda name: None)
     if missing == "triton":
         monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert find_compiled_nms_problems(cfg) == ([] if problem is None else [problem])
+
+
+def test_both_compiled_nms_keys_are_checked_and_named_together(monkeypatch):
+    model = {"rpn": {"compiled_nms": True}, "roi_heads": {"compiled_nms": 1}}
+    cfg = OmegaConf.create({"train": {"device": "cpu"}, "model": model})
+    assert find_compiled_nms_problems(cfg) == ["model.roi_heads.compiled_nms=1: must be true or false."]
+    cfg.model.roi_heads.compiled_nms = True
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert find_compiled_nms_problems(cfg) == [
+        "model.rpn.compiled_nms=true and model.roi_heads.compiled_nms=true with train.device=cpu: inductor "
+        "compiles C++ and finds no compiler (g++, clang++, or $CXX). Install one (apt install g++), or use "
+        "model.rpn.compiled_nms=false and model.roi_heads.compiled_nms=false."
+    ]
 
 
 def test_preflight_checks_the_gpu_count_once_the_launch_values_are_sound(tmp_path):

@@ -1,7 +1,7 @@
 """The torch backend settings of a run must be values torch accepts before any process starts:
 ``train.cudnn_benchmark`` (a bool), ``train.float32_matmul_precision`` (torch's names), ``train.compile``
-(torch.compile's modes and backends, and the compiler its code generation needs) and ``model.rpn.compiled_nms``
-(a bool, and the same compiler)."""
+(torch.compile's modes and backends, and the compiler its code generation needs) and the ``compiled_nms`` keys of
+``model.rpn`` and ``model.roi_heads`` (bools, and the same compiler)."""
 
 from __future__ import annotations
 
@@ -68,19 +68,24 @@ def find_compile_problems(cfg: DictConfig) -> list[str]:
 
 
 def find_compiled_nms_problems(cfg: DictConfig) -> list[str]:
-    """``model.rpn.compiled_nms`` (`lazytrain.modeling.RegionProposalNetwork`): a bool, and inductor's code
-    generator when true."""
-    rpn = (cfg.get("model") or {}).get("rpn")
-    if not isinstance(rpn, DictConfig) or "compiled_nms" not in rpn:
-        return []
-    compiled = rpn.compiled_nms
-    if not isinstance(compiled, bool):
-        return [f"model.rpn.compiled_nms={compiled!r}: must be true or false."]
-    if not compiled:
-        return []
-    return _inductor_code_generator_problems(
-        cfg, "model.rpn.compiled_nms=true", "model.rpn.compiled_nms=false"
-    )
+    """``model.rpn.compiled_nms`` and ``model.roi_heads.compiled_nms`` (`lazytrain.modeling.nms`): bools, and
+    inductor's code generator when one is true."""
+    model = cfg.get("model") or {}
+    problems, compiled = [], []
+    for part in ("rpn", "roi_heads"):
+        node = model.get(part) if isinstance(model, DictConfig) else None
+        if not isinstance(node, DictConfig) or "compiled_nms" not in node:
+            continue
+        value = node.compiled_nms
+        if not isinstance(value, bool):
+            problems.append(f"model.{part}.compiled_nms={value!r}: must be true or false.")
+        elif value:
+            compiled.append(f"model.{part}.compiled_nms")
+    if problems or not compiled:
+        return problems
+    setting = " and ".join(f"{key}=true" for key in compiled)
+    alternative = " and ".join(f"{key}=false" for key in compiled)
+    return _inductor_code_generator_problems(cfg, setting, alternative)
 
 
 def _inductor_code_generator_problems(cfg: DictConfig, setting: str, alternative: str) -> list[str]:
