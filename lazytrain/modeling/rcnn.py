@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
+from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.roi_heads import RoIHeads
 from torchvision.models.detection.rpn import RegionProposalNetwork
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
@@ -83,6 +84,39 @@ class NoResizeTransform(GeneralizedRCNNTransform):
         self, image: Tensor, target: dict[str, Tensor] | None = None
     ) -> tuple[Tensor, dict[str, Tensor] | None]:
         return image, target
+
+    def normalized_batch(self, images: list[Tensor], memory_format: torch.memory_format) -> ImageList:
+        """`forward` without targets, for all images at once: the same batch, bit for bit, in `memory_format`.
+
+        torchvision normalises each image (a float conversion, a subtraction, a division: three passes over
+        it), then copies it into a zero-padded batch. Here each image is copied into a batch filled with the
+        mean (the copy converts uint8 to float), and the batch is normalised in place: one copy per image and
+        three operations in all. The padding comes out as (mean - mean) / std = 0, torchvision's zeros.
+
+        Args:
+            images: [3, H, W] uint8 or float images on the 0-255 scale (uint8 becomes float32).
+            memory_format: of the batch (channels-last for the model's convolutions on a GPU).
+        """
+        dtype = images[0].dtype if images[0].is_floating_point() else torch.float32
+        height, width = self._batch_size_for(images)
+        batch = torch.empty(
+            (len(images), 3, height, width), dtype=dtype, device=images[0].device, memory_format=memory_format
+        )
+        mean, std = self.pixel_mean.to(dtype), self.pixel_std.to(dtype)
+        batch.copy_(mean.expand_as(batch))
+        for slot, image in zip(batch, images):
+            slot[:, : image.shape[-2], : image.shape[-1]].copy_(image)
+        batch.sub_(mean).div_(std)
+        return ImageList(batch, [(image.shape[-2], image.shape[-1]) for image in images])
+
+    def _batch_size_for(self, images: list[Tensor]) -> tuple[int, int]:
+        """`batch_images`' height and width: a size of `pad_to_sizes` in training, else the largest image's
+        rounded up to `size_divisible`."""
+        if self.training and self.pad_to_sizes:
+            return self._fixed_size_for(images)
+        height = max(image.shape[-2] for image in images)
+        width = max(image.shape[-1] for image in images)
+        return _round_up(height, self.size_divisible), _round_up(width, self.size_divisible)
 
     def batch_images(self, images: list[Tensor], size_divisible: int = 32) -> Tensor:
         """torchvision's padding into one batch; under ``torch.export`` with integer arithmetic on the sizes,
@@ -399,7 +433,7 @@ class RCNN(GeneralizedRCNN):
             uint8 0/1).
         """
         device = self.device
-        images = [self._to_float_image(record, device) for record in batched_inputs]
+        images = [self._to_device_image(record, device) for record in batched_inputs]
         if self.training:
             targets = [self._to_target(record, device) for record in batched_inputs]
             return self._run_stages(images, targets)[1]
@@ -415,7 +449,7 @@ class RCNN(GeneralizedRCNN):
         path (with `to_instances`) so that the exported graph is the model's own inference.
 
         Args:
-            images: float [3, H, W] RGB on the 0-255 scale, on the model's device.
+            images: [3, H, W] RGB on the 0-255 scale, uint8 or float, on the model's device.
 
         Returns:
             Per image torchvision's detection dict: ``boxes`` [N, 4] XYXY clipped to the image, ``scores``
@@ -454,8 +488,13 @@ class RCNN(GeneralizedRCNN):
     ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
         """Normalise and batch, then backbone, RPN and RoI heads: (detections, losses); in training the
         detections are empty, in eval the losses."""
-        image_list, targets = self.transform(images, targets)
-        batch = image_list.tensors.contiguous(memory_format=self.memory_format)
+        if torch.compiler.is_exporting() or torch.jit.is_tracing():
+            # torchvision's per-image path, which keeps an exported program's image sizes symbolic.
+            image_list, targets = self.transform(images, targets)
+            batch = image_list.tensors.contiguous(memory_format=self.memory_format)
+        else:
+            image_list = self.transform.normalized_batch(images, self.memory_format)
+            batch = image_list.tensors
         features = self._backbone_for(batch)(batch)
         if isinstance(features, Tensor):
             features = OrderedDict([("0", features)])
@@ -464,12 +503,13 @@ class RCNN(GeneralizedRCNN):
         return detections, {**detector_losses, **proposal_losses}
 
     @staticmethod
-    def _to_float_image(record: Mapping[str, Any], device: torch.device) -> Tensor:
+    def _to_device_image(record: Mapping[str, Any], device: torch.device) -> Tensor:
         image = record["image"]
         if not isinstance(image, Tensor) or image.dim() != 3 or image.shape[0] != 3:
             shape = tuple(image.shape) if isinstance(image, Tensor) else type(image).__name__
             raise ValueError(f"RCNN: 'image' must be a [3, H, W] RGB tensor (uint8, 0-255); got {shape}")
-        return image.to(device, non_blocking=True).float()
+        # Copied as it is (uint8: a quarter of float32's bytes); `NoResizeTransform.normalized_batch` converts.
+        return image.to(device, non_blocking=True)
 
     def _to_target(self, record: Mapping[str, Any], device: torch.device) -> dict[str, Tensor]:
         instances = record.get("instances")

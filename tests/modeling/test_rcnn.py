@@ -235,3 +235,29 @@ def test_normalisation_equals_torchvisions_and_adds_no_checkpoint_keys():
     assert not transform.state_dict()
     with pytest.raises(TypeError, match="float images"):
         transform.normalize(image.to(torch.uint8))
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize(
+    "sizes, pad_to_sizes, training",
+    [
+        ([(20, 30), (33, 17), (64, 64)], None, False),  # padded to multiples of 32
+        ([(20, 30), (33, 17)], [[64, 64], [96, 128]], True),  # a pad_to_sizes size in training
+        ([(40, 70)], [[64, 64], [96, 128]], False),  # evaluation pads by size_divisible
+    ],
+)
+def test_the_batch_for_all_images_at_once_is_torchvisions_bit_for_bit(
+    sizes, pad_to_sizes, training, memory_format
+):
+    transform = NoResizeTransform(
+        [123.675, 116.28, 103.53], [58.395, 57.12, 57.375], pad_to_sizes=pad_to_sizes
+    ).train(training)
+    generator = torch.Generator().manual_seed(len(sizes))
+    images = [torch.randint(0, 256, (3, *size), generator=generator, dtype=torch.uint8) for size in sizes]
+    expected = transform([image.float() for image in images])[0]
+    for given in (images, [image.float() for image in images]):  # uint8 (the loader's) and float images
+        batch = transform.normalized_batch(given, memory_format)
+        assert torch.equal(batch.tensors, expected.tensors) and batch.image_sizes == expected.image_sizes
+        assert batch.tensors.dtype == torch.float32 and batch.tensors.is_contiguous(
+            memory_format=memory_format
+        )
