@@ -132,10 +132,19 @@ def run_lane(commands: list[str], cwd, env, datasets_root: str) -> None:
     for command in commands:
         before = snapshot(cwd / "runs" / "a")
         result = run_command(command, cwd, env)
-        assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
+        assert result.returncode == 0, failure_report(command, result)
         check_outputs(command, result, cwd)
         if "runs/a/config.yaml" in command:  # a new run from the saved config leaves runs/a as it was
             assert snapshot(cwd / "runs" / "a") == before
+
+
+def failure_report(command: str, result: subprocess.CompletedProcess) -> str:
+    """The command, its logged errors (a sweep's failed jobs are logged to stdout, with their tracebacks) and
+    the end of stderr."""
+    lines = result.stdout.splitlines()
+    first_error = next((i for i, line in enumerate(lines) if re.search(r"\bERROR\b|^Traceback", line)), None)
+    errors = "\n".join(lines[first_error : first_error + 60]) if first_error is not None else result.stdout[-2000:]
+    return f"{command}\n--- stdout from the first error ---\n{errors}\n--- stderr ---\n{result.stderr[-3000:]}"
 
 
 def snapshot(directory) -> dict[str, tuple[int, int]]:
