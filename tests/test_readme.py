@@ -143,8 +143,12 @@ def failure_report(command: str, result: subprocess.CompletedProcess) -> str:
     the end of stderr."""
     lines = result.stdout.splitlines()
     first_error = next((i for i, line in enumerate(lines) if re.search(r"\bERROR\b|^Traceback", line)), None)
-    errors = "\n".join(lines[first_error : first_error + 60]) if first_error is not None else result.stdout[-2000:]
-    return f"{command}\n--- stdout from the first error ---\n{errors}\n--- stderr ---\n{result.stderr[-3000:]}"
+    errors = (
+        "\n".join(lines[first_error : first_error + 60]) if first_error is not None else result.stdout[-2000:]
+    )
+    return (
+        f"{command}\n--- stdout from the first error ---\n{errors}\n--- stderr ---\n{result.stderr[-3000:]}"
+    )
 
 
 def snapshot(directory) -> dict[str, tuple[int, int]]:
