@@ -87,13 +87,17 @@ def main(argv: list[str] | None = None) -> None:
         overrides = overrides + get_search_overrides(apply_plain_overrides(cfg, overrides), overrides)
     except ConfigError as e:
         _fail(str(e))
-    failed_jobs = _run_hydra(cfg, config_path, overrides)
+    failed_jobs, failures = _run_hydra(cfg, config_path, overrides)
     if failed_jobs:
-        _fail(f"{failed_jobs} job(s) of the sweep failed; see the summary above.")
+        _fail(
+            f"{failed_jobs} job(s) of the sweep failed (summary above):\n"
+            + "\n".join(f"  {f}" for f in failures)
+        )
 
 
-def _run_hydra(cfg, config_path: str, overrides: list[str]) -> int:
-    """Run the Hydra app on `cfg` with `overrides`; return the number of failed jobs of a sweep."""
+def _run_hydra(cfg, config_path: str, overrides: list[str]) -> tuple[int, list[str]]:
+    """Run the Hydra app on `cfg` with `overrides`; return the number of failed jobs of a sweep and a line
+    naming each with its reason."""
     import hydra
     from hydra.core.config_store import ConfigStore
 
@@ -110,9 +114,10 @@ def _run_hydra(cfg, config_path: str, overrides: list[str]) -> int:
         mark_sweep_process()
         hydra.main(version_base="1.3", config_path=None, config_name=CONFIG_NAME)(run_hydra_job)()
         if not os.path.exists(result_file):  # a single run (its failure already exited), or no sweep
-            return 0
+            return 0, []
         with open(result_file) as f:
-            return int(json.load(f)["failed_jobs"])
+            result = json.load(f)
+        return int(result["failed_jobs"]), list(result["failures"])
 
 
 def _quiet_non_main_rank(overrides: list[str]) -> list[str]:

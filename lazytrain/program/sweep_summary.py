@@ -1,7 +1,8 @@
 """The multirun summary: a Hydra callback writing ``summary.csv`` and ``summary.md`` at the sweep root.
 
 One row per job: the overrides that differ between jobs, status (ok/failed), wall time and the final metrics (every
-``*/AP*`` key of the last evaluation in the job's ``metrics.json``; mask before box, and AP, APr, APc, APf first).
+``*/AP*`` key of the last evaluation in the job's ``metrics.json``; mask before box, and AP, APr, APc, APf first);
+``summary.csv`` ends with each failed job's reason, and summary.md lists the failed jobs with theirs under the table.
 When the sweep varies ``train.seed``, a second table (in summary.md, and ``summary_seeds.csv``) has one row per
 setting of the other overrides: the number of seeds and each metric's mean, min, max and standard deviation.
 ``summary.png`` plots the final AP, APr, APc, APf (mask and box) against the swept numeric key, seeds as error
@@ -29,6 +30,7 @@ __all__ = [
     "SweepSummaryCallback",
     "aggregate_seeds",
     "collect_sweep",
+    "list_failures",
     "read_final_metrics",
     "write_summary",
     "write_summary_plot",
@@ -36,6 +38,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 _STATUS_FILE = "lazytrain_job.json"
+_NO_RECORD = "no record of the job's end (the process was killed, or the job is still running)"
+_REASON_CHARACTERS = 300
 
 
 def read_final_metrics(output_dir: str) -> dict[str, float]:
@@ -76,11 +80,12 @@ def collect_sweep(sweep_dir: str) -> list[dict[str, Any]]:
         job_dir = os.path.join(sweep_dir, job)
         with open(os.path.join(job_dir, ".hydra", "overrides.yaml")) as f:
             overrides = yaml.safe_load(f) or []
-        status = {"status": "failed", "seconds": float("nan")}
+        status = {"status": "failed", "seconds": float("nan"), "reason": _NO_RECORD}
         if os.path.exists(os.path.join(job_dir, _STATUS_FILE)):
             with open(os.path.join(job_dir, _STATUS_FILE)) as f:
                 status = json.load(f)
-        rows.append({"job": job, "overrides": overrides, **status, **read_final_metrics(job_dir)})
+        row = {"job": job, "overrides": overrides, "reason": "", **status, **read_final_metrics(job_dir)}
+        rows.append(row)
     # Overrides shared by every job (e.g. hydra/launcher=..., launch.num_processes=1) are noise in a table
     # that compares jobs: show only those that vary.
     shared = set.intersection(*(set(r["overrides"]) for r in rows)) if len(rows) > 1 else set()
@@ -162,16 +167,33 @@ def write_summary(sweep_dir: str) -> tuple[str, list[dict[str, Any]]]:
     metric_keys = sorted({k for r in rows for k in r if "/AP" in k}, key=_metric_order)
     columns = ["job", "overrides", "status", "seconds", *metric_keys]
     with open(os.path.join(sweep_dir, "summary.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=[*columns, "reason"], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     table = _markdown_table(columns, [[_format(r.get(c, "")) for c in columns] for r in rows])
+    failures = list_failures(rows)
+    if failures:
+        table += "\nFailed jobs:\n" + "".join(f"- {line}\n" for line in failures)
     seeds = aggregate_seeds(rows, metric_keys)
     if seeds:
         table += "\n" + _write_seeds_table(sweep_dir, seeds, metric_keys)
     with open(os.path.join(sweep_dir, "summary.md"), "w") as f:
         f.write(table)
     return table, rows
+
+
+def list_failures(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per failed job: ``job N (its overrides): reason``, the reason on one line and shortened."""
+    lines = []
+    for row in rows:
+        if row["status"] == "ok":
+            continue
+        reason = " ".join(str(row.get("reason") or "no reason recorded").split())
+        if len(reason) > _REASON_CHARACTERS:
+            reason = reason[: _REASON_CHARACTERS - 3] + "..."
+        overrides = f" ({row['overrides']})" if row["overrides"] else ""
+        lines.append(f"job {row['job']}{overrides}: {reason}")
+    return lines
 
 
 def _markdown_table(columns: list[str], cells: list[list[str]]) -> str:
@@ -238,8 +260,9 @@ class SweepSummaryCallback(Callback):
     """Records each job's status and wall time; at the end of a multirun writes and prints the summary.
 
     Args:
-        result_file: where to write ``{"failed_jobs": N}`` at the end of a multirun, for the process that
-            started Hydra (the entrypoint exits non-zero on failed jobs); "" writes none.
+        result_file: where to write ``{"failed_jobs": N, "failures": [line per failed job]}`` at the end of a
+            multirun, for the process that started Hydra (the entrypoint exits non-zero on failed jobs and
+            names them); "" writes none.
     """
 
     def __init__(self, result_file: str = "") -> None:
@@ -253,10 +276,12 @@ class SweepSummaryCallback(Callback):
         failed = job_return.status != JobStatus.COMPLETED or isinstance(
             job_return.return_value, FailedJobValue
         )
-        status = "failed" if failed else "ok"
         seconds = time.perf_counter() - getattr(self, "_start", time.perf_counter())
+        status = {"status": "failed" if failed else "ok", "seconds": round(seconds, 1)}
+        if failed:
+            status["reason"] = _failure_reason(job_return)
         with open(os.path.join(output_dir, _STATUS_FILE), "w") as f:
-            json.dump({"status": status, "seconds": round(seconds, 1)}, f)
+            json.dump(status, f)
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
         sweep_dir = config.hydra.sweep.dir
@@ -267,10 +292,19 @@ class SweepSummaryCallback(Callback):
                 write_summary_plot(sweep_dir, rows)
             except Exception as e:  # a picture must not fail a sweep whose jobs and tables are done
                 logger.warning("No summary.png: plotting failed: %s: %s", type(e).__name__, e)
-            self._write_result(_count_failures(config, rows))
+            failed_jobs = _count_failures(config, rows)
+            self._write_result(failed_jobs, list_failures(rows) if failed_jobs else [])
             write_sweep_plots(sweep_dir)  # per-category AP of every job in one ap_by_frequency.png
 
-    def _write_result(self, failed_jobs: int) -> None:
+    def _write_result(self, failed_jobs: int, failures: list[str]) -> None:
         if self.result_file:
             with open(self.result_file, "w") as f:
-                json.dump({"failed_jobs": failed_jobs}, f)
+                json.dump({"failed_jobs": failed_jobs, "failures": failures}, f)
+
+
+def _failure_reason(job_return) -> str:
+    """Why a job failed: the reason its `FailedJobValue` carries, or the exception Hydra caught from it."""
+    if job_return.status == JobStatus.COMPLETED:
+        return job_return.return_value.reason
+    error = job_return._return_value  # the `return_value` property raises it
+    return f"{type(error).__name__}: {error}"

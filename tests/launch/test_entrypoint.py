@@ -80,7 +80,7 @@ def test_multirun_sweep_of_two_process_jobs_writes_summary(tmp_path):
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     assert "| 0 | train.lr=0.1 | ok |" in summary and "| 2 | train.lr=0.3 | ok |" in summary
     csv_lines = (tmp_path / "sweep" / "summary.csv").read_text().splitlines()
-    assert csv_lines[0] == "job,overrides,status,seconds,bbox/AP" and csv_lines[2].endswith(",20.0")
+    assert csv_lines[0] == "job,overrides,status,seconds,bbox/AP,reason" and csv_lines[2].endswith(",20.0,")
     assert (tmp_path / "sweep" / "summary.png").stat().st_size > 10_000  # bbox/AP against train.lr
     for job in range(3):
         assert read_rank(tmp_path / "sweep" / str(job), 1)["world_size"] == 2
@@ -196,10 +196,12 @@ def test_failing_job_in_a_sweep_is_recorded_and_the_sweep_goes_on(tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 1 and "1 job(s) of the sweep failed" in result.stderr
-    assert "negative lr -1" in result.stdout + result.stderr
+    # The last lines name the failed job and why, whatever scrolled by before them.
+    assert result.stderr.rstrip().endswith("  job 0 (train.lr=-1): ValueError: negative lr -1"), result.stderr
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     assert "| 0 | train.lr=-1 | failed |" in summary and "| 1 | train.lr=0.5 | ok |" in summary
     assert "50.00 |" in summary
+    assert "Failed jobs:\n- job 0 (train.lr=-1): ValueError: negative lr -1\n" in summary
 
 
 def test_range_and_choice_sweep_runs_the_cartesian_product(tmp_path):

@@ -6,14 +6,15 @@ import os
 
 from PIL import Image
 
-from lazytrain.program.sweep_summary import write_summary, write_summary_plot
+from lazytrain.program.sweep_summary import list_failures, write_summary, write_summary_plot
 
 
-def make_job(sweep_dir, job, overrides, metrics, status="ok", seconds=12.5):
+def make_job(sweep_dir, job, overrides, metrics, status="ok", seconds=12.5, reason=None):
     job_dir = sweep_dir / str(job)
     os.makedirs(job_dir / ".hydra")
     (job_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    (job_dir / "lazytrain_job.json").write_text(json.dumps({"status": status, "seconds": seconds}))
+    record = {"status": status, "seconds": seconds, **({"reason": reason} if reason else {})}
+    (job_dir / "lazytrain_job.json").write_text(json.dumps(record))
     lines = [{"iteration": 9, "total_loss": 1.0}, {"iteration": 10, **metrics}]
     (job_dir / "metrics.json").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
@@ -21,17 +22,36 @@ def make_job(sweep_dir, job, overrides, metrics, status="ok", seconds=12.5):
 def test_summary_orders_metrics_and_drops_shared_overrides(tmp_path):
     names = ["APl", "AP50", "APr", "AP", "APf", "APc"]
     make_job(tmp_path, 0, ["t=0", "seed=1"], {f"{task}/{n}": 1.0 for task in ("bbox", "segm") for n in names})
-    make_job(tmp_path, 1, ["t=0.1", "seed=1"], {"segm/AP": 2.0, "bbox/AP": 3.0}, status="failed")
+    disk_full = "OSError: [Errno 28] No space left on device:\n  '/tmp/run/model_final.pth'"
+    make_job(tmp_path, 1, ["t=0.1", "seed=1"], {"segm/AP": 2.0, "bbox/AP": 3.0}, "failed", reason=disk_full)
     table, rows = write_summary(str(tmp_path))
 
-    header = (tmp_path / "summary.csv").read_text().splitlines()[0].split(",")
+    with open(tmp_path / "summary.csv") as f:
+        header, *lines = list(csv.reader(f))
     expected = ["AP", "APr", "APc", "APf", "AP50", "APl"]
-    assert header == ["job", "overrides", "status", "seconds"] + [
-        f"{t}/{n}" for t in ("segm", "bbox") for n in expected
-    ]
+    metrics = [f"{t}/{n}" for t in ("segm", "bbox") for n in expected]
+    assert header == ["job", "overrides", "status", "seconds", *metrics, "reason"]
+    assert [line[-1] for line in lines] == ["", disk_full]
     assert [row["overrides"] for row in rows] == ["t=0", "t=0.1"]
     assert "| 1 | t=0.1 | failed | 12.50 | 2.00 |" in table
+    # Under the table, each failed job on one line with its reason.
+    failed = "Failed jobs:\n- job 1 (t=0.1): OSError: [Errno 28] No space left on device: '/tmp/run/model_final.pth'\n"
+    assert table.endswith(failed)
     assert (tmp_path / "summary.md").read_text() == table
+
+
+def test_a_job_that_left_no_record_is_failed_and_says_so(tmp_path):
+    make_job(tmp_path, 0, ["t=0"], {"segm/AP": 1.0})
+    make_job(tmp_path, 1, ["t=0.1"], {})
+    os.remove(tmp_path / "1" / "lazytrain_job.json")  # killed before Hydra's end-of-job callback
+    make_job(tmp_path, 2, ["t=0.2"], {}, "failed", reason="x" * 400)
+    _, rows = write_summary(str(tmp_path))
+
+    assert [row["status"] for row in rows] == ["ok", "failed", "failed"]
+    assert list_failures(rows) == [
+        "job 1 (t=0.1): no record of the job's end (the process was killed, or the job is still running)",
+        "job 2 (t=0.2): " + "x" * 297 + "...",
+    ]
 
 
 def test_seeds_are_aggregated_per_setting_of_the_other_overrides(tmp_path):
