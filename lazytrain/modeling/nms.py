@@ -34,11 +34,11 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import struct
 import sys
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -259,7 +259,12 @@ def _settle(
         if bool(settled):
             break
         keep, settled = steps(suppression, valid, keep)
-    assert bool(settled), "greedy NMS steps did not settle within the number of boxes"
+    if not bool(settled):
+        # Impossible in exact arithmetic (M steps decide M boxes); raised, not asserted, so that -O keeps it.
+        raise RuntimeError(
+            f"GroupedNMS: the greedy steps did not settle within {suppression.shape[2]} boxes; please report "
+            "this with the boxes that caused it"
+        )
     return keep, settled
 
 
@@ -299,8 +304,8 @@ def _suppression_bits(
         group_boxes = _nms_boxes(boxes[:, group])
         if compiled:
             coordinates = _padded_coordinates(group_boxes, valid[:, group])
-            threshold = _float_below(iou_threshold, group_boxes.dtype)
-            words = _compiled_iou_above_words()(coordinates, threshold)
+            threshold, tie_above = _exact_threshold(iou_threshold, group_boxes.dtype)
+            words = _compiled_iou_above_words()(coordinates, threshold, tie_above)
             bits[:, index, : words.shape[1], : words.shape[2]] = words
             continue
         for columns, above in _iou_above_tiles(group_boxes, valid[:, group], iou_threshold):
@@ -317,14 +322,19 @@ def _padded_coordinates(boxes: Tensor, valid: Tensor) -> Tensor:
     return F.pad(coordinates, (0, 0, 0, padded - valid.shape[1]), value=math.nan).movedim(-1, 0).contiguous()
 
 
-def _iou_above_words(coordinates: Tensor, threshold: float) -> Tensor:
+def _iou_above_words(coordinates: Tensor, threshold: float, tie_above: bool | None) -> Tensor:
     """Who suppresses whom among G groups of P boxes (`_padded_coordinates`), packed: [G, P, P / 64] int64, bit
-    i % 64 of word i // 64 in row j set where box i comes before box j (i < j) and IoU(i, j) > `threshold`
-    (compared as is: pass `_float_below` of the IoU threshold).
+    i % 64 of word i // 64 in row j set where box i comes before box j (i < j) and their float32 IoU is above
+    the float32 threshold `_float_below` of the IoU threshold gives.
 
-    The IoUs are `_iou_above_tiles`'s (the float operations of torchvision's CPU kernel, in its order); written
-    for ``torch.compile`` (`_compiled_iou_above_words`), which fuses it into one kernel that reads the
-    coordinates and writes only the words. Run eagerly it would allocate a dozen [G, P, P] arrays.
+    Written for ``torch.compile`` (`_compiled_iou_above_words`), which fuses it into one kernel that reads the
+    coordinates and writes only the words (run eagerly it would allocate a dozen [G, P, P] arrays). The
+    intersection and union are `_iou_above_tiles`'s float32 operations in its order, and the kernel is
+    compiled without floating-point contraction, so that no multiply and add become one rounding. The IoU
+    itself is never rounded: compiled division may be approximate, so ``inter / union > c`` is decided
+    exactly as ``inter > threshold * union`` in float64 (`_exact_threshold`: `threshold` and `tie_above`).
+    float64 boxes (`tie_above` None) compare their quotient with `threshold`: float64 division is exact on
+    every backend.
     """
     x1, y1, x2, y2 = coordinates.unbind()
     areas = (x2 - x1) * (y2 - y1)
@@ -337,11 +347,34 @@ def _iou_above_words(coordinates: Tensor, threshold: float) -> Tensor:
     height = torch.minimum(*pairs(y2)) - torch.maximum(*pairs(y1))
     intersection = width * height
     union = (areas[:, None, :] + areas[:, :, None]) - intersection
+    if tie_above is None:
+        exceeds = (intersection / union) > threshold
+    else:
+        # float32 values times `threshold` are exact in float64: this comparison rounds nothing.
+        bound = union.double() * threshold
+        exceeds = intersection.double() > bound
+        if tie_above:
+            exceeds = exceeds | ((intersection.double() == bound) & (union > 0))
     index = torch.arange(coordinates.shape[-1], device=coordinates.device)
-    above = ((intersection / union) > threshold) & (index[None, :] < index[:, None])
+    above = exceeds & (union >= 0) & (index[None, :] < index[:, None])
     # Distinct powers of two: their sum is their bitwise or (bit 63 wraps to the sign, as in an int64 word).
     shifts = torch.arange(64, device=coordinates.device)
     return (above.long().unflatten(-1, (-1, 64)) << shifts).sum(dim=-1)
+
+
+def _exact_threshold(iou_threshold: float, dtype: torch.dtype) -> tuple[float, bool | None]:
+    """`_iou_above_words`'s threshold and tie flag for boxes of `dtype`. For float32, with c = `_float_below`
+    of `iou_threshold`: the float32 quotient ``inter / union`` (``inter >= 0``, ``union > 0``, rounded to
+    nearest, ties to even) is above c exactly when ``inter > m * union``, or ``inter == m * union`` and the
+    flag is set, where m is the midpoint between c and the next float32 up (from there on the quotient rounds
+    above c; at m itself it rounds to the even one of the two). float64 holds m (25 significant bits) and m
+    times any float32 (at most 49) exactly. float64 boxes: `iou_threshold` itself and None."""
+    if dtype != torch.float32:
+        return iou_threshold, None
+    below = np.float32(_float_below(iou_threshold, dtype))
+    next_up = np.nextafter(below, np.float32(math.inf))
+    ties_to_next = int(np.array(next_up).view(np.uint32)) % 2 == 0
+    return (float(below) + float(next_up)) / 2, ties_to_next
 
 
 @functools.cache
@@ -352,10 +385,12 @@ def _compiled_greedy_steps() -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor,
 
 
 @functools.cache
-def _compiled_iou_above_words() -> Callable[[Tensor, float], Tensor]:
-    """`_iou_above_words` through ``torch.compile``, made once per process. Shapes are dynamic: other group
-    sizes and counts do not compile again (a group of at most 64 boxes compiles once more)."""
-    return torch.compile(_iou_above_words, dynamic=True)
+def _compiled_iou_above_words() -> Callable[[Tensor, float, bool], Tensor]:
+    """`_iou_above_words` through ``torch.compile``, made once per process, with floating-point contraction
+    off (inductor's ``emulate_precision_casts`` compiles its Triton kernels with ``enable_fp_fusion=False``;
+    C++ kernels do not contract across the statements inductor writes). Shapes are dynamic: other group sizes
+    and counts do not compile again (a group of at most 64 boxes compiles once more)."""
+    return torch.compile(_iou_above_words, dynamic=True, options={"emulate_precision_casts": True})
 
 
 def _iou_above_tiles(boxes: Tensor, valid: Tensor, iou_threshold: float) -> Iterator[tuple[slice, Tensor]]:
@@ -458,10 +493,7 @@ def _float_below(value: float, dtype: torch.dtype) -> float:
     with a Python float would round the float to the tensor's dtype instead (0.3 rounds up in float32)."""
     if dtype != torch.float32:
         return value  # float64 holds `value` exactly
-    (nearest,) = struct.unpack("<f", struct.pack("<f", value))
-    if nearest <= value:
-        return nearest
-    (bits,) = struct.unpack("<I", struct.pack("<f", nearest))
-    # One float32 step towards zero (value > 0 here: 0 and negative values are exact or round down).
-    (below,) = struct.unpack("<f", struct.pack("<I", bits - 1))
-    return below
+    nearest = np.float32(value)
+    if float(nearest) <= value:
+        return float(nearest)
+    return float(np.nextafter(nearest, np.float32(-math.inf)))
