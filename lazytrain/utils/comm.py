@@ -29,6 +29,7 @@ __all__ = [
     "reduce_dict",
     "reset_process_groups",
     "shared_random_seed",
+    "unwrap_model",
     "synchronize",
 ]
 
@@ -215,3 +216,9 @@ def reduce_dict(values: dict[str, torch.Tensor], average: bool = True) -> dict[s
         if get_rank() == 0 and average:
             stacked /= world_size
     return dict(zip(names, stacked))
+
+
+def unwrap_model(model: Any) -> Any:
+    """The model inside a `DistributedDataParallel` or `DataParallel` wrapper, or `model` itself."""
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    return model.module if isinstance(model, wrappers) else model
