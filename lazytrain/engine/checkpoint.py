@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from lazytrain.engine.batch_norm import average_batch_norm_statistics
 from lazytrain.utils import comm
@@ -67,11 +66,6 @@ class LoadReport:
         return "\n".join(lines) or "all keys matched"
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    wrappers = (DistributedDataParallel, torch.nn.DataParallel)
-    return model.module if isinstance(model, wrappers) else model
-
-
 def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> LoadReport:
     """Load `state` into `model` non-strictly: ``module.`` prefixes removed, shape mismatches skipped.
 
@@ -81,7 +75,7 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
     Returns:
         A `LoadReport` of missing, unexpected and shape-mismatched keys (also logged).
     """
-    model = _unwrap(model)
+    model = comm.unwrap_model(model)
     if state and all(k.startswith("module.") for k in state):
         state = {k[len("module.") :]: v for k, v in state.items()}
     own = model.state_dict()
@@ -188,7 +182,7 @@ class Checkpointer:
     def _model_entries(self) -> dict[str, Any]:
         """``model`` (and with an EMA ``training_model`` and ``ema``), BatchNorm statistics averaged first."""
         average_batch_norm_statistics(self.model)
-        weights = _unwrap(self.model).state_dict()
+        weights = comm.unwrap_model(self.model).state_dict()
         if self.model_ema is None:
             return {"model": weights}
         self.model_ema.average_batch_norm_statistics()

@@ -25,18 +25,14 @@ import math
 from collections.abc import Iterator
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from lazytrain.engine.batch_norm import average_over_ranks, get_batch_norm_statistics
 from lazytrain.engine.train_loop import HookBase
+from lazytrain.utils import comm
 
 __all__ = ["EMAHook", "ModelEMA"]
 
 logger = logging.getLogger(__name__)
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, (DistributedDataParallel, torch.nn.DataParallel)) else model
 
 
 class ModelEMA:
@@ -61,7 +57,7 @@ class ModelEMA:
         self.decay = float(decay)
         self.tau = float(tau)
         self.updates = 0
-        model = _unwrap(model)
+        model = comm.unwrap_model(model)
         self.weights: dict[str, torch.Tensor] = {
             name: tensor.detach().clone() for name, tensor in model.state_dict().items()
         }
@@ -76,7 +72,7 @@ class ModelEMA:
 
     def _pairs(self, model: torch.nn.Module) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(average, model tensor) for every state-dict entry, in state-dict order."""
-        state = _unwrap(model).state_dict()
+        state = comm.unwrap_model(model).state_dict()
         if state.keys() != self.weights.keys():
             missing = sorted(set(self.weights) ^ set(state))[:3]
             raise ValueError(

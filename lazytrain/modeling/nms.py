@@ -44,6 +44,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import boxes as box_ops
 
+from lazytrain.modeling.host_values import round_up, to_device
+
 __all__ = ["NMS_STEPS", "GroupedNMS", "batched_nms", "grouped_batched_nms", "grouped_nms"]
 
 # Greedy NMS is solved by repeated steps on a bit matrix of who suppresses whom; NMS_STEPS run before the host
@@ -116,8 +118,8 @@ def grouped_batched_nms(
     for size, members in _size_buckets(counts).items():
         # Each member group's candidates as one row of `size` columns; the columns past its count are invalid
         # and point at its own last candidate (any candidate would do: they neither suppress nor survive).
-        first = torch.tensor([starts[g] for g in members]).to(boxes.device, non_blocking=True)
-        count = torch.tensor([counts[g] for g in members]).to(boxes.device, non_blocking=True)
+        first = to_device([starts[g] for g in members], boxes.device)
+        count = to_device([counts[g] for g in members], boxes.device)
         columns = torch.arange(size, device=boxes.device)
         valid = columns < count[:, None]
         rows = order[first[:, None] + torch.minimum(columns, count[:, None] - 1)]
@@ -295,7 +297,7 @@ def _suppression_bits(
     """[N, G, M, M / 64] int64: bit i of row j (as `_pack_bits` packs flag i) is set when candidate i of the
     group suppresses candidate j (`_iou_above_tiles`, or `_iou_above_words` when `compiled`); M: the largest
     group's size rounded up to 64. Rows and bits past a group's size are 0."""
-    size = _round_up(max(group.stop - group.start for group in groups), 64)
+    size = round_up(max(group.stop - group.start for group in groups), 64)
     bits = valid.new_zeros((valid.shape[0], len(groups), size, size // 64), dtype=torch.int64)
     bit_values = _bit_values(bits.device)
     # The compiled words put flag k at bit k: `_pack_bits`'s order on little-endian machines (all of torch's).
@@ -317,7 +319,7 @@ def _padded_coordinates(boxes: Tensor, valid: Tensor) -> Tensor:
     """[4, G, P] x1, y1, x2, y2 of G groups of M boxes, P = M rounded up to 64, nan for invalid boxes and the
     padding: their IoUs are nan, above no threshold. One operation each for all four coordinates, which then
     lie one after the other in memory."""
-    padded = _round_up(valid.shape[1], 64)
+    padded = round_up(valid.shape[1], 64)
     coordinates = boxes.masked_fill(~valid[..., None], math.nan)
     return F.pad(coordinates, (0, 0, 0, padded - valid.shape[1]), value=math.nan).movedim(-1, 0).contiguous()
 
@@ -404,7 +406,7 @@ def _iou_above_tiles(boxes: Tensor, valid: Tensor, iou_threshold: float) -> Iter
     inter)) and the comparison in double precision (`_float_below`).
     """
     groups, count = valid.shape
-    padded = _round_up(count, 64)
+    padded = round_up(count, 64)
     x1, y1, x2, y2 = _padded_coordinates(boxes, valid).unbind()
     areas = (x2 - x1) * (y2 - y1)
     threshold = _float_below(iou_threshold, boxes.dtype)
@@ -416,7 +418,7 @@ def _iou_above_tiles(boxes: Tensor, valid: Tensor, iou_threshold: float) -> Iter
     above_workspace = valid.new_empty(groups * width * padded, dtype=torch.uint8)
     for start in range(0, count, width):
         columns = slice(start, min(count, start + width))
-        rows = _round_up(columns.stop, 64)
+        rows = round_up(columns.stop, 64)
         shape = (groups, columns.stop - columns.start, rows)
         overlap_x, overlap_y, union = (buffer[: math.prod(shape)].view(shape) for buffer in workspace)
         row = [values[:, None, :rows] for values in (x1, y1, x2, y2, areas)]
@@ -475,10 +477,6 @@ def _unstack_groups(stacked: Tensor, groups: list[slice], like: Tensor) -> Tenso
     for index, group in enumerate(groups):
         values[:, group] = stacked[:, index, : group.stop - group.start]
     return values
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _nms_boxes(boxes: Tensor) -> Tensor:

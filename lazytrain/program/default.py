@@ -183,10 +183,6 @@ def _wrap_ddp(cfg: DictConfig, model: torch.nn.Module) -> torch.nn.Module:
         )
 
 
-def _unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-
-
 def _build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     # ``optimizer.params`` is a lazy call (e.g. get_default_optimizer_params) completed with the model;
     # without one, all parameters go in one group.
@@ -213,7 +209,7 @@ def load_init_checkpoint(cfg: DictConfig, model: torch.nn.Module) -> None:
     from lazytrain.modeling.weights import load_init_weights
 
     load_init_weights(
-        _unwrap_ddp(model),
+        comm.unwrap_model(model),
         cfg.train.init_checkpoint,
         allow_unsafe=bool(cfg.train.get("allow_unsafe_checkpoint", False)),
     )
@@ -257,7 +253,7 @@ def do_train(cfg: DictConfig) -> dict:
     logger.debug("Model:\n%s", model)
     compile_backbone(cfg, model)
     model = _wrap_ddp(cfg, model)
-    optimizer = _build_optimizer(cfg, _unwrap_ddp(model))
+    optimizer = _build_optimizer(cfg, comm.unwrap_model(model))
     scale_learning_rate(cfg, optimizer)  # train.auto_scale_lr
     train_loader = instantiate(cfg.dataloader.train)
     _save_categories(cfg)
@@ -277,7 +273,7 @@ def do_train(cfg: DictConfig) -> dict:
     )
     # Evaluation runs the model itself: a DDP forward may broadcast buffers (a collective) in every call, and
     # ranks evaluate different numbers of batches.
-    trainer.test_function = functools.partial(do_test, cfg, _unwrap_ddp(model))
+    trainer.test_function = functools.partial(do_test, cfg, comm.unwrap_model(model))
 
     # Hooks: a named mapping in run order; registered before resuming so their states load by name. The EMA
     # is updated first after each step, so that the checkpoint and evaluation hooks see this step's average.

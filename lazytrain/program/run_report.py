@@ -148,15 +148,11 @@ def format_run_header(cfg: DictConfig, trainer: Any, summary: RecordsSummary | N
         f"seed {cfg.train.get('seed', 0)}",
         f"  data      {_describe_data(cfg, summary)}",
         f"  sampler   {sampler}",
-        f"  model     {type(_unwrap(trainer.model)).__name__}: {parameters / 1e6:.1f}M parameters "
+        f"  model     {type(comm.unwrap_model(trainer.model)).__name__}: {parameters / 1e6:.1f}M parameters "
         f"({trainable / 1e6:.1f}M trainable)",
         f"  schedule  {_describe_schedule(cfg, epoch)}",
     ]
     return "Run:\n" + "\n".join(lines)
-
-
-def _unwrap(model: Any) -> Any:
-    return getattr(model, "module", model)
 
 
 def log_run_header(cfg: DictConfig, trainer: Any) -> None:
