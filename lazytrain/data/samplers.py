@@ -39,6 +39,7 @@ __all__ = [
     "IterationBasedSampler",
     "RepeatFactorTrainingSampler",
     "TrainingSampler",
+    "resolve_seed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -61,12 +62,13 @@ def _resolve_rank(component: str, rank: int | None, world_size: int | None) -> t
     return rank, world_size
 
 
-def _resolve_seed(seed: int | None) -> int:
+def resolve_seed(seed: int | None) -> int:
+    """`seed`, or when it is None a random seed shared by all ranks (a collective call: every rank makes it)."""
     if seed is not None:
         return int(seed)
     from lazytrain.utils import comm
 
-    return int(comm.shared_random_seed())  # collective: every rank constructs its sampler
+    return int(comm.shared_random_seed())
 
 
 def _index_dtype(size: int) -> torch.dtype:
@@ -81,7 +83,7 @@ class _InfiniteSampler(Sampler[int]):
 
     def __init__(self, *, shuffle: bool, seed: int | None, rank: int | None, world_size: int | None) -> None:
         self._shuffle = bool(shuffle)
-        self._seed = _resolve_seed(seed)
+        self._seed = resolve_seed(seed)
         self._rank, self._world_size = _resolve_rank(type(self).__name__, rank, world_size)
         self._resume: dict[str, Any] = {"position": 0}  # where the next iteration starts
         self._state: dict[str, Any] = {"position": 0}  # after the items yielded so far
@@ -496,7 +498,7 @@ class IterationBasedSampler(Sampler[int]):
         if isinstance(sampler, torch.utils.data.DistributedSampler):
             self._rank, self._world_size = 0, 1
         if hasattr(sampler, "generator") and sampler.generator is None:
-            seed = _resolve_seed(seed)
+            seed = resolve_seed(seed)
             sampler.generator = torch.Generator().manual_seed(seed)
             logger.info(
                 "IterationBasedSampler: gave %s a generator seeded with %d.", type(sampler).__name__, seed

@@ -1,13 +1,10 @@
-import gc
-import io
-import itertools
+"""The loader builders: the train loader's resume, samplers and batch size; the test loader; records of
+registered data sets; two processes reading disjoint shards of one stream."""
+
 import json
-import logging
 import os
-import random
 import socket
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -17,75 +14,16 @@ from torch.utils.data import DistributedSampler, RandomSampler, SubsetRandomSamp
 
 from lazytrain.config import LazyCall as L
 from lazytrain.config import LazyConfig, instantiate
-from lazytrain.data import build as build_module
 from lazytrain.data.build import (
     build_detection_test_loader,
     build_detection_train_loader,
     get_detection_dataset_dicts,
-    sample_seed,
 )
 from lazytrain.data.catalog import DatasetCatalog
-from lazytrain.data.common import DatasetFromList
-from lazytrain.data.samplers import InferenceSampler, RepeatFactorTrainingSampler, TrainingSampler
+from lazytrain.data.samplers import InferenceSampler, RepeatFactorTrainingSampler
 from lazytrain.errors import LazytrainError
 from lazytrain.utils import comm
-
-CALLS = {"make_records": 0}
-
-
-def make_records(n=40):
-    CALLS["make_records"] += 1
-    rng = random.Random(0)
-    return [
-        {
-            "file_name": f"{i}.jpg",
-            "image_id": i,
-            "width": rng.choice([60, 100]),
-            "height": rng.choice([60, 100]) + 1,
-            "annotations": [{"category_id": 0 if i % 7 else 1 + i % 3}],
-        }
-        for i in range(n)
-    ]
-
-
-def noisy_mapper(record):
-    # draws from the global RNGs like random augmentations do
-    return {
-        "image_id": record["image_id"],
-        "landscape": record["width"] > record["height"],
-        "noise": (random.random(), float(np.random.rand()), torch.rand(1).item()),
-    }
-
-
-class NoisyMapper:
-    def __call__(self, record):
-        return noisy_mapper(record)
-
-
-def take(loader, n):
-    return list(itertools.islice(iter(loader), n))
-
-
-def test_batches_are_grouped_by_orientation():
-    loader = build_detection_train_loader(make_records(), mapper=noisy_mapper, total_batch_size=4, seed=0)
-    batches = take(loader, 30)
-    assert all(len(batch) == 4 and len({item["landscape"] for item in batch}) == 1 for batch in batches)
-    assert {batch[0]["landscape"] for batch in batches} == {True, False}
-
-
-def test_grouping_reads_sizes_from_a_dataset_from_list():
-    loader = build_detection_train_loader(
-        DatasetFromList(make_records()), mapper=noisy_mapper, total_batch_size=4, seed=0
-    )
-    assert all(len({item["landscape"] for item in batch}) == 1 for batch in take(loader, 20))
-
-
-def test_grouping_without_sizes_warns(caplog):
-    records = [{"image_id": i} for i in range(8)]
-    with caplog.at_level(logging.WARNING, logger="lazytrain.data.build"):
-        loader = build_detection_train_loader(records, mapper=None, total_batch_size=2, seed=0)
-    assert "aspect_ratio_grouping needs records with 'width' and 'height'" in caplog.text
-    assert [r["image_id"] for b in take(loader, 4) for r in b] == take(TrainingSampler(8, seed=0), 8)
+from tests.data.loader_helpers import CALLS, NoisyMapper, build, make_records, noisy_mapper, round_trip, take
 
 
 def test_batch_size_must_divide_world_size(monkeypatch):
@@ -96,20 +34,6 @@ def test_batch_size_must_divide_world_size(monkeypatch):
         r"dataloader.train.total_batch_size to a multiple of 2",
     ):
         build_detection_train_loader(make_records(), mapper=noisy_mapper, total_batch_size=3, seed=0)
-
-
-def build(num_workers, records=None, **kwargs):
-    kwargs.setdefault("total_batch_size", 4)
-    return build_detection_train_loader(
-        records or make_records(), mapper=noisy_mapper, seed=3, num_workers=num_workers, **kwargs
-    )
-
-
-def round_trip(state):
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -125,24 +49,6 @@ def test_resumed_loader_yields_the_same_batches(num_workers, consumed):
     resumed = build(num_workers)
     resumed.load_state_dict(state)
     assert head + take(resumed, 12 - consumed) == reference  # same images, same augmentation draws
-
-
-@pytest.mark.parametrize("num_workers", [0, 1])
-def test_iterating_never_touches_the_global_rngs(num_workers):
-    """Starting the loader at iteration 0 or in a resumed run must leave the trainer's random stream alone
-    (issue 17: torch's DataLoader drew its base seed from the global RNG at the first batch)."""
-    loader = build(num_workers)
-    torch.manual_seed(5)
-    random.seed(5)
-    np.random.seed(5)
-    before = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
-    stream = iter(loader)
-    next(stream)
-    next(stream)
-    assert torch.equal(torch.get_rng_state(), before[0])
-    assert random.getstate() == before[1]
-    assert np.array_equal(np.random.get_state()[1], before[2])
-    del stream
 
 
 def test_state_is_the_consumed_one_and_iterating_again_continues():
@@ -165,14 +71,6 @@ def test_resume_with_another_worker_count_and_a_rfs_sampler():
     resumed = rfs_loader(0)
     resumed.load_state_dict(round_trip(first.state_dict()))
     assert take(resumed, 5) == reference[3:]
-
-
-def test_sample_seed_depends_on_position_not_world_size():
-    assert sample_seed(3, 10) == sample_seed(3, 10) != sample_seed(3, 11)
-    assert (
-        len({sample_seed(0, p) for p in range(10_000)} | {sample_seed(1, p) for p in range(10_000)}) == 20_000
-    )
-    assert 0 <= sample_seed(2**70, 2**40) < 2**63
 
 
 def test_sampler_built_for_another_dataset_is_an_error():
@@ -324,108 +222,3 @@ def test_two_processes_read_disjoint_shards_of_one_stream(tmp_path):
     # With grouping the batches differ, but the positions (and so the augmentation draws) stay disjoint.
     draws = [{noise for _, noise in r["True"]["items"]} for r in ranks]
     assert len(draws[0]) == len(draws[1]) == 30 and not draws[0] & draws[1]
-
-
-def _private_kb():
-    with open("/proc/self/smaps_rollup") as f:
-        return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Dirty", "Private_Clean")))
-
-
-def _collect_garbage(record):
-    before = _private_kb()
-    gc.collect()
-    return _private_kb() - before
-
-
-@pytest.mark.parametrize("freeze", [True, False], ids=["frozen", "control"])
-def test_a_garbage_collection_in_a_worker_does_not_copy_the_parents_records(freeze, monkeypatch):
-    if not freeze:
-        monkeypatch.setattr(build_module.gc, "freeze", lambda: None)
-    held = [{"file_name": f"{i}.jpg", "annotations": [{"bbox": [1.0, 2, 3, 4]}]} for i in range(100_000)]
-    loader = build_detection_train_loader(
-        [{}] * 2,
-        mapper=_collect_garbage,
-        total_batch_size=1,
-        num_workers=1,
-        seed=0,
-        aspect_ratio_grouping=False,
-    )
-    growth_kb = next(iter(loader))[0]
-    assert (growth_kb < 5_000) if freeze else (growth_kb > 20_000), growth_kb
-    del held
-
-
-def tensor_mapper(record):
-    generator = torch.Generator().manual_seed(record["image_id"])
-    image = torch.randint(
-        0, 255, (3, record["height"], record["width"]), dtype=torch.uint8, generator=generator
-    )
-    return {
-        "image": image,
-        "instances": {
-            "boxes": torch.rand(2, 4, generator=generator),
-            "classes": torch.tensor([record["image_id"], 1]),
-            "masks": image[:2] > 128,  # bool
-            "empty": torch.zeros(0, 4, dtype=torch.float64),
-        },
-        "transposed": (torch.arange(6.0).view(2, 3).t(), "text", 7),  # not contiguous
-        "image_id": record["image_id"],
-    }
-
-
-def assert_same(a, b):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys() and all(assert_same(a[k], b[k]) is None for k in a)
-    elif isinstance(a, (list, tuple)):
-        assert (
-            type(a) is type(b) and len(a) == len(b) and all(assert_same(x, y) is None for x, y in zip(a, b))
-        )
-    else:
-        assert a == b
-
-
-@pytest.mark.parametrize("ring_bytes", [None, 1_000_000])
-def test_worker_batches_arrive_intact_through_the_packed_buffer(ring_bytes, monkeypatch):
-    # 40 batches: each worker refills each of its ring slots several times while the test holds every batch;
-    # with 1 MB for the whole ring (100 kB per slot) some batches do not fit and travel in their own segment
-    if ring_bytes is not None:
-        monkeypatch.setattr(build_module, "_RING_BYTES", ring_bytes)
-
-    def loader(num_workers):
-        return build_detection_train_loader(
-            make_records(), mapper=tensor_mapper, total_batch_size=3, num_workers=num_workers, seed=1
-        )
-
-    received = take(loader(2), 40)
-    assert_same(received, take(loader(0), 40))
-    if ring_bytes is not None:
-        sizes = [sum(5 * item["image"][0].numel() for item in batch) for batch in received]  # image + masks
-        assert min(sizes) < 100_000 < max(sizes)  # both paths were taken
-
-
-PARENT_STATE = {"set_after_import": None}
-
-
-def parent_state_mapper(record):
-    # a forked worker sees what the parent set at run time; a spawned one re-imports this module
-    return {"image_id": record["image_id"], "parent_state": PARENT_STATE["set_after_import"]}
-
-
-def test_workers_are_forked_even_when_spawn_is_the_global_start_method(monkeypatch):
-    import multiprocessing
-
-    monkeypatch.setitem(PARENT_STATE, "set_after_import", 1234)
-    previous = multiprocessing.get_start_method(allow_none=True)
-    multiprocessing.set_start_method("spawn", force=True)  # what launching several processes does
-    try:
-        train = build_detection_train_loader(
-            make_records(8), mapper=parent_state_mapper, total_batch_size=2, num_workers=1, seed=0
-        )
-        test = build_detection_test_loader(make_records(4), mapper=parent_state_mapper, num_workers=1)
-        states = [s["parent_state"] for batch in take(train, 2) for s in batch]
-        states += [s["parent_state"] for batch in test for s in batch]
-    finally:
-        multiprocessing.set_start_method(previous, force=True)
-    assert states == [1234] * 8

@@ -1,5 +1,6 @@
-"""Pinned batches: asked for with a bool or the training device, only with CUDA, without changing the batches
-or the resume state. This machine has no CUDA: pinning is replaced by a recording copy."""
+"""Batch transport: worker batches arrive intact through the packed ring buffers; pinned batches are asked for
+with a bool or the training device, only with CUDA, without changing the batches or the resume state. This
+machine has no CUDA: pinning is replaced by a recording copy."""
 
 import warnings
 
@@ -9,9 +10,9 @@ from omegaconf import OmegaConf
 from pytest import param
 
 from lazytrain.config import LazyConfig
-from lazytrain.data import build as build_module
+from lazytrain.data import batch_transport
 from lazytrain.data.build import build_detection_test_loader, build_detection_train_loader
-from tests.data.test_build import assert_same, make_records, round_trip, take, tensor_mapper
+from tests.data.loader_helpers import assert_same, make_records, round_trip, take, tensor_mapper
 
 
 def _train_loader(num_workers, pin_memory):
@@ -19,6 +20,25 @@ def _train_loader(num_workers, pin_memory):
         make_records(), mapper=tensor_mapper, total_batch_size=3, num_workers=num_workers, seed=1,
         pin_memory=pin_memory,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("ring_bytes", [None, 1_000_000])
+def test_worker_batches_arrive_intact_through_the_packed_buffer(ring_bytes, monkeypatch):
+    # 40 batches: each worker refills each of its ring slots several times while the test holds every batch;
+    # with 1 MB for the whole ring (100 kB per slot) some batches do not fit and travel in their own segment
+    if ring_bytes is not None:
+        monkeypatch.setattr(batch_transport, "_RING_BYTES", ring_bytes)
+
+    def loader(num_workers):
+        return build_detection_train_loader(
+            make_records(), mapper=tensor_mapper, total_batch_size=3, num_workers=num_workers, seed=1
+        )
+
+    received = take(loader(2), 40)
+    assert_same(received, take(loader(0), 40))
+    if ring_bytes is not None:
+        sizes = [sum(5 * item["image"][0].numel() for item in batch) for batch in received]  # image + masks
+        assert min(sizes) < 100_000 < max(sizes)  # both paths were taken
 
 
 @pytest.mark.parametrize(
@@ -110,8 +130,8 @@ def test_pinned_batches_are_the_same_and_resume_exactly(monkeypatch, num_workers
 
     pinner = _RecordingPinner()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(build_module, "_pinned_empty", pinner.empty)
-    monkeypatch.setattr(build_module, "_pin", pinner.pin)
+    monkeypatch.setattr(batch_transport, "_pinned_empty", pinner.empty)
+    monkeypatch.setattr(batch_transport, "_pin", pinner.pin)
     loader = _train_loader(num_workers, "cuda")
     stream = iter(loader)
     pinned = [next(stream) for _ in range(5)]

@@ -1,0 +1,94 @@
+"""Loader workers: per-sample seeds, the global RNGs left alone, forked workers that do not copy the parent's
+records."""
+
+import gc
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from lazytrain.data.build import build_detection_test_loader, build_detection_train_loader
+from lazytrain.data.workers import sample_seed
+from tests.data.loader_helpers import build, make_records, take
+
+
+def test_sample_seed_depends_on_position_not_world_size():
+    assert sample_seed(3, 10) == sample_seed(3, 10) != sample_seed(3, 11)
+    assert (
+        len({sample_seed(0, p) for p in range(10_000)} | {sample_seed(1, p) for p in range(10_000)}) == 20_000
+    )
+    assert 0 <= sample_seed(2**70, 2**40) < 2**63
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_iterating_never_touches_the_global_rngs(num_workers):
+    """Starting the loader at iteration 0 or in a resumed run must leave the trainer's random stream alone
+    (torch's DataLoader draws its workers' base seed from the global RNG unless given a generator)."""
+    loader = build(num_workers)
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    before = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    stream = iter(loader)
+    next(stream)
+    next(stream)
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert random.getstate() == before[1]
+    assert np.array_equal(np.random.get_state()[1], before[2])
+    del stream
+
+
+def _private_kb():
+    with open("/proc/self/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Dirty", "Private_Clean")))
+
+
+def _collect_garbage(record):
+    before = _private_kb()
+    gc.collect()
+    return _private_kb() - before
+
+
+@pytest.mark.parametrize("freeze", [True, False], ids=["frozen", "control"])
+def test_a_garbage_collection_in_a_worker_does_not_copy_the_parents_records(freeze, monkeypatch):
+    if not freeze:
+        monkeypatch.setattr(gc, "freeze", lambda: None)
+    held = [{"file_name": f"{i}.jpg", "annotations": [{"bbox": [1.0, 2, 3, 4]}]} for i in range(100_000)]
+    loader = build_detection_train_loader(
+        [{}] * 2,
+        mapper=_collect_garbage,
+        total_batch_size=1,
+        num_workers=1,
+        seed=0,
+        aspect_ratio_grouping=False,
+    )
+    growth_kb = next(iter(loader))[0]
+    assert (growth_kb < 5_000) if freeze else (growth_kb > 20_000), growth_kb
+    del held
+
+
+PARENT_STATE = {"set_after_import": None}
+
+
+def parent_state_mapper(record):
+    # a forked worker sees what the parent set at run time; a spawned one re-imports this module
+    return {"image_id": record["image_id"], "parent_state": PARENT_STATE["set_after_import"]}
+
+
+def test_workers_are_forked_even_when_spawn_is_the_global_start_method(monkeypatch):
+    import multiprocessing
+
+    monkeypatch.setitem(PARENT_STATE, "set_after_import", 1234)
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)  # what launching several processes does
+    try:
+        train = build_detection_train_loader(
+            make_records(8), mapper=parent_state_mapper, total_batch_size=2, num_workers=1, seed=0
+        )
+        test = build_detection_test_loader(make_records(4), mapper=parent_state_mapper, num_workers=1)
+        states = [s["parent_state"] for batch in take(train, 2) for s in batch]
+        states += [s["parent_state"] for batch in test for s in batch]
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
+    assert states == [1234] * 8
