@@ -6,6 +6,11 @@ the conv's weight and bias keeps the conv output in the autocast dtype and remov
 per norm. Only modules and functions for that fold belong here: `FoldedFrozenBatchNorm2d` (same buffers and
 state-dict keys as torchvision's, identity forward), `FrozenBatchNormConv2d` (a conv that applies the norm) and
 `fold_frozen_batch_norm` (swaps them into a torchvision ResNet).
+
+The fold follows the modules that are really there: a folded pair remembers where it sits in its parent, and
+when either module has been replaced since (a user swapping the frozen norms for ``BatchNorm2d`` to fine-tune
+them, or the conv for another), the conv that is left computes a plain convolution and the norm that is left
+normalises by itself, so nothing is normalised twice or not at all.
 """
 
 from __future__ import annotations
@@ -41,20 +46,39 @@ class _ForgetsCacheOnMove(nn.Module):
         return state
 
 
+class _FoldSite:
+    """Where a folded conv and norm sit in their parent: the fold holds while both are still there."""
+
+    def __init__(self, parent: nn.Module, conv_name: str, norm_name: str) -> None:
+        self.parent, self.conv_name, self.norm_name = parent, conv_name, norm_name
+
+    def holds(self, conv: nn.Module, norm: nn.Module) -> bool:
+        return (
+            getattr(self.parent, self.conv_name, None) is conv
+            and getattr(self.parent, self.norm_name, None) is norm
+        )
+
+
 class FoldedFrozenBatchNorm2d(_ForgetsCacheOnMove, FrozenBatchNorm2d):
     """A `FrozenBatchNorm2d` whose affine the `FrozenBatchNormConv2d` before it applies; its forward is the identity.
 
     Buffers and state-dict keys are torchvision's (``weight``, ``bias``, ``running_mean``, ``running_var``; a
     ``num_batches_tracked`` key is dropped on load, as torchvision does), so checkpoints load either way.
-    Used on its own, without that conv, it does not normalise anything.
+    Used on its own, without that conv, it does not normalise anything; placed by `fold_frozen_batch_norm`, it
+    normalises as torchvision's does once its conv has been replaced in the parent.
 
     Args:
         num_features: number of channels ``C`` of an ``(N, C, H, W)`` input.
         eps: added to the running variance before the square root.
     """
 
+    _conv: nn.Module | None = None
+    _fold_site: _FoldSite | None = None
+
     def forward(self, x: Tensor) -> Tensor:
-        return x
+        if self._fold_site is None or self._fold_site.holds(self._conv, self):
+            return x
+        return super().forward(x)
 
     def scale_and_shift(self) -> tuple[Tensor, Tensor]:
         """``(scale, shift)`` with ``norm(x) == x * scale + shift`` per channel, by torchvision's formula.
@@ -127,7 +151,11 @@ class FrozenBatchNormConv2d(_ForgetsCacheOnMove, nn.Conv2d):
         """The frozen batch norm this conv applies (registered in the parent module, not here)."""
         return self._folded_norm
 
+    _fold_site: _FoldSite | None = None
+
     def forward(self, input: Tensor) -> Tensor:
+        if self._fold_site is not None and not self._fold_site.holds(self, self._folded_norm):
+            return super().forward(input)  # the norm was replaced: whatever stands there now normalises
         weight, bias = self.folded_weight_and_bias()
         # _conv_forward handles padding_mode; under autocast F.conv2d casts the folded weight and bias itself.
         return self._conv_forward(input, weight, bias)
@@ -217,7 +245,8 @@ def fold_frozen_batch_norm(module: nn.Module) -> nn.Module:
     ResNet) or as consecutive entries of an ``nn.Sequential`` (``downsample``). The conv becomes a
     `FrozenBatchNormConv2d` and the norm a `FoldedFrozenBatchNorm2d`, sharing the same parameter and buffer
     tensors (``requires_grad`` unchanged), so state-dict keys, values and outputs stay the same. Trainable
-    norms (``BatchNorm2d``, ``GroupNorm``) are left alone.
+    norms (``BatchNorm2d``, ``GroupNorm``) are left alone. Replacing either module of a pair afterwards undoes
+    that pair's fold (see the module docstring).
 
     The names are trusted to mean that the conv's output goes straight into the norm, as in torchvision's
     ResNet (``convN -> bnN``) and its `IntermediateLayerGetter` body; use it on such modules only.
@@ -238,8 +267,14 @@ def fold_frozen_batch_norm(module: nn.Module) -> nn.Module:
             conv, norm = getattr(parent, conv_name), getattr(parent, norm_name, None)
             if _foldable(conv, norm):
                 folded_norm = _folded_copy(norm)
-                setattr(parent, conv_name, FrozenBatchNormConv2d(conv, folded_norm))
+                folded_conv = FrozenBatchNormConv2d(conv, folded_norm)
+                setattr(parent, conv_name, folded_conv)
                 setattr(parent, norm_name, folded_norm)
+                site = _FoldSite(parent, conv_name, norm_name)
+                # Plain attributes, not submodules: the parent already registers both.
+                object.__setattr__(folded_conv, "_fold_site", site)
+                object.__setattr__(folded_norm, "_fold_site", site)
+                object.__setattr__(folded_norm, "_conv", folded_conv)
     return module
 
 

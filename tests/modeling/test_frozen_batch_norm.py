@@ -396,3 +396,50 @@ def test_fold_skips_unfoldable_pairs():
 def test_invalid_use_raises(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def _to_batch_norm(norm: FrozenBatchNorm2d) -> nn.BatchNorm2d:
+    """What a user swapping frozen norms to fine-tune them writes: a BatchNorm2d with the frozen statistics."""
+    batch_norm = nn.BatchNorm2d(norm.weight.numel(), eps=norm.eps)
+    with torch.no_grad():
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            getattr(batch_norm, name).copy_(getattr(norm, name))
+    return batch_norm.to(norm.weight.dtype).eval()
+
+
+def _swap_norms(model: nn.Module) -> nn.Module:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, FrozenBatchNorm2d):  # FoldedFrozenBatchNorm2d is one too
+                setattr(parent, name, _to_batch_norm(child))
+    return model
+
+
+def test_norms_swapped_after_folding_are_applied_once():
+    reference = _frozen_resnet50().to(torch.float64).eval()
+    folded = _folded_copy(reference)
+    image = torch.randn(1, 3, 64, 64, dtype=torch.float64)
+    expected = _swap_norms(copy.deepcopy(reference))(image)
+    # The folded convs stay, the norms after them are BatchNorm2d now: no norm may be applied twice.
+    swapped = _swap_norms(folded)
+    assert len(_folded_convs(swapped)) == 53
+    assert _relative_error(swapped(image), expected) < 1e-10
+
+
+def test_conv_swapped_after_folding_leaves_the_norm_to_normalise():
+    model = _conv_and_norm().to(torch.float64).eval()
+    folded = _folded_copy(model)
+    plain_conv = copy.deepcopy(model[0])
+    folded[0] = plain_conv  # the folded conv replaced: its norm must normalise by itself again
+    image = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    assert _relative_error(folded(image), model(image)) < 1e-12
+
+
+def test_deepcopy_of_a_folded_model_follows_swaps_in_the_copy_only():
+    model = _conv_and_norm().to(torch.float64).eval()
+    folded = _folded_copy(model)
+    copied = copy.deepcopy(folded)
+    copied[1] = _to_batch_norm(model[1])
+    image = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    assert _relative_error(copied(image), model(image)) < 1e-12
+    assert _relative_error(folded(image), model(image)) < 1e-12
