@@ -79,8 +79,8 @@ def suppression_words(boxes: torch.Tensor, threshold: float, how: str) -> torch.
         return torch.cat([grouped._suppression_bits(b[None], valid[:1], groups, threshold)[0] for b in boxes])
     coordinates = grouped._padded_coordinates(boxes, valid)
     if how == "compiled":
-        bound, tie_above = grouped._exact_threshold(threshold, boxes.dtype)
-        return grouped._compiled_iou_above_words()(coordinates, bound, tie_above)
+        bound, by_product = grouped._comparison(threshold, boxes.dtype)
+        return grouped._compiled_iou_above_words()(coordinates, bound, by_product)
     plain = torch.compile(plain_iou_above_words, dynamic=True)
     return plain(coordinates, grouped._float_below(threshold, boxes.dtype))
 
@@ -122,7 +122,7 @@ def kept_by_words(words: torch.Tensor) -> list[list[int]]:
     return kept_groups
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(args.seed)
+    rows = []
     for threshold in THRESHOLDS:
         boxes = make_boxes(args.groups, args.boxes, threshold, generator)
         reference, near = reference_words(boxes, threshold)
@@ -149,9 +150,16 @@ def main(argv: list[str] | None = None) -> None:
             differ = int(((words ^ reference)[..., None] >> torch.arange(64) & 1).sum())
             kept_differ = sum(a != b for a, b in zip(kept_by_words(words), reference_kept))
             print(f"| {threshold} | {how} | {pairs} ({near}) | {differ} | {kept_differ} | {seconds:.1f} |")
+            rows.append(
+                {"threshold": threshold, "how": how, "near": near, "differ": differ, "kept": kept_differ}
+            )
         device_kept = [sorted(nms(b, scores.to(device), threshold).tolist()) for b in on_device]
         kept_differ = sum(a != b for a, b in zip(device_kept, reference_kept))
         print(f"| {threshold} | torchvision (device) | {pairs} ({near}) | n/a | {kept_differ} | - |")
+        rows.append(
+            {"threshold": threshold, "how": "torchvision", "near": near, "differ": None, "kept": kept_differ}
+        )
+    return rows
 
 
 if __name__ == "__main__":

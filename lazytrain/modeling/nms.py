@@ -306,8 +306,8 @@ def _suppression_bits(
         group_boxes = _nms_boxes(boxes[:, group])
         if compiled:
             coordinates = _padded_coordinates(group_boxes, valid[:, group])
-            threshold, tie_above = _exact_threshold(iou_threshold, group_boxes.dtype)
-            words = _compiled_iou_above_words()(coordinates, threshold, tie_above)
+            threshold, by_product = _comparison(iou_threshold, group_boxes.dtype)
+            words = _compiled_iou_above_words()(coordinates, threshold, by_product)
             bits[:, index, : words.shape[1], : words.shape[2]] = words
             continue
         for columns, above in _iou_above_tiles(group_boxes, valid[:, group], iou_threshold):
@@ -324,19 +324,17 @@ def _padded_coordinates(boxes: Tensor, valid: Tensor) -> Tensor:
     return F.pad(coordinates, (0, 0, 0, padded - valid.shape[1]), value=math.nan).movedim(-1, 0).contiguous()
 
 
-def _iou_above_words(coordinates: Tensor, threshold: float, tie_above: bool | None) -> Tensor:
+def _iou_above_words(coordinates: Tensor, threshold: float, by_product: bool) -> Tensor:
     """Who suppresses whom among G groups of P boxes (`_padded_coordinates`), packed: [G, P, P / 64] int64, bit
-    i % 64 of word i // 64 in row j set where box i comes before box j (i < j) and their float32 IoU is above
-    the float32 threshold `_float_below` of the IoU threshold gives.
+    i % 64 of word i // 64 in row j set where box i comes before box j (i < j) and their IoU is above the
+    IoU threshold as torchvision's CPU kernel decides it (`_comparison` gives `threshold` and `by_product`).
 
     Written for ``torch.compile`` (`_compiled_iou_above_words`), which fuses it into one kernel that reads the
     coordinates and writes only the words (run eagerly it would allocate a dozen [G, P, P] arrays). The
-    intersection and union are `_iou_above_tiles`'s float32 operations in its order, and the kernel is
-    compiled without floating-point contraction, so that no multiply and add become one rounding. The IoU
-    itself is never rounded: compiled division may be approximate, so ``inter / union > c`` is decided
-    exactly as ``inter > threshold * union`` in float64 (`_exact_threshold`: `threshold` and `tie_above`).
-    float64 boxes (`tie_above` None) compare their quotient with `threshold`: float64 division is exact on
-    every backend.
+    intersection and union are `_iou_above_tiles`'s float operations in its order, and the kernel is compiled
+    without floating-point contraction, so that no multiply and add become one rounding. float32 IoUs are
+    never rounded: compiled division may be approximate, so ``by_product`` decides ``inter / union > c``
+    exactly, as ``inter > threshold * union`` in float64 (`_comparison`).
     """
     x1, y1, x2, y2 = coordinates.unbind()
     areas = (x2 - x1) * (y2 - y1)
@@ -349,34 +347,34 @@ def _iou_above_words(coordinates: Tensor, threshold: float, tie_above: bool | No
     height = torch.minimum(*pairs(y2)) - torch.maximum(*pairs(y1))
     intersection = width * height
     union = (areas[:, None, :] + areas[:, :, None]) - intersection
-    if tie_above is None:
-        exceeds = (intersection / union) > threshold
+    if by_product:
+        # float32 values times `threshold` are exact in float64: the comparison rounds nothing. A negative
+        # union (a negative quotient) is above no threshold.
+        exceeds = (intersection.double() > union.double() * threshold) & (union >= 0)
     else:
-        # float32 values times `threshold` are exact in float64: this comparison rounds nothing.
-        bound = union.double() * threshold
-        exceeds = intersection.double() > bound
-        if tie_above:
-            exceeds = exceeds | ((intersection.double() == bound) & (union > 0))
+        exceeds = (intersection / union) > threshold
     index = torch.arange(coordinates.shape[-1], device=coordinates.device)
-    above = exceeds & (union >= 0) & (index[None, :] < index[:, None])
+    above = exceeds & (index[None, :] < index[:, None])
     # Distinct powers of two: their sum is their bitwise or (bit 63 wraps to the sign, as in an int64 word).
     shifts = torch.arange(64, device=coordinates.device)
     return (above.long().unflatten(-1, (-1, 64)) << shifts).sum(dim=-1)
 
 
-def _exact_threshold(iou_threshold: float, dtype: torch.dtype) -> tuple[float, bool | None]:
-    """`_iou_above_words`'s threshold and tie flag for boxes of `dtype`. For float32, with c = `_float_below`
-    of `iou_threshold`: the float32 quotient ``inter / union`` (``inter >= 0``, ``union > 0``, rounded to
-    nearest, ties to even) is above c exactly when ``inter > m * union``, or ``inter == m * union`` and the
-    flag is set, where m is the midpoint between c and the next float32 up (from there on the quotient rounds
-    above c; at m itself it rounds to the even one of the two). float64 holds m (25 significant bits) and m
-    times any float32 (at most 49) exactly. float64 boxes: `iou_threshold` itself and None."""
+def _comparison(iou_threshold: float, dtype: torch.dtype) -> tuple[float, bool]:
+    """`_iou_above_words`'s ``(threshold, by_product)`` for boxes of `dtype`.
+
+    float32: with c = `_float_below` of `iou_threshold` and m the midpoint between c and the next float32 up,
+    the float32 quotient ``inter / union`` (``inter >= 0``, ``union >= 0``, rounded to nearest) is above c
+    exactly when ``inter > m * union``: from m on the quotient rounds above c, and it is never m itself (m
+    has 25 significant bits, odd; m times a float32 is not a float32). float64 holds m and m times any float32
+    (at most 49 bits) exactly. float64 boxes: the quotient is compared with `iou_threshold` itself (float64
+    division is correctly rounded on every backend).
+    """
     if dtype != torch.float32:
-        return iou_threshold, None
+        return iou_threshold, False
     below = np.float32(_float_below(iou_threshold, dtype))
     next_up = np.nextafter(below, np.float32(math.inf))
-    ties_to_next = int(np.array(next_up).view(np.uint32)) % 2 == 0
-    return (float(below) + float(next_up)) / 2, ties_to_next
+    return (float(below) + float(next_up)) / 2, True
 
 
 @functools.cache
@@ -389,10 +387,16 @@ def _compiled_greedy_steps() -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor,
 @functools.cache
 def _compiled_iou_above_words() -> Callable[[Tensor, float, bool], Tensor]:
     """`_iou_above_words` through ``torch.compile``, made once per process, with floating-point contraction
-    off (inductor's ``emulate_precision_casts`` compiles its Triton kernels with ``enable_fp_fusion=False``;
-    C++ kernels do not contract across the statements inductor writes). Shapes are dynamic: other group sizes
-    and counts do not compile again (a group of at most 64 boxes compiles once more)."""
-    return torch.compile(_iou_above_words, dynamic=True, options={"emulate_precision_casts": True})
+    off: inductor's ``emulate_precision_casts`` compiles its Triton kernels with ``enable_fp_fusion=False``,
+    and its C++ kernels are built with ``-ffp-contract=off`` (its default, pinned here where the setting
+    exists). Shapes are dynamic: other group sizes and counts do not compile again (a group of at most 64
+    boxes compiles once more)."""
+    import torch._inductor.config as inductor_config
+
+    options: dict[str, object] = {"emulate_precision_casts": True}
+    if hasattr(inductor_config.cpp, "enable_floating_point_contract_flag"):
+        options["cpp.enable_floating_point_contract_flag"] = "off"
+    return torch.compile(_iou_above_words, dynamic=True, options=options)
 
 
 def _iou_above_tiles(boxes: Tensor, valid: Tensor, iou_threshold: float) -> Iterator[tuple[slice, Tensor]]:

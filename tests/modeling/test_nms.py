@@ -1,6 +1,7 @@
 """`grouped_batched_nms`: torchvision's ``batched_nms`` for any number of groups with a few host reads, and
 `batched_nms` taking it where torchvision would loop over the groups on a device."""
 
+import numpy as np
 import pytest
 import torch
 from torchvision.ops import boxes as box_ops
@@ -137,3 +138,34 @@ def test_grouped_batched_nms_with_compiled_kernels_keeps_torchvisions_boxes(coun
     boxes, scores, labels = _candidates(count, groups, dtype=dtype)
     expected = box_ops.batched_nms(boxes, scores, labels, threshold)
     assert torch.equal(grouped_batched_nms(boxes, scores, labels, threshold, compiled=True), expected)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.3, 0.5, 0.7, 0.9, 1.0, 0.123456789])
+def test_the_compiled_comparison_decides_as_the_rounded_float32_quotient(threshold):
+    """`_comparison`'s ``inter > m * union`` in float64 against the float32 quotient compared in double, as
+    torchvision's CPU kernel does, on random pairs and on pairs a few float32 steps around the threshold."""
+    rng = np.random.default_rng(0)
+    inter = (rng.random(200_000) * 500).astype(np.float32)
+    union = (inter + rng.random(200_000).astype(np.float32) * 500).astype(np.float32)
+    near = (inter / np.float32(max(threshold, 0.25))).astype(np.float32)
+    near = np.nextafter(near, near + rng.integers(-4, 5, near.size).astype(np.float32))
+    bound, by_product = nms._comparison(threshold, torch.float32)
+    assert by_product
+    for unions in (union, near, np.zeros_like(union)):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            expected = (inter / unions).astype(np.float64) > threshold
+        actual = inter.astype(np.float64) > unions.astype(np.float64) * bound
+        assert np.array_equal(actual, expected)
+    assert nms._comparison(threshold, torch.float64) == (threshold, False)
+
+
+def test_greedy_steps_that_do_not_settle_raise_even_under_python_O():
+    """Not an assert (``python -O`` strips those): a RuntimeError that asks for the boxes."""
+    suppression = torch.zeros(1, 1, 64, 1, dtype=torch.int64)
+    valid = torch.ones(1, 1, 64, dtype=torch.bool)
+
+    def never_settle(suppression, valid, keep):
+        return keep, torch.tensor(False)
+
+    with pytest.raises(RuntimeError, match="did not settle within 64 boxes"):
+        nms._settle(never_settle, suppression, valid, valid, torch.tensor(False))
