@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
-from lazytrain.data.samplers import CategoryIndex
+from lazytrain.data.repeat_factors import CategoryIndex
 
 __all__ = ["get_class_image_counts"]
 

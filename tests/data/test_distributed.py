@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+from lazytrain.data.repeat_factors import repeat_factors_from_category_frequency
 from lazytrain.data.samplers import RepeatFactorTrainingSampler
 from lazytrain.launch.launch import launch
 from tests.data.dist_worker import record_shard
@@ -14,7 +15,7 @@ def test_two_processes_read_disjoint_positions_of_one_stream(tmp_path):
     shards = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     assert all(s["world_size"] == 2 for s in shards)
     records = [{"annotations": [{"category_id": i % 4}]} for i in range(40)]
-    factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(records, 0.3)
+    factors = repeat_factors_from_category_frequency(records, 0.3)
     stream = RepeatFactorTrainingSampler(factors, seed=5, rank=0, world_size=1)
     expected = []
     for index in stream:

@@ -1,79 +1,22 @@
-import collections
+"""Samplers: the contract every training sampler keeps, Repeat Factor Sampling's stream against the loop
+reference, inference shards, finite samplers made infinite."""
+
 import io
 import itertools
 import math
-import random
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import DistributedSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
+from lazytrain.data.repeat_factors import repeat_factors_from_category_frequency
 from lazytrain.data.samplers import (
-    CategoryIndex,
     InferenceSampler,
     IterationBasedSampler,
     RepeatFactorTrainingSampler,
     TrainingSampler,
 )
-
-# ----------------------------------------------------------------------------------------------------------
-# The straightforward per-image loop reference of (instance-aware) Repeat Factor Sampling.
-
-
-def loop_repeat_factors(dataset_dicts, repeat_thresh, sqrt=True, instance_aware=False):
-    image_count, instance_count = collections.Counter(), collections.Counter()
-    for record in dataset_dicts:
-        categories = [a["category_id"] for a in record.get("annotations", [])]
-        image_count.update(set(categories))
-        instance_count.update(categories)
-    total_instances = sum(instance_count.values())
-    category_factor = {}
-    for category, count in image_count.items():
-        frequency = count / len(dataset_dicts)
-        if instance_aware:
-            frequency = math.sqrt(frequency * (instance_count[category] / total_instances))
-        ratio = repeat_thresh / frequency
-        category_factor[category] = max(1.0, math.sqrt(ratio) if sqrt else ratio)
-    factors = []
-    for record in dataset_dicts:
-        categories = {a["category_id"] for a in record.get("annotations", [])}
-        factors.append(max((category_factor[c] for c in categories), default=1.0))
-    return torch.tensor(factors, dtype=torch.float32)
-
-
-def loop_stream(repeat_factors, seed, num_epochs):
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    int_part = torch.trunc(repeat_factors)
-    frac_part = repeat_factors - int_part
-    stream = []
-    for _ in range(num_epochs):
-        rands = torch.rand(len(repeat_factors), generator=generator)
-        counts = int_part + (rands < frac_part).float()
-        indices = []
-        for image, count in enumerate(counts.tolist()):
-            indices.extend([image] * int(count))
-        order = torch.randperm(len(indices), generator=generator)
-        stream.extend(indices[i] for i in order.tolist())
-    return stream
-
-
-# ----------------------------------------------------------------------------------------------------------
-
-
-def make_dicts(num_images, num_categories=20, seed=0):
-    rng = random.Random(seed)
-    records = []
-    for i in range(num_images):
-        count = rng.choice([0, 1, 1, 2, 3, 5])
-        # power-law category popularity, repeated categories within an image
-        categories = [min(int(rng.paretovariate(1.0)) - 1, num_categories - 1) for _ in range(count)]
-        records.append({"image_id": i, "annotations": [{"category_id": c} for c in categories]})
-    return records
-
-
-RECORDS = make_dicts(300)
+from tests.data.rfs_reference import RECORDS, loop_repeat_factors, loop_stream
 
 
 def take(sampler, n):
@@ -211,58 +154,7 @@ def test_seed_none_is_shared_random_seed(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Repeat factors
-
-
-def test_rfs_formula_hand_computed():
-    records = [
-        {"annotations": [{"category_id": 0}, {"category_id": 1}]},
-        {"annotations": [{"category_id": 0}]},
-        {"annotations": []},
-    ]
-    factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(records, 0.5)
-    # f_0 = 2/3 -> r_0 = max(1, sqrt(0.75)) = 1; f_1 = 1/3 -> r_1 = sqrt(1.5)
-    assert factors.tolist() == pytest.approx([math.sqrt(1.5), 1.0, 1.0])
-    no_sqrt = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(records, 0.5, sqrt=False)
-    assert no_sqrt.tolist() == pytest.approx([1.5, 1.0, 1.0])
-
-
-def test_irfs_formula_hand_computed():
-    records = [
-        {"annotations": [{"category_id": 0}] * 3 + [{"category_id": 1}]},
-        {"annotations": [{"category_id": 0}]},
-        {},  # no annotations key at all
-    ]
-    factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
-        records, 0.9, instance_aware=True
-    )
-    f0 = math.sqrt((2 / 3) * (4 / 5))  # in 2 of 3 images, 4 of 5 instances
-    f1 = math.sqrt((1 / 3) * (1 / 5))
-    r0, r1 = max(1.0, math.sqrt(0.9 / f0)), max(1.0, math.sqrt(0.9 / f1))
-    assert factors.tolist() == pytest.approx([max(r0, r1), r0, 1.0])
-    assert r1 > r0 > 1.0
-
-
-def test_zero_threshold_is_uniform_and_negative_is_an_error():
-    uniform = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(RECORDS, 0.0)
-    assert uniform.unique().tolist() == [1.0]
-    for bad in (-0.1, float("nan"), "0.1"):
-        with pytest.raises(
-            ValueError,
-            match=r"repeat_thresh=\) must be a number >= 0.*got .*dataloader\.train\.sampler\.repeat_thresh",
-        ):
-            RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(RECORDS, bad)
-
-
-@pytest.mark.parametrize("instance_aware", [False, True], ids=["rfs", "irfs"])
-@pytest.mark.parametrize("sqrt", [True, False], ids=["sqrt", "linear"])
-@pytest.mark.parametrize("thresh", [0.01, 0.3])
-def test_factors_equal_the_loop_reference_bit_for_bit(thresh, sqrt, instance_aware):
-    vectorized = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
-        RECORDS, thresh, sqrt=sqrt, instance_aware=instance_aware
-    )
-    assert torch.equal(vectorized, loop_repeat_factors(RECORDS, thresh, sqrt, instance_aware))
-    assert vectorized.max() > 1
+# Repeat factor sampling
 
 
 @pytest.mark.parametrize("seed", [0, 1, 42, 2**40 + 3])
@@ -275,7 +167,7 @@ def test_stream_equals_the_loop_reference_bit_for_bit(seed, thresh):
 
 
 def test_epoch_length_matches_sum_of_factors():
-    factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(RECORDS, 0.3)
+    factors = repeat_factors_from_category_frequency(RECORDS, 0.3)
     sampler = RepeatFactorTrainingSampler(factors, seed=0, rank=0, world_size=1)
     generator = torch.Generator().manual_seed(0)
     num_epochs = 200
@@ -297,29 +189,6 @@ def test_each_image_appears_as_often_as_its_factor():
         assert epoch.dtype == torch.int32
         counts += torch.bincount(epoch, minlength=4)
     assert (counts / 400).tolist() == pytest.approx(factors.tolist(), abs=0.1)
-
-
-def test_category_index_from_dicts_and_prebuilt_csr_agree():
-    index = CategoryIndex.from_dataset_dicts(RECORDS)
-    assert index.num_images == len(RECORDS) and index.categories.dtype == np.int32
-    image = 5
-    annotations = [a["category_id"] for a in RECORDS[image]["annotations"]]
-    span = slice(index.offsets[image], index.offsets[image + 1])
-    assert index.categories[span].tolist() == sorted(set(annotations))
-    assert index.instances[span].tolist() == [annotations.count(c) for c in sorted(set(annotations))]
-    prebuilt = CategoryIndex(index.offsets.copy(), index.categories.copy(), index.instances.copy())
-    for instance_aware in (False, True):
-        assert torch.equal(
-            RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(
-                prebuilt, 0.1, True, instance_aware
-            ),
-            loop_repeat_factors(RECORDS, 0.1, True, instance_aware),
-        )
-
-
-def test_category_index_rejects_inconsistent_arrays():
-    with pytest.raises(ValueError, match=r"CategoryIndex\(offsets=\) must be 1-D, start at 0"):
-        CategoryIndex(np.array([0, 2, 3]), np.zeros(2, np.int32), np.ones(2, np.int32))
 
 
 def test_from_dataset_dicts_is_the_config_facing_constructor():
