@@ -2,8 +2,8 @@
 
 An LVIS val evaluation keeps 300 detections for each of ~20,000 images, 6 million in all, and the main process
 gathers every rank's share. As one COCO result dict per detection (a dict, a box list, floats, an RLE dict) that
-was ~910 bytes of Python objects per detection plus ~240 pickled for the gather: 6.6 GB unpickled on the main
-process at LVIS scale (docs/benchmarks.md). `ImagePredictions` holds the same values in numpy arrays plus one
+is about a kilobyte of Python objects per detection, gigabytes on the main process at LVIS scale
+(docs/benchmarks.md). `ImagePredictions` holds the same values in numpy arrays plus one
 RLE string per detection, and `get_coco_entries` rebuilds the exact COCO result dicts when they are needed, a
 category chunk at a time.
 """
@@ -75,9 +75,8 @@ def encode_masks(masks: Any) -> tuple[tuple[int, int], list[str]]:
     """((height, width), compressed RLE counts of each mask) of [N, H, W] 0/1 masks: the RLEs pycocotools'
     ``encode`` gives, found inside each mask's bounding box.
 
-    ``encode`` wants the masks column-major, and transposing 300 full-size masks was most of `process`'s time
-    (0.6-0.9 s per 640 x 480 LVIS image on the project machine, against ~0.08 s this way): a detection's mask
-    covers a small part of the image, so its runs are found in the rows and columns it touches, shifted to
+    ``encode`` wants the masks column-major, and transposing 300 full-size masks would be most of `process`'s
+    time (docs/benchmarks.md): a detection's mask covers a small part of the image, so its runs are found in the rows and columns it touches, shifted to
     the image, and compressed by pycocotools.
     """
     masks = torch.as_tensor(masks).detach().cpu().to(torch.uint8)
@@ -226,8 +225,7 @@ def write_coco_results(file: IO[bytes], predictions: Iterable[ImagePredictions])
 
     The json holds the entries of `get_coco_entries` of every image (the values ``json.dump`` of them all
     wrote, without its spaces, and NaN as null), without holding them all: 6 million dicts at LVIS scale.
-    msgspec encodes them ~6x faster than the json module (~4 s instead of ~25 s of CPU for LVIS val on the
-    project machine).
+    msgspec encodes them several times faster than the json module (docs/benchmarks.md).
 
     Args:
         file: opened for writing bytes.

@@ -34,8 +34,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 # How long a collective waits for a peer. The longest legitimate wait is the other ranks waiting while the main
-# process evaluates alone: a full LVIS val evaluation measured 6 min on 2 CPU cores, 11 min under load, plus the
-# wait for the slowest rank's inference (docs/benchmarks.md); the default leaves a wide margin over torch's 30 min; a rank that failed or died stops the others at once anyway (`RankWatch`).
+# process evaluates alone (LVIS val: minutes on a slow machine, docs/benchmarks.md) plus the slowest rank's
+# inference, so the default is far above torch's 30 minutes; a rank that failed or died stops the others at once
+# anyway (`RankWatch`).
 DEFAULT_TIMEOUT = timedelta(hours=4)
 _TIMEOUT_UNITS = {"s": 1, "m": 60, "h": 3600}
 

@@ -49,11 +49,11 @@ from lazytrain.modeling.host_values import round_up, to_device
 __all__ = ["NMS_STEPS", "GroupedNMS", "batched_nms", "grouped_batched_nms", "grouped_nms"]
 
 # Greedy NMS is solved by repeated steps on a bit matrix of who suppresses whom; NMS_STEPS run before the host
-# looks at the result. Measured on the demo model's RPN (192 px, 600 candidates per level), trained and at
-# random initialisation: settled within 11 steps.
+# looks at the result: enough for the demo model's RPN, trained or at random initialisation (docs/benchmarks.md);
+# `_settle` steps on where they are not.
 NMS_STEPS = 16
-# Elements of one IoU tile (`_iou_above_tiles`): small enough on the CPU to stay in cache (fastest at 2**17 on one
-# thread, measured), large on GPUs, where each tile costs a few kernel launches.
+# Elements of one IoU tile (`_iou_above_tiles`): small enough on the CPU to stay in cache (the fastest size on one
+# thread, docs/benchmarks.md), large on GPUs, where each tile costs a few kernel launches.
 _TILE_ELEMENTS = {"cpu": 1 << 17}
 _DEVICE_TILE_ELEMENTS = 1 << 24
 # Box coordinates above which torchvision's ``batched_nms`` loops over the groups (its CUDA threshold); there
