@@ -381,7 +381,7 @@ def measure(
 
 def _has_compiled_parts(model: torch.nn.Module) -> bool:
     """Whether the model runs parts through torch.compile: a compiled backbone or a compiled NMS."""
-    backbone = getattr(model, "backbone_compile_options", None) is not None
+    backbone = getattr(model, "compiled_backbone", None) is not None
     return backbone or any(getattr(module, "compiled_nms", False) for module in model.modules())
 
 

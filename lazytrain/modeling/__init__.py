@@ -35,8 +35,9 @@ from lazytrain.modeling.frozen_batch_norm import (
     fold_frozen_batch_norm,
 )
 from lazytrain.modeling.heads import BoxPredictor, CosineBoxPredictor, MaskPredictor
+from lazytrain.modeling.image_batch import NoResizeTransform
 from lazytrain.modeling.poolers import MultiScaleRoIAlign
-from lazytrain.modeling.rcnn import RCNN, NoResizeTransform
+from lazytrain.modeling.rcnn import RCNN
 from lazytrain.modeling.roi_heads import RoIHeads
 from lazytrain.modeling.rpn import RegionProposalNetwork
 from lazytrain.modeling.sampling import BalancedMaskSampler

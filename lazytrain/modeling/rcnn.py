@@ -6,182 +6,37 @@ ORIGINAL image size (``height``/``width`` of the record). See docs/architecture.
 `RCNN.detect` is the eval path before that mapping (detections in the input image's pixels); exports
 (`lazytrain.modeling.export`) trace it.
 
-Images are resized once, by the mapper: `NoResizeTransform` only normalises and pads, so the backbone sees
-each image at exactly the mapper's size.
+Images are resized once, by the mapper: `NoResizeTransform` (`lazytrain.modeling.image_batch`) only normalises
+and pads, so the backbone sees each image at exactly the mapper's size. `RCNN.compile_backbone` runs the
+backbone through ``torch.compile`` in training (`lazytrain.modeling.compiled_backbone`).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
-from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.roi_heads import RoIHeads
 from torchvision.models.detection.rpn import RegionProposalNetwork
-from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import boxes as box_ops
 
 from lazytrain.modeling import roi_heads as lazytrain_roi_heads
 from lazytrain.modeling.backbone import get_feature_map_names
 from lazytrain.modeling.classification_losses import SoftmaxCrossEntropy
+from lazytrain.modeling.compiled_backbone import CompiledBackbone
+from lazytrain.modeling.host_values import to_device
+from lazytrain.modeling.image_batch import IMAGENET_PIXEL_MEAN, IMAGENET_PIXEL_STD, NoResizeTransform
 from lazytrain.modeling.mask_paste import paste_masks
 from lazytrain.utils.logger import log_first_n
 
-__all__ = ["IMAGENET_PIXEL_MEAN", "IMAGENET_PIXEL_STD", "NoResizeTransform", "RCNN"]
+__all__ = ["RCNN"]
 
 logger = logging.getLogger(__name__)
-
-# ImageNet statistics of RGB images on the 0-255 scale (torchvision's 0-1 values times 255).
-IMAGENET_PIXEL_MEAN = (123.675, 116.28, 103.53)
-IMAGENET_PIXEL_STD = (58.395, 57.12, 57.375)
-
-
-class NoResizeTransform(GeneralizedRCNNTransform):
-    """torchvision's detection transform minus the resize: normalise, then pad into one batch tensor.
-
-    Args:
-        pixel_mean: per-channel mean, on the scale of the images it receives (0-255 inside `RCNN`).
-        pixel_std: per-channel standard deviation, same scale.
-        size_divisible: the padded batch height and width are multiples of this (32 suits FPN strides).
-        pad_to_sizes: (height, width) pairs, multiples of `size_divisible`; in training each batch is padded to
-            the smallest of them (by area) that holds it, so that the backbone sees a few fixed shapes (what
-            a compiled backbone and CUDA graphs need). None: padded to the batch's own size.
-    """
-
-    def __init__(
-        self,
-        pixel_mean: Sequence[float],
-        pixel_std: Sequence[float],
-        size_divisible: int = 32,
-        pad_to_sizes: Sequence[Sequence[int]] | None = None,
-    ) -> None:
-        # min_size/max_size are unused: `resize` below is the identity.
-        super().__init__(
-            min_size=0, max_size=0, image_mean=list(pixel_mean), image_std=list(pixel_std),
-            size_divisible=size_divisible,
-        )  # fmt: skip
-        self.pad_to_sizes = _check_pad_to_sizes(pad_to_sizes, size_divisible)
-
-        # On the model's device, moved with it: torchvision's `normalize` builds them from Python lists for
-        # every image, two host-to-device copies per image that each wait for the GPU's queue. Not persistent:
-        # checkpoints keep torchvision's keys.
-        self.register_buffer("pixel_mean", torch.tensor(self.image_mean).view(3, 1, 1), persistent=False)
-        self.register_buffer("pixel_std", torch.tensor(self.image_std).view(3, 1, 1), persistent=False)
-
-    def normalize(self, image: Tensor) -> Tensor:
-        if not image.is_floating_point():
-            raise TypeError(f"NoResizeTransform expects float images (0-255 scale); got {image.dtype}")
-        return (image - self.pixel_mean.to(image.dtype)) / self.pixel_std.to(image.dtype)
-
-    def resize(
-        self, image: Tensor, target: dict[str, Tensor] | None = None
-    ) -> tuple[Tensor, dict[str, Tensor] | None]:
-        return image, target
-
-    def normalized_batch(self, images: list[Tensor], memory_format: torch.memory_format) -> ImageList:
-        """`forward` without targets, for all images at once: the same batch, bit for bit, in `memory_format`.
-
-        torchvision normalises each image (a float conversion, a subtraction, a division: three passes over
-        it), then copies it into a zero-padded batch. Here each image is copied into a batch filled with the
-        mean (the copy converts uint8 to float), and the batch is normalised in place: one copy per image and
-        three operations in all. The padding comes out as (mean - mean) / std = 0, torchvision's zeros.
-
-        Args:
-            images: [3, H, W] uint8 or float images on the 0-255 scale (uint8 becomes float32).
-            memory_format: of the batch (channels-last for the model's convolutions on a GPU).
-        """
-        dtype = images[0].dtype if images[0].is_floating_point() else torch.float32
-        height, width = self._batch_size_for(images)
-        batch = torch.empty(
-            (len(images), 3, height, width), dtype=dtype, device=images[0].device, memory_format=memory_format
-        )
-        mean, std = self.pixel_mean.to(dtype), self.pixel_std.to(dtype)
-        batch.copy_(mean.expand_as(batch))
-        for slot, image in zip(batch, images):
-            slot[:, : image.shape[-2], : image.shape[-1]].copy_(image)
-        batch.sub_(mean).div_(std)
-        return ImageList(batch, [(image.shape[-2], image.shape[-1]) for image in images])
-
-    def _batch_size_for(self, images: list[Tensor]) -> tuple[int, int]:
-        """`batch_images`' height and width: a size of `pad_to_sizes` in training, else the largest image's
-        rounded up to `size_divisible`."""
-        if self.training and self.pad_to_sizes:
-            return self._fixed_size_for(images)
-        height = max(image.shape[-2] for image in images)
-        width = max(image.shape[-1] for image in images)
-        return _round_up(height, self.size_divisible), _round_up(width, self.size_divisible)
-
-    def batch_images(self, images: list[Tensor], size_divisible: int = 32) -> Tensor:
-        """torchvision's padding into one batch; under ``torch.export`` with integer arithmetic on the sizes,
-        which keeps them symbolic (torchvision's rounds through ``float`` and ``math.ceil``, which fixes an
-        exported program to the example's image size). In training with `pad_to_sizes`, to one of those."""
-        if self.training and self.pad_to_sizes:
-            return _pad_batch(images, *self._fixed_size_for(images))
-        if not torch.compiler.is_exporting():
-            return super().batch_images(images, size_divisible)
-        height = functools.reduce(torch.sym_max, [image.shape[-2] for image in images])
-        width = functools.reduce(torch.sym_max, [image.shape[-1] for image in images])
-        return _pad_batch(images, _round_up(height, size_divisible), _round_up(width, size_divisible))
-
-    def _fixed_size_for(self, images: list[Tensor]) -> tuple[int, int]:
-        height = max(image.shape[-2] for image in images)
-        width = max(image.shape[-1] for image in images)
-        for size in self.pad_to_sizes:  # smallest area first
-            if size[0] >= height and size[1] >= width:
-                return size
-        raise ValueError(
-            f"RCNN(pad_to_sizes={[list(size) for size in self.pad_to_sizes]}): a training batch has images up to "
-            f"{height} x {width} px (height x width), which fit none of these sizes. Add a size that holds them "
-            f"(model.pad_to_sizes=[..., [{_round_up(height, self.size_divisible)}, "
-            f"{_round_up(width, self.size_divisible)}]]) or make the train mapper's images smaller."
-        )
-
-    def __repr__(self) -> str:
-        fixed = f", pad_to_sizes={[list(size) for size in self.pad_to_sizes]}" if self.pad_to_sizes else ""
-        return (
-            f"{type(self).__name__}(mean={self.image_mean}, std={self.image_std}, "
-            f"size_divisible={self.size_divisible}{fixed}, no resize)"
-        )
-
-
-def _round_up(value: Any, multiple: int) -> Any:
-    return (value + multiple - 1) // multiple * multiple
-
-
-def _pad_batch(images: list[Tensor], height: Any, width: Any) -> Tensor:
-    return torch.stack(
-        [F.pad(image, (0, width - image.shape[-1], 0, height - image.shape[-2])) for image in images]
-    )
-
-
-def _check_pad_to_sizes(
-    sizes: Sequence[Sequence[int]] | None, size_divisible: int
-) -> tuple[tuple[int, int], ...]:
-    if sizes is None:
-        return ()
-    is_list = isinstance(sizes, Sequence) and not isinstance(sizes, str)
-    pairs = [tuple(size) if isinstance(size, Sequence) else () for size in sizes] if is_list else []
-    valid = bool(pairs) and all(
-        len(pair) == 2
-        and all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 and v % size_divisible == 0 for v in pair
-        )
-        for pair in pairs
-    )
-    if not valid:
-        raise ValueError(
-            f"RCNN(pad_to_sizes=) must be a list of [height, width] pairs of positive multiples of "
-            f"size_divisible={size_divisible}; got {sizes!r}. E.g. model.pad_to_sizes=[[1024,1024]] for "
-            "large-scale jitter at 1024 px, or a few buckets such as [[800,1344],[1344,800],[1344,1344]]."
-        )
-    return tuple(sorted(pairs, key=lambda pair: (pair[0] * pair[1], pair)))
 
 
 def _check_stats(name: str, values: Sequence[float]) -> list[float]:
@@ -217,8 +72,7 @@ class RCNN(GeneralizedRCNN):
             oneDNN convolutions on CPU (and tensor cores on GPU) run faster; numbers differ from NCHW only
             by float rounding, and checkpoints load either way. None (the default): channels-last while the
             model is on a GPU (or any device but the CPU), NCHW on the CPU, switched whenever the model moves
-            (``model.to(device)``, before an optimizer or DDP sees it). On one H100 the R50-FPN step took
-            0.1438 instead of 0.1587 s/it in bf16 and 0.1471 instead of 0.1665 in fp32 (issue 26).
+            (``model.to(device)``, before an optimizer or DDP sees it); docs/benchmarks.md has the gain.
         pad_to_sizes: training batches padded to the smallest of these [height, width] sizes that holds them
             (see `NoResizeTransform`), for `compile_backbone`; evaluation pads by `size_divisible` as always.
     """
@@ -251,14 +105,7 @@ class RCNN(GeneralizedRCNN):
         self.channels_last = channels_last
         self.memory_format = torch.contiguous_format
         self._follow_memory_format()
-        self.backbone_compile_options: dict[str, Any] | None = None
-        self._compiled_input_shapes: list[tuple[int, ...]] = []
-
-    def __getstate__(self) -> dict[str, Any]:
-        # The compiled backbone (dynamo's code cache) is rebuilt at first use by a copy or an unpickled model.
-        state = dict(super().__getstate__())
-        state.pop("_compiled_backbone", None)
-        return state
+        self.compiled_backbone: CompiledBackbone | None = None
 
     def _apply(self, fn: Any, recurse: bool = True) -> RCNN:
         # Every move and cast (`to`, `cuda`, `cpu`, `half`, ...) ends here: channels_last=None follows the device.
@@ -318,41 +165,14 @@ class RCNN(GeneralizedRCNN):
                 "max-autotune", "max-autotune-no-cudagraphs".
             backend: ``torch.compile``'s backend ("inductor"; "aot_eager" traces without generating code).
         """
-        self.backbone_compile_options = {"mode": mode, "backend": backend}
-        self._compiled_input_shapes = []
-        self.__dict__.pop("_compiled_backbone", None)
+        self.compiled_backbone = CompiledBackbone(mode=mode, backend=backend)
 
     def _backbone_for(self, batch: Tensor) -> nn.Module:
         """The backbone to run `batch` through: compiled in training after `compile_backbone`, else eager."""
-        options = self.backbone_compile_options
-        if options is None or not self.training or torch.compiler.is_compiling():
+        if self.compiled_backbone is None or not self.training or torch.compiler.is_compiling():
             return self.backbone
-        shape = tuple(batch.shape)
-        if shape not in self._compiled_input_shapes:
-            self._check_new_input_shape(shape)
-            self._compiled_input_shapes.append(shape)
-        compiled = self.__dict__.get("_compiled_backbone")
-        if compiled is None:
-            # Kept out of the module tree (no state-dict keys, no second parameter listing).
-            compiled = torch.compile(self.backbone, dynamic=False, **options)
-            self.__dict__["_compiled_backbone"] = compiled
-        if options["mode"] in ("reduce-overhead", "max-autotune"):
-            # CUDA graphs reuse their output memory: each training forward starts a new step.
-            torch.compiler.cudagraph_mark_step_begin()
-        return compiled
-
-    def _check_new_input_shape(self, shape: tuple[int, ...]) -> None:
-        allowed = max(len(self.transform.pad_to_sizes), 1)
-        if len(self._compiled_input_shapes) < allowed:
-            return
-        compiled = ", ".join(str(list(s)) for s in self._compiled_input_shapes)
-        raise ValueError(
-            f"RCNN.compile_backbone (train.compile.enabled=true): the backbone was compiled for the input shape "
-            f"{compiled} and a training batch now has {list(shape)}. Each new shape would compile again (and "
-            "record new CUDA graphs). Give training fixed shapes: model.pad_to_sizes=[[H, W]] (one size, e.g. "
-            "[[1024,1024]] for large-scale jitter) or a few buckets (one compile each), and a fixed "
-            "dataloader.train.total_batch_size per process; or set train.compile.enabled=false."
-        )
+        max_shapes = max(len(self.transform.pad_to_sizes), 1)
+        return self.compiled_backbone.for_batch(self.backbone, batch, max_shapes)
 
     def _check_num_classes(self, num_classes: int | None) -> int:
         predictors = self.roi_heads.box_predictor
@@ -436,7 +256,7 @@ class RCNN(GeneralizedRCNN):
         images = [self._to_device_image(record, device) for record in batched_inputs]
         if self.training:
             targets = [self._to_target(record, device) for record in batched_inputs]
-            return self._run_stages(images, targets)[1]
+            return self._run_backbone_and_heads(images, targets)[1]
         return [
             {"instances": self._to_original_size(detection, tuple(image.shape[-2:]), record)}
             for detection, image, record in zip(self.detect(images), images, batched_inputs)
@@ -461,7 +281,7 @@ class RCNN(GeneralizedRCNN):
                 "RCNN.detect() runs the inference path and needs the model in eval mode; got a model in "
                 "training mode. Call model.eval() first."
             )
-        return self._run_stages(images, None)[0]
+        return self._run_backbone_and_heads(images, None)[0]
 
     def to_instances(self, detection: dict[str, Tensor], image_size: tuple[int, int]) -> dict[str, Tensor]:
         """One image's `detect` output, with boxes already in the pixels of `image_size`, as lazytrain
@@ -483,7 +303,7 @@ class RCNN(GeneralizedRCNN):
             instances["masks"] = (probabilities[:, 0] > self.mask_threshold).to(torch.uint8)
         return instances
 
-    def _run_stages(
+    def _run_backbone_and_heads(
         self, images: list[Tensor], targets: list[dict[str, Tensor]] | None
     ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
         """Normalise and batch, then backbone, RPN and RoI heads: (detections, losses); in training the
@@ -549,9 +369,6 @@ class RCNN(GeneralizedRCNN):
         height = int(record.get("height", input_size[0]))
         width = int(record.get("width", input_size[1]))
         scale = [width / input_size[1], height / input_size[0]] * 2
-        # Built on the host and copied without blocking: new_tensor(...) would wait for the device.
-        scale = torch.tensor(scale, dtype=detection["boxes"].dtype).to(
-            detection["boxes"].device, non_blocking=True
-        )
+        scale = to_device(scale, detection["boxes"].device, detection["boxes"].dtype)
         boxes = box_ops.clip_boxes_to_image(detection["boxes"] * scale, (height, width))
         return self.to_instances({**detection, "boxes": boxes}, (height, width))

@@ -4,12 +4,13 @@ backbone compiled for them with the same losses and gradients as eager, and a cl
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
 
 from lazytrain.modeling.backbone import build_resnet_fpn_backbone
-from lazytrain.modeling.rcnn import NoResizeTransform
+from lazytrain.modeling.image_batch import NoResizeTransform
 from tests.modeling.helpers import build_model, make_record
 
 
@@ -83,15 +84,19 @@ def test_the_compiled_backbone_gives_eager_losses_and_gradients_and_keeps_the_ch
     records = _records((96, 112))
     for seed in range(2):  # the second step runs the compiled graphs again, after a BN statistics update
         _assert_same_step(_step(model, records, seed), _step(eager, records, seed), 1e-5)
-    assert model._compiled_input_shapes == [(2, 3, 128, 128)]
+    assert model.compiled_backbone.input_shapes == [(2, 3, 128, 128)]
     assert list(model.state_dict()) == list(eager.state_dict())
     for name, value in eager.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], value, rtol=1e-5, atol=1e-6, msg=name)
     # A copy (EMA, checkpoint tooling) compiles its own backbone, not the original's.
     duplicate = copy.deepcopy(model)
-    assert "_compiled_backbone" in model.__dict__ and "_compiled_backbone" not in duplicate.__dict__
+    assert model.compiled_backbone.compiled is not None and duplicate.compiled_backbone.compiled is None
+    assert duplicate.compiled_backbone.input_shapes == [(2, 3, 128, 128)]
     _step(duplicate, records)
-    assert duplicate.__dict__["_compiled_backbone"]._orig_mod is duplicate.backbone
+    assert duplicate.compiled_backbone.compiled._orig_mod is duplicate.backbone
+    # Outside the module tree: no state-dict keys or parameters of its own, and a pickled model drops it.
+    assert not any("_orig_mod" in name for name, _ in model.named_modules())
+    assert pickle.loads(pickle.dumps(model)).compiled_backbone.compiled is None
 
 
 def test_a_new_training_shape_raises_but_evaluation_runs_eager_at_any_size():
@@ -110,7 +115,7 @@ def test_a_new_training_shape_raises_but_evaluation_runs_eager_at_any_size():
     with torch.no_grad():
         outputs = model([{"image": record["image"]} for record in _records((96, 64), 1)])
     assert outputs[0]["instances"]["boxes"].shape[1] == 4
-    assert model._compiled_input_shapes == [(2, 3, 64, 64)]
+    assert model.compiled_backbone.input_shapes == [(2, 3, 64, 64)]
 
 
 def test_one_compiled_shape_per_padded_size():
@@ -118,7 +123,7 @@ def test_one_compiled_shape_per_padded_size():
     model.compile_backbone(backend="aot_eager")
     for size in [(60, 90), (90, 60), (50, 50)]:
         _step(model, _records(size))
-    assert model._compiled_input_shapes == [(2, 3, 64, 96), (2, 3, 96, 64)]
+    assert model.compiled_backbone.input_shapes == [(2, 3, 64, 96), (2, 3, 96, 64)]
 
 
 @pytest.mark.slow
