@@ -17,10 +17,10 @@ from lazytrain.data.datasets.lvis import load_lvis_json
 from lazytrain.data.datasets.synthetic import (
     CATEGORY_NAMES,
     CLUTTERED_STYLE,
-    COLORS,
     generate_synthetic_lt,
     synthetic_category_plan,
 )
+from lazytrain.data.datasets.synthetic_images import COLORS
 
 TINY = dict(num_train=24, num_val=12, size_range=(64, 96), val_images_per_category=2, max_instances=8)
 
