@@ -20,7 +20,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["BatchReceiver", "PackedBatch", "PackingCollate", "map_structure", "pin_batch", "resolve_pin_memory"]
+__all__ = [
+    "BatchReceiver",
+    "PackedBatch",
+    "PackingCollate",
+    "map_structure",
+    "pin_batch",
+    "resolve_pin_memory",
+]
 
 _RING_BYTES = 32 * 2**20  # shared memory that all of a train loader's ring slots may take together
 

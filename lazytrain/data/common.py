@@ -66,7 +66,7 @@ def seed_sample_rngs(seed: int) -> None:
     """
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    # The CPU generator only: torch.manual_seed also seeds every accelerator generator (~90 us a call).
+    # The CPU generator only: torch.manual_seed also seeds every accelerator generator, at a cost per sample.
     torch.default_generator.manual_seed(seed)
 
 

@@ -12,10 +12,10 @@ Masks take one of two paths behind the same augmentation list:
   for every instance with ``rasterize_first=True``, and from the first plain torchvision v2 transform in the
   list onwards (those transforms do not know polygons).
 
-The polygon path is the fast one when images have many instances: a 640x480 image resized to 1067x800 and
-flipped took 29 / 103 / 141 ms with 10 / 100 / 300 instances, against 71 / 707 / 2354 ms when rasterizing
-first (one thread, shared 2-core machine; boxes only: 17 ms). Polygons are rasterized with pycocotools, the
-evaluators' rasterizer, inside each instance's bounding window.
+The polygon path is the fast one, the more so the more instances an image has: it moves a few vertices per
+instance and rasterizes each mask once, at the output size, where the bitmap path moves every mask's pixels
+through each transform (docs/benchmarks.md, "DatasetMapper: polygon-first vs rasterize-first masks"). Polygons
+are rasterized with pycocotools, the evaluators' rasterizer, inside each instance's bounding window.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class _Instances:
 
 def _contiguous(image: torch.Tensor) -> torch.Tensor:
     """`image` in contiguous memory. Resizing leaves [C, H, W] images with channels-last strides; numpy moves
-    them back twice as fast as torch's uint8 copy (60 vs 120 us for 240x180)."""
+    them back faster than torch's uint8 copy."""
     return image if image.is_contiguous() else torch.from_numpy(np.ascontiguousarray(image.numpy()))
 
 

@@ -112,7 +112,7 @@ class FlipTransform(Transform):
         return F.horizontal_flip_mask(masks) if self.horizontal else F.vertical_flip_mask(masks)
 
     def apply_boxes(self, boxes: torch.Tensor) -> torch.Tensor:
-        # by hand, in numpy: torchvision's box flip took 55 us for a few boxes, this 10 us
+        # by hand, in numpy: for the few boxes of one image torchvision's box flip costs more than the flip
         flipped = boxes.numpy()[:, [2, 1, 0, 3] if self.horizontal else [0, 3, 2, 1]].copy()
         axis, size = (slice(0, None, 2), self.width) if self.horizontal else (slice(1, None, 2), self.height)
         flipped[:, axis] = size - flipped[:, axis]
