@@ -4,9 +4,8 @@ with three cascade box stages (recipes/models/cascade_mask_rcnn_fpn.py).
 Command:   python -m lazytrain conf/cascade_maskrcnn_demo.py
            python -m lazytrain conf/cascade_maskrcnn_demo.py losses.use=seesaw    (a loss per stage)
 Hardware:  2 CPU cores, no GPU.
-Runtime:   4 min 51 s (0.65 s/it, 400 iterations and inference on 250 val images), measured 2026-11-26 on 2
-           shared CPU cores with OMP_NUM_THREADS=1; conf/rfs_maskrcnn_demo.py took 3 min 42 s (0.49 s/it) right
-           after, on the same machine and data.
+Runtime:   about 5 min on 2 CPU cores (400 iterations and inference on 250 val images), about a third longer
+           than conf/rfs_maskrcnn_demo.py on the same machine (docs/benchmarks.md has the timings).
 Expected:  mask AP 53.7 (APr 29.0), box AP 61.0 (APr 31.8): mean of seeds 0 and 1 (one thread each; seed 0:
            mask AP 56.2, APr 30.3; seed 1: 51.1, 27.8). conf/rfs_maskrcnn_demo.py with the same seeds: mask AP 36.0
            (APr 21.5), box AP 37.0 (APr 18.2). docs/results.md has the 2-seed sweep with uniform sampling too;

@@ -4,21 +4,20 @@ Command:   python -m lazytrain conf/rfs_maskrcnn_demo.py
 Sweep:     python -m lazytrain conf/rfs_maskrcnn_demo.py -m dataloader.train.sampler.repeat_thresh=0,0.3 hydra/launcher=joblib
            (RFS against uniform sampling, the two jobs side by side with one core each)
 Hardware:  2 CPU cores, no GPU.
-Runtime:   2 min 30 s (0.32 s/it), measured 2026-11-26 on 2 CPU cores (load average 1.7 at the start; fresh
-           data dir: start-up and generation ~6 s, 400 training iterations, inference on 250 val images);
-           4 min 26 s to 5 min 5 s (0.57-0.66 s/it) on 2026-11-25. The machine's own speed varies
-           (scripts/machine_speed.py shows it): on a busy day the same step took 0.9-1.3 s, and the job 7-9 min.
+Runtime:   about 3-5 min on 2 CPU cores (start-up and data generation a few seconds, 400 training iterations,
+           inference on 250 val images); the machine's own speed varies (scripts/machine_speed.py shows it),
+           and on a busy machine the job takes twice as long. docs/benchmarks.md has the timings.
 Expected:  box AP 40.8 (APr 22.7), mask AP 40.0 (APr 25.2) (2 threads, seed 0; two runs gave exactly these).
            The README sweep (one thread per job), RFS t=0.3 against uniform, seeds 0 / 1: mask APr 20.5 / 22.5
-           vs 5.3 / 5.6, box APr 18.2 / 18.3 vs 3.7 / 3.1, mask AP 35.4 / 36.6 vs 27.3 / 27.0 (2026-11-26;
-           docs/results.md, which also has five seeds of the code before).
+           vs 5.3 / 5.6, box APr 18.2 / 18.3 vs 3.7 / 3.1, mask AP 35.4 / 36.6 vs 27.3 / 27.0
+           (docs/results.md).
 
 What differs from conf/rfs_maskrcnn.py: data (synthetic_lt, 192 px images kept at their size), the CPU-sized
 model (ResNet-18, 64-channel FPN, narrow heads, trainable BN), a short cosine schedule, gradient clipping,
 detections down to score 0.001, and the RFS threshold. The train set has 1000 images, so LVIS's t=0.001
 (~ a category in 1 of 1000 images) would repeat almost nothing; t=0.3 gives the rare categories (1-10 images)
 repeat factors of 5.5-17, the common ones 1.7-5.2 (epoch 2018 samples for 1000 images). t=0.1 and 0.6 gave
-lower mean APr over the same two seeds (docs/results.md; measured on the data set's format 3).
+lower mean APr over the same two seeds (docs/results.md).
 """
 
 from ..recipes.data.synthetic_lt import dataloader

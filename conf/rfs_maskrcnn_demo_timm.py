@@ -3,8 +3,8 @@
 Command:   python -m lazytrain conf/rfs_maskrcnn_demo_timm.py
            python -m lazytrain conf/rfs_maskrcnn_demo_timm.py model.backbone.model_name=convnext_atto
 Hardware:  2 CPU cores, no GPU.
-Runtime:   3 min 49 s (0.51 s/it, 400 iterations and inference on 250 val images), measured 2026-11-26 on 2 shared
-           CPU cores with OMP_NUM_THREADS=1 (fresh data dir).
+Runtime:   about 4 min on 2 CPU cores (400 iterations and inference on 250 val images), a little longer than
+           conf/rfs_maskrcnn_demo.py (docs/benchmarks.md has the timings).
 Expected:  mask AP 32.9 (APr 15.0), box AP 33.7 (APr 13.7) (one thread, seed 0, one run). The ResNet-18 demo,
            conf/rfs_maskrcnn_demo.py, gave mask AP 35.4 (APr 20.5), box AP 36.1 (APr 18.2) with one thread, seed 0
            (conf/cascade_maskrcnn_demo.py's docstring); one seed each, so the gap says little.
