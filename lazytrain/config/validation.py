@@ -1,7 +1,8 @@
 """Check a whole config before anything expensive runs, without building anything.
 
 Checked: every ``_target_`` imports and is callable; keyword arguments are accepted by the target's
-signature (unless it takes ``**kwargs``) and required ones are given; ``_args_`` is not longer than the
+signature (a class's ``**kwargs`` followed into the base class that receives them, `signatures`; any other
+``**kwargs`` accepts anything) and required ones are given; ``_args_`` is not longer than the
 positional parameters; ``_partial_``/``_recursive_``/``_convert_`` hold valid values; mandatory (``???``)
 values are set; plain references (``${a.b}``, ``${..x}``) point at existing keys; literal values match
 ``int``/``float``/``str``/``bool`` annotations. All problems are reported at once, each starting with its
@@ -18,10 +19,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig
+from omegaconf.errors import InterpolationKeyError
 
 from lazytrain.config import tree
 from lazytrain.config.instantiate import CONVERT_MODES
 from lazytrain.config.lazy import RESERVED_KEYS, locate
+from lazytrain.config.signatures import get_parameters
 from lazytrain.errors import ConfigError
 
 __all__ = ["find_problems", "validate"]
@@ -36,13 +39,6 @@ def _join(path: str, key: Any) -> str:
     if isinstance(key, int):
         return f"{path}[{key}]"
     return f"{path}.{key}" if path else str(key)
-
-
-def _signature(target: Any) -> inspect.Signature | None:
-    try:
-        return inspect.signature(target)
-    except (TypeError, ValueError):  # some builtins have no signature
-        return None
 
 
 def _type_problem(param: inspect.Parameter, node: Any) -> str | None:
@@ -88,16 +84,17 @@ def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: 
     try:
         target = locate(name)
     except ImportError as e:
-        problems.append(f"{_join(path, '_target_')}: cannot import '{name}': {e}")
+        reason = str(e) if str(e).startswith(f"cannot import '{name}'") else f"cannot import '{name}': {e}"
+        problems.append(f"{_join(path, '_target_')}: {reason}")
         return
     if not callable(target):
         problems.append(f"{_join(path, '_target_')}: '{name}' is not callable (a {type(target).__name__}).")
         return
     _check_settings(node, path, problems)
-    signature = _signature(target)
-    if signature is None:
+    parameters = get_parameters(target)
+    if parameters is None:  # some builtins have no signature
         return
-    params = signature.parameters
+    params = {p.name: p for p in parameters}
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     given = [str(k) for k in node.keys() if k not in RESERVED_KEYS]
     for key in given:
@@ -106,11 +103,7 @@ def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: 
             if problem:
                 problems.append(f"{_join(path, key)}: {name}({key}=) {problem}")
         elif not accepts_any:
-            close = difflib.get_close_matches(key, list(params), n=1, cutoff=0.5)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
-            problems.append(
-                f"{_join(path, key)}: {name} has no argument '{key}'.{hint} Accepted: {', '.join(params)}."
-            )
+            problems.append(f"{_join(path, key)}: {name} has no argument '{key}'.{_suggestion(key, params)}")
     if node.get("_partial_", False):
         return
     num_args = len(tree.child(node, "_args_")) if "_args_" in node else 0
@@ -130,6 +123,16 @@ def _check_call(node: DictConfig, path: str, injected: Iterable[str], problems: 
             problems.append(f"{_join(path, param.name)}: missing required argument '{param.name}' of {name}.")
 
 
+def _suggestion(key: str, params: Mapping[str, inspect.Parameter]) -> str:
+    """The did-you-mean hint and the accepted names for a misspelled argument `key`."""
+    names = [name for name, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not names:
+        return " It takes no keyword arguments."
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return f"{hint} Accepted: {', '.join(names)}."
+
+
 def _reference_problem(child: Any) -> str | None:
     """A plain reference interpolation (``${a.b}``, ``${..x}``) to a key that does not exist."""
     text = tree.raw_value(child)
@@ -137,8 +140,15 @@ def _reference_problem(child: Any) -> str | None:
         return None  # resolvers (${oc.env:X}, ${hydra:...}) and string templates are not checked
     try:
         tree.dereference(child)
-    except Exception as e:  # omegaconf raises several error types for a dangling reference
-        return f"interpolation {text} does not resolve: {str(e).splitlines()[0]}"
+    except InterpolationKeyError as e:
+        return (
+            f"cannot resolve the interpolation: {str(e).splitlines()[0]}. Point it at an existing key or give a "
+            "plain value."
+        )
+    except Exception:
+        # The key exists and its own value does not resolve: a ??? (reported at its key), a resolver registered
+        # later (Hydra's ${hydra:...}, known once the job runs) or one that fails (its own error says why).
+        return None
     return None
 
 
@@ -169,7 +179,7 @@ def _walk(cfg: DictConfig, injected: Mapping[str, Iterable[str]], problems: list
         elif tree.is_interpolation(entry.node):
             problem = _reference_problem(entry.node)
             if problem:
-                problems.append(f"{entry.path}: {problem}")
+                problems.append(f"{entry.path}={tree.raw_value(entry.node)}: {problem}")
         else:  # `walk` goes on into its children next
             _check_node(entry.node, entry.path, injected, problems)
 
@@ -188,8 +198,11 @@ def find_problems(cfg: DictConfig, injected: Mapping[str, Iterable[str]] | None 
 
 
 def validate(cfg: DictConfig, injected: Mapping[str, Iterable[str]] | None = None) -> None:
-    """Raise one `ConfigError` listing every problem `find_problems` finds (nothing is built)."""
+    """Raise one `ConfigError` listing every problem `find_problems` finds (nothing is built): the problem's
+    line when there is one, else a count and a line each."""
     problems = find_problems(cfg, injected)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
-        raise ConfigError(f"the config has {len(problems)} problem(s):\n{listing}")
+        raise ConfigError(f"the config has {len(problems)} problems:\n{listing}")
