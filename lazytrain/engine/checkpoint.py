@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lazytrain.engine.batch_norm import average_batch_norm_statistics
+from lazytrain.engine.optimizer import load_optimizer_state
 from lazytrain.utils import comm
 
 # Re-exported: these were defined here and are still imported from here. `Checkpointer.save` calls
@@ -187,7 +188,7 @@ class Checkpointer:
             return {"model": weights}
         self.model_ema.average_batch_norm_statistics()
         ema = self.model_ema.state_dict()
-        return {"model": ema.pop("weights"), "training_model": weights, "ema": ema}
+        return {"model": ema.pop("averaged_state"), "training_model": weights, "ema": ema}
 
     def has_checkpoint(self) -> bool:
         """Whether `save_dir` names a newest checkpoint (`get_last_checkpoint`)."""
@@ -229,7 +230,9 @@ class Checkpointer:
         self.last_report = load_model_state(self.model, self._pop_model_weights(data, checkpointables == []))
         names = self.checkpointables if checkpointables is None else checkpointables
         for key in names:
-            if key in data:
+            if key in data and isinstance(self.checkpointables[key], torch.optim.Optimizer):
+                load_optimizer_state(self.checkpointables[key], data.pop(key), self.model, source=path)
+            elif key in data:
                 self.checkpointables[key].load_state_dict(data.pop(key))
             else:
                 logger.warning("Checkpointer: %s has no '%s' state; it is not restored.", path, key)
@@ -248,7 +251,7 @@ class Checkpointer:
                 )
             return weights
         if self.model_ema is not None:
-            self.model_ema.load_state_dict({**(ema or {}), "weights": weights})
+            self.model_ema.load_state_dict({**(ema or {}), "averaged_state": weights})
         else:
             logger.warning(
                 "Checkpointer: the checkpoint's EMA weights are not restored (train.ema.enabled is false): "

@@ -1,13 +1,26 @@
-"""Optimizer parameter groups built from a model (the program fills ``optimizer.params.model``)."""
+"""Optimizer parameter groups built from a model (the program fills ``optimizer.params.model``), and loading a
+saved optimizer state into them (`load_optimizer_state`)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
-__all__ = ["get_default_optimizer_params", "get_layer_decay_optimizer_params", "get_layer_id"]
+from lazytrain.errors import CheckpointError
+from lazytrain.utils import comm
+
+__all__ = [
+    "get_default_optimizer_params",
+    "get_layer_decay_optimizer_params",
+    "get_layer_id",
+    "load_optimizer_state",
+]
+
+logger = logging.getLogger(__name__)
 
 _NORM_TYPES = (
     torch.nn.modules.batchnorm._BatchNorm,
@@ -29,7 +42,8 @@ def get_default_optimizer_params(
 
     Parameters that share their settings share a group (in `model.modules()` order), so that a multi-tensor
     optimizer step (``foreach``, torch's default on CUDA, or ``fused``) updates each group with a handful of
-    kernels instead of several per parameter (R50-FPN: ~170 trainable tensors, ~700 kernels per step).
+    kernels instead of several per parameter. (Older checkpoints hold one group per parameter;
+    `load_optimizer_state` converts them.)
 
     Args:
         model: the (unwrapped) model.
@@ -176,3 +190,100 @@ def get_layer_decay_optimizer_params(
             group["weight_decay"] = decay
         groups.append(group)
     return sorted(_merge_same_settings(groups), key=lambda group: -group["lr_scale"])
+
+
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, state: dict, model: torch.nn.Module, *, source: str = "the checkpoint"
+) -> None:
+    """Load `state` (``optimizer.state_dict()`` of a saved run) into `optimizer`, whose parameters are
+    `model`'s.
+
+    A state with the optimizer's layout (as many groups, of the same sizes) loads as torch loads it. A state of
+    one group per parameter, as `get_default_optimizer_params` made before parameters with the same settings
+    shared a group, is converted to the optimizer's groups when that is exact: its groups are the model's
+    trainable parameters in module order, each parameter's saved values (momentum, ...) have that parameter's
+    shape, and the parameters now in one group had the same settings. Anything else is an error.
+
+    Args:
+        optimizer: the run's optimizer.
+        state: the saved state.
+        model: the model (DDP-wrapped or not) whose parameters the optimizer updates.
+        source: the file, for messages.
+
+    Raises:
+        CheckpointError: the layouts differ and the state cannot be converted exactly; the message says how to
+            go on (the weights kept, the optimizer started afresh).
+    """
+    saved, current = state["param_groups"], optimizer.param_groups
+    if [len(g["params"]) for g in saved] == [len(g["params"]) for g in current]:
+        optimizer.load_state_dict(state)
+        return
+    converted, reason = _convert_per_parameter_groups(state, optimizer, comm.unwrap_model(model))
+    if converted is None:
+        raise CheckpointError(
+            f"Checkpointer: the optimizer state in {source} has {_describe_groups(saved)} and this run's optimizer "
+            f"{_describe_groups(current)}: it was saved with other parameter groups (another optimizer config, "
+            f"or a lazytrain before parameters with the same settings shared a group) and cannot be converted "
+            f"exactly ({reason}). To go on from its weights with a fresh optimizer, schedule and iteration count: "
+            f"train.resume=false train.init_checkpoint={source}."
+        )
+    optimizer.load_state_dict(converted)
+    logger.info(
+        "Checkpointer: the optimizer state in %s had one group per parameter; converted exactly into this "
+        "optimizer's %d groups.",
+        source,
+        len(current),
+    )
+
+
+def _describe_groups(groups: list[dict]) -> str:
+    sizes = [len(g["params"]) for g in groups]
+    shown = ", ".join(map(str, sizes[:6])) + (", ..." if len(sizes) > 6 else "")
+    return f"{len(groups)} parameter group(s) of {shown} parameters"
+
+
+def _convert_per_parameter_groups(
+    state: dict, optimizer: torch.optim.Optimizer, model: torch.nn.Module
+) -> tuple[dict | None, str]:
+    """`state` (one group per trainable parameter of `model`, in module order) in `optimizer`'s groups, or
+    (None, why not)."""
+    saved = state["param_groups"]
+    order = [param for _, param, _ in _iter_parameters(model, None, None, None)]
+    current = [param for group in optimizer.param_groups for param in group["params"]]
+    if any(len(g["params"]) != 1 for g in saved):
+        return None, "its groups are not one per parameter"
+    if len(saved) != len(order) or {id(p) for p in order} != {id(p) for p in current}:
+        return None, f"{len(saved)} saved parameters for the model's {len(order)} trainable ones"
+    saved_index = {id(param): index for index, param in enumerate(order)}
+    groups, values, next_id = [], {}, 0
+    for group in optimizer.param_groups:
+        members = [saved[saved_index[id(p)]] for p in group["params"]]
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in members]
+        if not all(_same_settings(settings[0], other) for other in settings[1:]):
+            return None, "parameters now in one group had different settings"
+        ids = list(range(next_id, next_id + len(members)))
+        next_id += len(members)
+        groups.append({**settings[0], "params": ids})
+        for new_id, param, member in zip(ids, group["params"], members):
+            entry = state["state"].get(member["params"][0])
+            if entry is None:
+                continue
+            if any(
+                isinstance(v, torch.Tensor) and v.dim() and v.shape != param.shape for v in entry.values()
+            ):
+                return None, "a saved parameter's values have another shape than the parameter in its place"
+            values[new_id] = entry
+    return {"state": values, "param_groups": groups}, ""
+
+
+def _same_settings(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for key, value in a.items():
+        other = b[key]
+        tensors = isinstance(value, torch.Tensor), isinstance(other, torch.Tensor)
+        if any(tensors) and not (all(tensors) and torch.equal(value, other)):
+            return False
+        if not any(tensors) and value != other:
+            return False
+    return True
