@@ -5,13 +5,14 @@ by default ``~/.cache/torch/hub``): the place torchvision's ``resnet50(weights=.
 program fetched serves both, and the place to copy a file to on a machine without internet. As in torch hub,
 a file name ending in ``-<hex>.<ext>`` (8 or more hex digits after the last ``-``) gives the start of the
 file's sha256. A download is checked against it before it is installed, and a cached file each time it is
-used (~0.1 s per 100 MB), so a wrong file copied into the cache by hand is found too.
+used (hashing is cheap next to loading the file), so a wrong file copied into the cache by hand is found too.
 
 Several processes at once (the launcher's check before it starts the ranks, then one process per GPU under
 torchrun or SLURM, each running the program) download once:
 
-- the first takes an exclusive ``flock`` on ``<file>.lock`` next to the destination and downloads; the
-  others block on that lock (logging that they wait), then find the file and use it;
+- the first takes an exclusive lock on ``<file>.lock`` next to the destination (`filelock`, which uses
+  ``flock``) and downloads; the others block on that lock (logging that they wait), then find the file and
+  use it;
 - the download goes to ``<file>.<random>.partial`` in the same folder and is renamed over the destination
   only when complete and verified (``os.replace``: atomic within one file system). Readers never see a
   partial file, an interrupted download leaves nothing at the destination, and where the lock does not
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import http.client
 import logging
@@ -39,6 +39,7 @@ import uuid
 from collections.abc import Iterator
 
 import torch
+from filelock import FileLock, Timeout
 
 from lazytrain.errors import CheckpointError, ConfigError
 from lazytrain.utils.logger import log_every_n_seconds
@@ -125,30 +126,37 @@ def download_to_cache(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> str:
 
 @contextlib.contextmanager
 def _exclusive_lock(url: str, destination: str) -> Iterator[None]:
+    """Hold ``<destination>.lock`` (a `filelock.FileLock`: ``flock`` on this kernel) while the block runs."""
+    lock = FileLock(destination + ".lock", mode=0o666)  # any user of a shared cache may take it
+    locked = _acquire(lock, url, destination)
+    try:
+        yield
+    finally:
+        if locked:
+            lock.release()
+
+
+def _acquire(lock: FileLock, url: str, destination: str) -> bool:
+    """Take `lock`, waiting (and saying so) while another process holds it; False where locks do not work."""
     folder = os.path.dirname(destination)
     try:
         os.makedirs(folder, exist_ok=True)
-        descriptor = os.open(destination + ".lock", os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as e:
-        raise ConfigError(
-            f"train.init_checkpoint={url}: cannot write torch hub's cache folder {folder} ({e}). Set TORCH_HOME "
-            "to a writable folder, or download the file yourself and set train.init_checkpoint=PATH."
-        ) from e
-    try:
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            lock.acquire(blocking=False)
+        except Timeout:
             logger.info("Waiting for another process to download %s to %s", url, destination)
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-        except OSError as e:
-            # No lock support here (ENOLCK on some network file systems): going on is still correct, as each
-            # process installs a complete file by rename; at worst the file is downloaded more than once.
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            logger.debug("No file lock on %s (%s): downloading without one.", folder, e)
-        yield
-    finally:
-        os.close(descriptor)  # releases the lock
+            lock.acquire()
+    except OSError as e:
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            raise ConfigError(
+                f"train.init_checkpoint={url}: cannot write torch hub's cache folder {folder} ({e}). Set "
+                "TORCH_HOME to a writable folder, or download the file yourself and set train.init_checkpoint=PATH."
+            ) from e
+        # No lock support here (some network file systems): going on is still correct, as each process
+        # installs a complete file by rename; at worst the file is downloaded more than once.
+        logger.debug("No file lock on %s (%s): downloading without one.", folder, e)
+        return False
+    return True
 
 
 def _has_hash(path: str, hash_prefix: str | None) -> bool:

@@ -27,6 +27,7 @@ into the convs as `build_resnet_fpn_backbone` does: timm's families name their l
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import os
 import re
@@ -40,8 +41,9 @@ from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork, LastL
 
 from lazytrain.errors import ConfigError
 from lazytrain.modeling.download import download_to_cache, is_url
+from lazytrain.utils.optional_imports import import_optional
 
-__all__ = ["LayerNorm2d", "SimpleFeaturePyramid", "TimmBackbone"]
+__all__ = ["SimpleFeaturePyramid", "TimmBackbone", "find_model_name_problem"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,17 +52,14 @@ _MISSING = re.compile(r"Missing keys \((.*)\) discovered")
 _UNEXPECTED = re.compile(r"Unexpected keys \((.*)\) found")
 
 
-class LayerNorm2d(nn.LayerNorm):
-    """LayerNorm over the channels of an NCHW map (ViTDet's "LN" in its pyramid), at every position."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.layer_norm(
-            x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps
-        ).permute(0, 3, 1, 2)
+def _layer_norm_2d(channels: int) -> nn.Module:
+    """LayerNorm over the channels of an NCHW map, at every position (ViTDet's "LN"): timm's ``LayerNorm2d``
+    with torch's LayerNorm epsilon, which these pyramids have always used (timm's default is 1e-6)."""
+    return _import_timm().layers.LayerNorm2d(channels, eps=1e-5)
 
 
 def _norm(norm: str | None, channels: int) -> nn.Module:
-    return LayerNorm2d(channels) if norm == "LN" else nn.Identity()
+    return _layer_norm_2d(channels) if norm == "LN" else nn.Identity()
 
 
 class SimpleFeaturePyramid(nn.Module):
@@ -195,7 +194,7 @@ class TimmBackbone(nn.Module):
                 self.channels,
                 out_channels,
                 extra_blocks=LastLevelMaxPool(),
-                norm_layer=LayerNorm2d if fpn_norm == "LN" else None,
+                norm_layer=_layer_norm_2d if fpn_norm == "LN" else None,
             )
 
     def forward(self, x: Tensor) -> OrderedDict[str, Tensor]:
@@ -231,17 +230,36 @@ def _check_arguments(
         )
     if fpn_norm not in (None, "LN"):
         raise ValueError(f"TimmBackbone(fpn_norm=) must be None or 'LN'; got {fpn_norm!r}")
+    problem = find_model_name_problem(model_name)
+    if problem:
+        raise ValueError(f"TimmBackbone(model_name={model_name!r}): {problem}")
 
 
 def _import_timm() -> Any:
-    try:
-        import timm
-        import timm.utils.model
-    except ImportError as e:
-        raise ModuleNotFoundError(
-            f'TimmBackbone needs timm ({e}). Install it with: pip install "lazytrain[timm]"'
-        ) from e
+    timm = import_optional("timm", component="TimmBackbone", extra="timm")
+    import_optional("timm.utils.model", component="TimmBackbone", extra="timm")  # the freeze helpers
     return timm
+
+
+def find_model_name_problem(model_name: str) -> str | None:
+    """What is wrong with `model_name` as a timm model name with an optional pretrained tag
+    (``convnext_tiny.fb_in22k``), with the closest names timm has; None when timm knows it.
+
+    Raises:
+        ModuleNotFoundError: timm is not installed (the message says how to install it).
+    """
+    timm = _import_timm()
+    architecture, tag = timm.models.split_model_name_tag(model_name)
+    if not timm.is_model(architecture):
+        close = difflib.get_close_matches(architecture, timm.list_models(), n=3, cutoff=0.6)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        return f"not a timm model.{hint} (timm.list_models('*{architecture[:4]}*') lists names like it.)"
+    tags = [name.partition(".")[2] for name in timm.list_pretrained(f"{architecture}.*")]
+    if tag and tag not in tags:
+        close = difflib.get_close_matches(tag, tags, n=1, cutoff=0.5)
+        hint = f" Did you mean {architecture}.{close[0]}?" if close else ""
+        return f"timm has no pretrained tag '{tag}' for {architecture}.{hint} Its tags: {', '.join(tags) or 'none'}."
+    return None
 
 
 def _create_features(
@@ -367,9 +385,7 @@ def _get_stage_children(body: nn.Module) -> tuple[list[str], list[int]]:
 
 
 def _freeze(body: nn.Module, frozen_stages: int, freeze_bn: bool) -> None:
-    import timm.layers
-    import timm.utils.model
-
+    timm = _import_timm()
     trunk = _get_trunk(body)
     if frozen_stages >= 0:
         names, positions = _get_stage_children(body)

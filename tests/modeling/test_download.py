@@ -190,3 +190,27 @@ def test_a_name_without_hash_is_downloaded_unverified(file_server, hub_dir):
 def test_urls_that_cannot_be_cached_are_refused_before_any_request(url, message, hub_dir):
     with pytest.raises(ConfigError, match=message):
         download_to_cache(url)
+
+
+def test_without_file_locks_the_download_still_lands(file_server, hub_dir, monkeypatch):
+    """Some network file systems refuse locks (ENOLCK): each process then installs a complete file itself."""
+    import errno
+
+    import filelock
+
+    def refuse(self, *args, **kwargs):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(filelock.FileLock, "acquire", refuse)
+    url = file_server.add_weights(TINY, "tiny")
+    path = download_to_cache(url)
+    assert torch.equal(torch.load(path, weights_only=True)["conv1.weight"], TINY["conv1.weight"])
+
+
+def test_a_cache_folder_that_cannot_be_made_is_named_with_the_fixes(file_server, hub_dir):
+    hub_dir.parent.mkdir(parents=True)
+    hub_dir.write_text("a file where torch hub's folder should be")
+    url = file_server.add_weights(TINY, "tiny")
+    with pytest.raises(ConfigError, match=r"cannot write torch hub's cache folder .*Set TORCH_HOME"):
+        download_to_cache(url)
+    assert file_server.requests == {}

@@ -11,7 +11,7 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 
 from lazytrain.errors import ConfigError
 from lazytrain.modeling.backbone import get_feature_map_names
-from lazytrain.modeling.timm_backbone import SimpleFeaturePyramid, TimmBackbone
+from lazytrain.modeling.timm_backbone import SimpleFeaturePyramid, TimmBackbone, find_model_name_problem
 
 timm = pytest.importorskip("timm")
 
@@ -217,3 +217,55 @@ def test_pretrained_true_loads_through_timms_hub_and_reports_it(monkeypatch, cap
     assert torch.equal(backbone.body.layer4[0].conv2.weight, state["layer4.0.conv2.weight"])
     assert "weights from timm's hub (timm/resnet10t.c3_in1k)" in caplog.text
     assert "every tensor loaded" in caplog.text
+
+
+def test_layer_norms_are_timms_with_the_same_outputs_and_state_dict_keys():
+    """The pyramids' "LN" is timm's LayerNorm2d at torch's epsilon: what the hand-written one computed."""
+    torch.manual_seed(0)
+    pyramid = SimpleFeaturePyramid(16, 8)
+    norms = [m for m in pyramid.modules() if isinstance(m, nn.LayerNorm)]
+    assert norms and all(type(m) is timm.layers.LayerNorm2d and m.eps == 1e-5 for m in norms)
+    assert [k for k in pyramid.state_dict() if k.startswith("stages.0.")] == [
+        "stages.0.0.weight", "stages.0.0.bias", "stages.0.1.weight", "stages.0.1.bias", "stages.0.3.weight",
+        "stages.0.3.bias", "stages.0.4.weight", "stages.0.5.weight", "stages.0.5.bias", "stages.0.6.weight",
+        "stages.0.7.weight", "stages.0.7.bias",
+    ]  # fmt: skip
+    norm = norms[0]
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    x = torch.randn(2, norm.normalized_shape[0], 5, 3)
+    expected = nn.functional.layer_norm(
+        x.permute(0, 2, 3, 1), norm.normalized_shape, norm.weight, norm.bias, 1e-5
+    )
+    assert torch.equal(norm(x), expected.permute(0, 3, 1, 2))
+    fpn_norms = [m for m in _build("resnet", fpn_norm="LN").fpn.modules() if isinstance(m, nn.LayerNorm)]
+    assert fpn_norms and all(type(m) is timm.layers.LayerNorm2d and m.eps == 1e-5 for m in fpn_norms)
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        param("convnext_tiny", None, id="known"),
+        param("convnext_tiny.fb_in22k", None, id="known-tag"),
+        param("convnxt_tiny", "not a timm model. Did you mean: convnext_tiny, ", id="misspelled"),
+        param(
+            "convnext_tiny.fb_in22kk",
+            "timm has no pretrained tag 'fb_in22kk' for convnext_tiny. Did you mean convnext_tiny.fb_in22k? Its "
+            "tags: ",
+            id="tag",
+        ),
+    ],
+)
+def test_model_names_timm_does_not_know_get_the_closest(name, problem):
+    found = find_model_name_problem(name)
+    assert found is None if problem is None else found.startswith(problem), found
+
+
+def test_an_unknown_model_name_fails_before_timm_builds_anything():
+    with pytest.raises(
+        ValueError,
+        match=r"TimmBackbone\(model_name='resnet10tt'\): not a timm model. Did you mean: "
+        "resnet10t",
+    ):
+        _build("resnet", model_name="resnet10tt")
