@@ -60,8 +60,8 @@ def _run_subcommand(name: str, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The command-line entrypoint (also the ``lazytrain`` console script)."""
-    # Busy-waiting OpenMP threads make CPU training up to 10x slower when the cores are shared (measured:
-    # 8.5 s vs 0.7 s per Mask R-CNN step); must be set before torch is imported. Spawned ranks inherit it.
+    # Busy-waiting OpenMP threads make CPU training many times slower when the cores are shared (see
+    # docs/benchmarks.md); must be set before torch is imported. Spawned ranks inherit it.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         _fail(f"no CONFIG file given.\n{_USAGE}")
     from lazytrain.errors import ConfigError
+    from lazytrain.program.default import INJECTED_ARGUMENTS
     from lazytrain.program.objective import get_search_overrides
     from lazytrain.program.preflight import check_command_line
     from lazytrain.program.preflight.command_line import apply_plain_overrides
@@ -82,10 +83,12 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         cfg = load_primary_config(config_path)
-        check_command_line(cfg, overrides, DEFAULT_MAIN)
+        check_command_line(cfg, overrides, DEFAULT_MAIN, INJECTED_ARGUMENTS)
         # A search sweeper (hydra/sweeper=optuna, ...) is told the objective's direction.
         overrides = overrides + get_search_overrides(apply_plain_overrides(cfg, overrides), overrides)
     except ConfigError as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
         _fail(str(e))
     failed_jobs, failures = _run_hydra(cfg, config_path, overrides)
     if failed_jobs:

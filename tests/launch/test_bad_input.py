@@ -12,6 +12,8 @@ from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from tests.launch.test_entrypoint import ENGINE_TOY, REPO, lazytrain
 
 DEMO = os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")
+DEMO_TIMM = os.path.join(REPO, "conf", "rfs_maskrcnn_demo_timm.py")
+WANDB = "lazytrain.engine.trackers.wandb.WandbTracker"
 
 
 def assert_short_error(result, *fragments):
@@ -57,7 +59,48 @@ def test_bad_value_is_one_line_before_anything_runs(tmp_path, override, fragment
     if not override.startswith("hydra.run.dir"):
         args.append(f"hydra.run.dir={tmp_path}/run")
     assert_short_error(lazytrain(*args, cwd=tmp_path), *fragments)
-    assert not (tmp_path / "run" / "log.txt").exists()  # no rank started
+    assert not (tmp_path / "run").exists()  # checked before Hydra made the run directory
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "line"),
+    [
+        param(
+            DEMO,
+            ["+model.roi_heads.batch_size_per_imag=3"],
+            "lazytrain: model.roi_heads.batch_size_per_imag: lazytrain.modeling.roi_heads.RoIHeads has no argument "
+            "'batch_size_per_imag'. Did you mean 'batch_size_per_image'? Accepted: compiled_nms, box_roi_pool, ",
+            id="argument-of-a-base-class",
+        ),
+        param(
+            ENGINE_TOY,
+            ["train.ema.enabled=true", "train.ema.decay=1.5"],
+            "lazytrain: train.ema.decay=1.5: must be in [0, 1) (the decay after the warm-up); got 1.5. E.g. 0.9998",
+            id="ema-decay",
+        ),
+        param(
+            ENGINE_TOY,
+            [f"+train.hooks.wandb={{_target_:{WANDB},output_dir:${{train.output_dir}},mode:ofline}}"],
+            "lazytrain: train.hooks.wandb.mode='ofline': W&B's mode is one of online, offline, disabled, or null ",
+            id="wandb-mode",
+        ),
+        param(
+            DEMO_TIMM,
+            ["model.backbone.model_name=resnet18dd"],
+            "lazytrain: model.backbone.model_name=resnet18dd: not a timm model. Did you mean: resnet18d",
+            id="timm-model-name",
+        ),
+    ],
+)
+def test_a_value_a_component_would_refuse_is_one_line_before_the_run_directory_exists(
+    tmp_path, config, overrides, line
+):
+    if config == DEMO_TIMM:
+        pytest.importorskip("timm")
+    result = lazytrain(config, *overrides, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert assert_short_error(result).startswith(line)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_run_dir_under_a_file_is_one_line(tmp_path):
@@ -81,7 +124,7 @@ def test_init_checkpoint_that_is_not_a_checkpoint(tmp_path):
         result, f"train.init_checkpoint={readme}", "not a checkpoint", "not a torch file"
     )
     assert "unpickling" not in last
-    assert not (tmp_path / "run" / "log.txt").exists()
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("damage", ["truncated", "text"])

@@ -1,6 +1,6 @@
 """The two preflight entry points: `preflight(cfg)` gives every problem of a job at once, and
-`check_command_line` checks a user's json data sets with every value a grid sweep gives them, before Hydra
-creates the sweep directory."""
+`check_command_line` checks the config the command line makes (with every value a grid sweep gives, a user's
+json data sets included) before Hydra creates the run or sweep directory."""
 
 import importlib.util
 import os
@@ -36,7 +36,10 @@ def test_preflight_returns_every_problem_of_a_job_at_once(tmp_path):
     cfg.train.init_checkpoint = str(tmp_path / "missing.pth")
     problems = preflight(cfg, INJECTED_ARGUMENTS)
     assert len(problems) == 3, problems
-    assert problems[0].startswith("the config has 1 problem(s):\n  - model._target_")
+    assert problems[0] == (
+        "model._target_: cannot import 'tests.engine.toy.NoSuchModel': 'tests.engine.toy' has no attribute "
+        "'NoSuchModel'"
+    )
     assert problems[1] == "launch.num_processes=0: must be an integer >= 1."
     assert problems[2].startswith(f"train.init_checkpoint={tmp_path / 'missing.pth'}: no such file.")
 
@@ -168,7 +171,7 @@ def test_a_launch_main_that_does_not_import_is_a_problem_naming_the_key(tmp_path
 
 
 def _data_overrides(export: dict[str, str], train_json: str) -> list[str]:
-    given = {**export, "data.train.json": train_json}
+    given = {**export, "data.train.json": train_json, "train.device": "cpu"}  # the GPU count is checked too
     return [f"{key}={value}" for key, value in given.items()]
 
 
@@ -177,10 +180,14 @@ def test_every_value_of_a_grid_sweep_over_a_data_file_is_checked(export, tmp_pat
     good = export["data.train.json"]
     copy = str(tmp_path / "copy.json")
     shutil.copy(good, copy)
-    check_command_line(cfg, ["-m", *_data_overrides(export, f"{good},{copy}")], DEFAULT_MAIN)  # no problem
+    check_command_line(
+        cfg, ["-m", *_data_overrides(export, f"{good},{copy}")], DEFAULT_MAIN, INJECTED_ARGUMENTS
+    )  # no problem
     missing = str(tmp_path / "missing.json")
     with pytest.raises(ConfigError) as error:
-        check_command_line(cfg, ["-m", *_data_overrides(export, f"{good},{missing}")], DEFAULT_MAIN)
+        check_command_line(
+            cfg, ["-m", *_data_overrides(export, f"{good},{missing}")], DEFAULT_MAIN, INJECTED_ARGUMENTS
+        )
     assert str(error.value) == (
         "the data set files have problems:\n"
         f"  data.train.json={missing}: no such file; pass the path of the COCO/LVIS json (data.train.json=PATH)."
@@ -191,7 +198,7 @@ def test_a_data_file_left_unset_in_a_grid_sweep_is_reported_before_it_starts(exp
     cfg = load_primary_config(CUSTOM)
     overrides = [o for o in _data_overrides(export, "unused") if not o.startswith("data.val.json=")]
     with pytest.raises(ConfigError, match="data.val.json is not set; pass data.val.json=PATH"):
-        check_command_line(cfg, ["-m", *overrides], DEFAULT_MAIN)
+        check_command_line(cfg, ["-m", *overrides], DEFAULT_MAIN, INJECTED_ARGUMENTS)
 
 
 def test_a_bad_file_in_a_sweep_stops_the_command_before_hydra_writes_anything(export, tmp_path):
@@ -204,3 +211,57 @@ def test_a_bad_file_in_a_sweep_stops_the_command_before_hydra_writes_anything(ex
     assert result.returncode == 1
     assert f"data.train.json={missing}: no such file" in result.stderr
     assert not sweep_dir.exists()
+
+
+WANDB = "lazytrain.engine.trackers.wandb.WandbTracker"
+
+
+def test_values_a_component_would_refuse_are_named_with_their_keys(tmp_path):
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.train.output_dir = str(tmp_path)
+    cfg.train.ema = {"enabled": True, "decay": 1.5, "tau": -1}
+    cfg.train.hooks.wandb = {"_target_": WANDB, "output_dir": str(tmp_path), "mode": "ofline"}
+    cfg.train.hooks.quiet = {"_target_": WANDB, "output_dir": str(tmp_path), "mode": "disabled"}
+    assert preflight(cfg, INJECTED_ARGUMENTS) == [
+        "train.ema.decay=1.5: must be in [0, 1) (the decay after the warm-up); got 1.5. E.g. 0.9998 averages over "
+        "the last ~5000 steps.",
+        "train.ema.tau=-1: must be >= 0 (the warm-up's time constant in optimizer steps; 0: no warm-up); got -1.",
+        "train.hooks.wandb.mode='ofline': W&B's mode is one of online, offline, disabled, or null (WANDB_MODE if "
+        "set, else online with W&B credentials and offline without). Did you mean train.hooks.wandb.mode=offline?",
+    ]
+    cfg.train.ema = {"enabled": False, "decay": 1.5}  # not built: not checked
+    cfg.train.hooks.wandb.mode = None
+    assert preflight(cfg, INJECTED_ARGUMENTS) == []
+    cfg.train.ema.enabled = "yes"
+    assert preflight(cfg, INJECTED_ARGUMENTS) == ["train.ema.enabled='yes': must be true or false."]
+
+
+def test_a_timm_model_name_timm_does_not_know_is_named_with_the_closest(tmp_path):
+    pytest.importorskip("timm")
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.train.output_dir = str(tmp_path)
+    cfg.model = {"_target_": "lazytrain.modeling.TimmBackbone", "model_name": "resnet18dd"}
+    problems = preflight(cfg, INJECTED_ARGUMENTS)
+    assert len(problems) == 1
+    assert problems[0].startswith("model.model_name=resnet18dd: not a timm model. Did you mean: resnet18d")
+
+
+def test_each_value_of_a_grid_sweep_is_checked_before_hydra_and_a_search_space_is_left_to_the_sweeper():
+    cfg = load_primary_config(ENGINE_TOY)
+    overrides = ["-m", "train.ema.enabled=true", "train.ema.decay=0.9,1.5,0.99", "train.max_iter=2,3"]
+    with pytest.raises(ConfigError) as error:
+        check_command_line(cfg, overrides, DEFAULT_MAIN, INJECTED_ARGUMENTS)
+    assert str(error.value).startswith("train.ema.decay=1.5: must be in [0, 1)")
+    assert "\n" not in str(error.value)
+    cfg.train.ema.decay = 1.5  # what the config says; the sweeper draws the values
+    overrides = ["-m", "train.ema.enabled=true", "train.ema.decay=interval(0.9,0.999)"]
+    check_command_line(cfg, overrides, DEFAULT_MAIN, INJECTED_ARGUMENTS)
+
+
+def test_before_hydra_a_check_that_needs_the_run_directory_is_left_to_the_job():
+    cfg = load_primary_config(ENGINE_TOY)  # train.output_dir: ${hydra:runtime.output_dir}
+    cfg.train.resume = True
+    check_command_line(cfg, ["train.max_iter=3"], DEFAULT_MAIN, INJECTED_ARGUMENTS)
+    cfg.launch.num_processes = 0
+    with pytest.raises(ConfigError, match=r"^launch.num_processes=0: must be an integer >= 1.$"):
+        check_command_line(cfg, [], DEFAULT_MAIN, INJECTED_ARGUMENTS)

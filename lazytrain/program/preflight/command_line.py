@@ -16,7 +16,13 @@ from lazytrain.config import LazyConfig
 from lazytrain.config.overrides import suggest_keys
 from lazytrain.errors import ConfigError
 
-__all__ = ["apply_plain_overrides", "check_output_dirs", "iter_config_overrides", "iter_swept_values"]
+__all__ = [
+    "apply_plain_overrides",
+    "check_output_dirs",
+    "iter_config_overrides",
+    "iter_sweep_overrides",
+    "iter_swept_values",
+]
 
 _MISSING = object()
 
@@ -52,12 +58,19 @@ def apply_plain_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     return LazyConfig.apply_overrides(cfg.copy(), plain)
 
 
+def iter_sweep_overrides(overrides: list[str]) -> Iterator[tuple[str, Override]]:
+    """(key, parsed override) of each override that sweeps a config key: lists, ranges, search spaces, globs."""
+    for _, override in iter_config_overrides(overrides):
+        if override.is_sweep_override():
+            yield override.key_or_group, override
+
+
 def iter_swept_values(overrides: list[str]) -> Iterator[tuple[str, list[str]]]:
     """(key, values) of each grid-sweep override whose values can be listed (``key=a,b``, ``range(...)``);
     search spaces (``interval(...)``) and globs are left out."""
-    for _, override in iter_config_overrides(overrides):
+    for key, override in iter_sweep_overrides(overrides):
         if override.is_choice_sweep() or override.is_range_sweep():
-            yield override.key_or_group, list(override.sweep_string_iterator())
+            yield key, list(override.sweep_string_iterator())
 
 
 def _select(cfg: DictConfig, key: str) -> Any:

@@ -1,0 +1,88 @@
+"""Values a component of the run would refuse when it is built, checked before the run starts: the EMA's
+settings (``train.ema``), a `WandbTracker` hook's ``mode``, and a `TimmBackbone`'s ``model_name`` (timm's
+registry, with the closest names). Each problem is one line naming the key and the fix."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+
+from omegaconf import DictConfig
+
+from lazytrain.config import locate, tree
+from lazytrain.engine.ema import find_setting_problems
+from lazytrain.engine.trackers.wandb import WANDB_MODES, WandbTracker
+from lazytrain.modeling.timm_backbone import TimmBackbone, find_model_name_problem
+
+__all__ = ["find_component_problems"]
+
+
+def find_component_problems(cfg: DictConfig) -> list[str]:
+    """One line per value of the EMA, a W&B tracker or a timm backbone that its constructor would refuse."""
+    problems = find_ema_problems(cfg)
+    for path, node, target in _iter_calls(cfg):
+        if issubclass(target, WandbTracker):
+            problems += _wandb_mode_problems(path, node)
+        elif issubclass(target, TimmBackbone):
+            problems += _timm_model_problems(path, node)
+    return problems
+
+
+def find_ema_problems(cfg: DictConfig) -> list[str]:
+    """``train.ema``: ``enabled`` a bool and, when it is true, ``decay`` and ``tau`` values `ModelEMA` takes."""
+    ema = (cfg.get("train") or {}).get("ema")
+    if not isinstance(ema, DictConfig):
+        return []
+    enabled = ema.get("enabled", False)
+    if not isinstance(enabled, bool):
+        return [f"train.ema.enabled={enabled!r}: must be true or false."]
+    if not enabled:
+        return []
+    settings = {key: ema[key] for key in ("decay", "tau") if key in ema}
+    return [
+        f"train.ema.{name}={settings[name]!r}: {problem}."
+        for name, problem in find_setting_problems(settings).items()
+    ]
+
+
+def _iter_calls(cfg: DictConfig) -> Iterator[tuple[str, DictConfig, type]]:
+    """(key path, node, class) of every call node whose target is a class that imports (validation reports
+    the others)."""
+    for path, node in tree.nodes(cfg, join=tree.dotted_path):
+        target = tree.raw_target(node)
+        if not isinstance(target, str) or tree.is_interpolation(tree.child(node, "_target_")):
+            continue
+        try:
+            located = locate(target)
+        except ImportError:
+            continue
+        if isinstance(located, type):
+            yield path, node, located
+
+
+def _literal(node: DictConfig, key: str) -> object:
+    """The value written for `key` (None when absent)."""
+    return tree.raw_value(tree.child(node, key)) if key in node else None
+
+
+def _wandb_mode_problems(path: str, node: DictConfig) -> list[str]:
+    mode = _literal(node, "mode")
+    if mode is None or mode in WANDB_MODES or tree.is_interpolation(tree.child(node, "mode")):
+        return []
+    close = difflib.get_close_matches(str(mode), WANDB_MODES, n=1, cutoff=0.5)
+    hint = f"Did you mean {path}.mode={close[0]}? " if close else ""
+    return [
+        f"{path}.mode={mode!r}: W&B's mode is one of {', '.join(WANDB_MODES)}, or null (WANDB_MODE if set, else "
+        f"online with W&B credentials and offline without). {hint}".rstrip()
+    ]
+
+
+def _timm_model_problems(path: str, node: DictConfig) -> list[str]:
+    name = _literal(node, "model_name")
+    if not isinstance(name, str) or tree.is_interpolation(tree.child(node, "model_name")):
+        return []  # a missing or mistyped name is validation's
+    try:
+        problem = find_model_name_problem(name)
+    except ModuleNotFoundError as e:
+        return [f"{path}: {e}"]
+    return [f"{path}.model_name={name}: {problem}"] if problem else []
