@@ -8,7 +8,7 @@ reach all of these through ``self.trainer`` and hold only plain values here, so 
     ~train.hooks.eval                                   remove a hook
     train.hooks.checkpointer.max_to_keep=3              change one of its arguments
     +train.hooks.profiler="{_target_: lazytrain.engine.hooks.TorchProfiler, output_dir: ${train.output_dir}}"
-    '+train.hooks.mlflow={_target_: lazytrain.engine.trackers.MLflowTracker, output_dir: ${train.output_dir}}'
+    '+train.hooks.mlflow={_target_: lazytrain.engine.trackers.mlflow.MLflowTracker, output_dir: ${train.output_dir}}'
                                                         an experiment tracker (README "Tracking"; or WandbTracker)
     train.trainer._target_=my_module.MyTrainer          swap the trainer (a SimpleTrainer subclass)
 

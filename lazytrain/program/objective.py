@@ -17,6 +17,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
 from lazytrain.errors import ConfigError
 
 __all__ = [
@@ -26,6 +29,7 @@ __all__ = [
     "get_job_value",
     "get_objective_value",
     "get_sweeper_direction_overrides",
+    "is_sweep_job",
     "worst_value",
 ]
 
@@ -193,18 +197,45 @@ def _has_eval_hook(hooks: Mapping) -> bool:
     return False
 
 
-def get_job_value(results: Any, objective: dict | None) -> Any:
-    """The objective metric of a finished job's results (its worst value, with a warning, when the results
-    lack it); the results themselves when the config has no objective."""
+def is_sweep_job() -> bool:
+    """Whether this process runs a job of a Hydra sweep (``-m``), whose value a sweeper may read."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def get_job_value(results: Any, objective: dict | None, *, in_sweep: bool | None = None) -> Any:
+    """The objective metric of a finished job's results; the results themselves when the config has no
+    objective.
+
+    Results that lack the metric give its worst value. In a sweep that is a warning (the sweeper scores the job
+    with it); a single run only says so quietly, since nothing reads the value: one line when the results hold
+    other metrics (a misspelled ``objective.metric``), nothing on the console when there was no evaluation.
+
+    Args:
+        results: the job's final evaluation results (nested ``{task: {name: value}}``).
+        objective: the checked ``objective`` node (`check_objective`), or None.
+        in_sweep: whether the job is part of a sweep; None: asks Hydra (`is_sweep_job`).
+    """
     if objective is None:
         return results
     value = get_objective_value(results, objective["metric"])
-    if value is None:
+    if value is not None:
+        return value
+    worst = worst_value(objective["direction"])
+    metric, produced = objective["metric"], ", ".join(list_metrics(results))
+    if is_sweep_job() if in_sweep is None else in_sweep:
         logger.warning(
             "objective.metric=%s is not in the job's final results (it has: %s); the job returns %s.",
-            objective["metric"],
-            ", ".join(list_metrics(results)) or "none, was there an evaluation?",
-            worst_value(objective["direction"]),
+            metric,
+            produced or "none, was there an evaluation?",
+            worst,
         )
-        return worst_value(objective["direction"])
-    return value
+    elif produced:
+        logger.info(
+            "objective.metric=%s is not in the final results (they have: %s); a sweep would score this run %s.",
+            metric,
+            produced,
+            worst,
+        )
+    else:
+        logger.debug("No final results: objective.metric=%s has no value (only a sweep reads it).", metric)
+    return worst

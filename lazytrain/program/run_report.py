@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from lazytrain.engine.hooks import EvalHook
 from lazytrain.engine.plot_writer import (
     AP_BY_FREQUENCY_FILE,
     CURVES_FILE,
@@ -27,6 +28,7 @@ from lazytrain.engine.plot_writer import (
     get_train_records,
     summarize_records,
 )
+from lazytrain.engine.trackers.base import Tracker
 from lazytrain.program.batch_size import get_accumulation_steps, get_lr_scale
 from lazytrain.utils import comm, run_dirs
 
@@ -157,8 +159,7 @@ def format_run_header(cfg: DictConfig, trainer: Any, summary: RecordsSummary | N
 
 def log_run_header(cfg: DictConfig, trainer: Any) -> None:
     """Log `format_run_header` on the main process, after one pass over the train records to count them
-    (each record unpickled once: 8.5 s for 100k LVIS-like records with 1.2M annotations, measured on a busy
-    2-core machine; negligible for the demo's 1000)."""
+    (each record unpickled once: seconds for a full LVIS-sized train set, see docs/benchmarks.md)."""
     if not comm.is_main_process():
         return
     records = get_train_records(trainer.data_loader)
@@ -179,7 +180,6 @@ _FILES = (  # (file name, what it holds), in the order the summary lists them
     (CURVES_FILE, "losses, learning rate and AP over iterations"),
     (AP_BY_FREQUENCY_FILE, "AP per category against its train images, rare/common/frequent"),
     ("log.txt", "the full log, with the config, environment and model"),
-    ("mlflow.db", "MLflowTracker's runs: mlflow ui --backend-store-uri sqlite:///<this file>"),
 )
 
 
@@ -220,24 +220,31 @@ def _seconds_per_iteration(trainer: Any) -> float | None:
     return sum(counted) / len(counted) if counted else None
 
 
-def format_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> str:
-    """The closing block: final metrics, wall time and s/it, the files in the run directory, what next.
+def _get_trackers(trainer: Any) -> list[Tracker]:
+    return [hook for hook in getattr(trainer, "hooks", ()) if isinstance(hook, Tracker)]
 
-    Args:
-        cfg: the run's config.
-        trainer: the trainer after `train` (reads ``iter``, ``start_iter``, ``storage``, ``last_eval_results``).
-        seconds: wall time of training and its evaluations.
-    """
-    output_dir = str(cfg.train.output_dir)
+
+def _has_evaluation(trainer: Any) -> bool:
+    return bool(trainer.last_eval_results) or any(
+        isinstance(h, EvalHook) for h in getattr(trainer, "hooks", ())
+    )
+
+
+def _format_done(trainer: Any, seconds: float) -> list[str]:
+    """The first line (iterations, wall time, s/it) and the final evaluation's table, if there was one."""
     per_iteration = _seconds_per_iteration(trainer)
     speed = f", {per_iteration:.2f} s/it" if per_iteration else ""
-    steps = trainer.iter - trainer.start_iter
-    lines = [
-        f"Done: {steps} iterations in {datetime.timedelta(seconds=round(seconds))} (wall time, with "
-        f"evaluation){speed}. Final evaluation (AP x100):",
+    done = f"Done: {trainer.iter - trainer.start_iter} iterations in {datetime.timedelta(seconds=round(seconds))}"
+    if not _has_evaluation(trainer):
+        return [f"{done} (wall time){speed}; no evaluation (train.hooks has no eval hook)."]
+    return [
+        f"{done} (wall time, with evaluation){speed}. Final evaluation (AP x100):",
         *_format_metrics(trainer.last_eval_results or {}),
-        f"Files in {output_dir}:",
     ]
+
+
+def _list_files(cfg: DictConfig, output_dir: str, trackers: list[Tracker]) -> list[str]:
+    """One line per file of the run directory worth knowing, with what it holds."""
     files = {**dict(_FILES), **_EMA_FILES} if (cfg.train.get("ema") or {}).get("enabled") else dict(_FILES)
     present = [(name, text) for name, text in files.items() if os.path.isfile(os.path.join(output_dir, name))]
     periodic = sorted(glob.glob(os.path.join(output_dir, "model_[0-9]*.pth")))
@@ -247,8 +254,30 @@ def format_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> str:
             f" (and {len(periodic) - 1} older)" if len(periodic) > 1 else ""
         )
         present.insert(at, (names, "periodic checkpoint"))
+    for tracker in trackers:
+        present += tracker.get_local_files()
     width = max((len(name) for name, _ in present), default=0)
-    lines += [f"  {name.ljust(width)}  {text}" for name, text in present]
+    return [f"  {name.ljust(width)}  {text}" for name, text in present]
+
+
+def format_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> str:
+    """The closing block: final metrics, wall time and s/it, what each experiment tracker holds, the files in
+    the run directory, what next.
+
+    Args:
+        cfg: the run's config.
+        trainer: the trainer after `train` (reads ``iter``, ``start_iter``, ``storage``, ``last_eval_results``
+            and its hooks).
+        seconds: wall time of training and its evaluations.
+    """
+    output_dir = str(cfg.train.output_dir)
+    trackers = _get_trackers(trainer)
+    lines = _format_done(trainer, seconds)
+    if trackers:
+        lines.append("Tracking:")
+        width = max(len(type(tracker).__name__) for tracker in trackers)
+        lines += [f"  {type(t).__name__.ljust(width)}  {t.describe_outcome()}" for t in trackers]
+    lines += [f"Files in {output_dir}:", *_list_files(cfg, output_dir, trackers)]
     config = shlex.quote(os.path.join(output_dir, "config.yaml"))
     weights = shlex.quote(os.path.join(output_dir, "model_final.pth"))
     lines += [

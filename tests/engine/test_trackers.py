@@ -3,9 +3,9 @@ on SQLite files under tmp_path, W&B offline (its run file read back). Most tests
 trainer; one runs the shortened demo recipe with the MLflow tracker added from the command line."""
 
 import glob
+import importlib.util
 import io
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -18,9 +18,10 @@ import yaml
 from pytest import param
 
 from lazytrain.config import LazyConfig
-from lazytrain.engine import trackers
 from lazytrain.engine.hooks import CallbackHook, EvalHook, PeriodicWriter
-from lazytrain.engine.trackers import MLflowTracker, Tracker, WandbTracker
+from lazytrain.engine.trackers import base as tracker_base
+from lazytrain.engine.trackers.mlflow import MLflowTracker
+from lazytrain.engine.trackers.wandb import WandbTracker
 from lazytrain.engine.train_loop import SimpleTrainer
 from lazytrain.program.default import run
 from lazytrain.utils.run_dirs import read_metrics
@@ -50,22 +51,33 @@ def store_uri(tmp_path_factory):
     return "sqlite:///" + str(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
 
 
-def train_toy(run_dir, tracker, max_iter=6, start_iter=0, fail_at=None):
-    """Train the toy model with an evaluation every 4 iterations, metrics.json every 2, then `tracker`."""
+def train_toy(
+    run_dir,
+    tracker,
+    max_iter=6,
+    start_iter=0,
+    fail_at=None,
+    extra_hooks=None,
+    before_tracker=False,
+    evaluate=True,
+):
+    """Train the toy model with an evaluation every 4 iterations, metrics.json every 2, then `tracker`
+    (`extra_hooks` after it, or before it with `before_tracker`)."""
     model = toy.ToyRegressor()
     trainer = SimpleTrainer(model, toy.ToyLoader(), torch.optim.SGD(model.parameters(), lr=0.01))
-    hooks = {
-        "eval": EvalHook(eval_period=4, eval_function=lambda: {"toy": {"AP": 50.0 + trainer.iter}}),
-        "writer": PeriodicWriter(str(run_dir), period=2, tensorboard=False),
-        "tracker": tracker,
-    }
+    hooks = {}
+    if evaluate:
+        hooks["eval"] = EvalHook(eval_period=4, eval_function=lambda: {"toy": {"AP": 50.0 + trainer.iter}})
+    hooks["writer"] = PeriodicWriter(str(run_dir), period=2, tensorboard=False)
+    extra = dict(extra_hooks or {})
     if fail_at is not None:
 
         def fail(t):
             if t.iter == fail_at:
                 raise RuntimeError("boom")
 
-        hooks["fail"] = CallbackHook(after_step=fail)
+        extra["fail"] = CallbackHook(after_step=fail)
+    hooks.update({**extra, "tracker": tracker} if before_tracker else {"tracker": tracker, **extra})
     trainer.register_hooks(hooks)
     trainer.train(start_iter, max_iter)
     return trainer
@@ -166,7 +178,7 @@ def test_resume_reopens_the_same_mlflow_run_without_repeating_steps(toy_cfg, sto
     toy_cfg.train.max_iter = 7
     toy_cfg.train.checkpointer.period = 4
     toy_cfg.train.hooks.mlflow = {
-        "_target_": "lazytrain.engine.trackers.MLflowTracker",
+        "_target_": "lazytrain.engine.trackers.mlflow.MLflowTracker",
         "output_dir": "${train.output_dir}",
         "period": "${train.log_period}",
         "tracking_uri": store_uri,
@@ -338,78 +350,8 @@ def test_tracker_hook_contract(tmp_path, store_uri, factory):
         assert sorted(history) == [1, 2]  # after_train sends what iteration 2 put before it failed
 
 
-class RecordingTracker(Tracker):
-    """A tracker whose method `failing` raises; records the calls it gets."""
-
-    def __init__(self, output_dir, failing):
-        super().__init__(output_dir, period=1)
-        self.failing = failing
-        self.calls = []
-
-    def _record(self, name, *args):
-        self.calls.append(name)
-        if name == self.failing:
-            raise ConnectionError("tracking server unreachable")
-
-    def open_run(self, run_id):
-        self._record("open_run")
-        return "run-1", -1
-
-    def log_params(self, params, *, resumed):
-        self._record("log_params")
-
-    def log_metrics(self, metrics, step):
-        self._record("log_metrics")
-
-    def log_files(self, paths):
-        self._record("log_files")
-
-    def close_run(self, status):
-        self._record("close_run", status)
-
-
-@pytest.mark.parametrize("failing", ["open_run", "log_params", "log_metrics", "log_files", "close_run"])
-def test_a_tracker_that_raises_is_logged_once_and_training_goes_on(tmp_path, caplog, failing):
-    tracker = RecordingTracker(str(make_run_dir(tmp_path / "run")), failing)
-    with caplog.at_level(logging.INFO, logger="lazytrain.engine.trackers"):
-        trainer = train_toy(tmp_path / "run", tracker, max_iter=4)
-    assert trainer.iter == 4 and sorted(metric_lines(tmp_path / "run")) == [1, 3, 4]  # training went on
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(errors) == 1, errors
-    assert (
-        errors[0].startswith("RecordingTracker: ")
-        and "ConnectionError: tracking server unreachable" in errors[0]
-    )
-    assert "training goes on" in errors[0]
-    # Nothing is called after the error, except one last close of an opened run.
-    first_failure = tracker.calls.index(failing)
-    after = tracker.calls[first_failure + 1 :]
-    assert after == ([] if failing in ("open_run", "close_run") else ["close_run"])
-
-
-def test_an_mlflow_call_that_raises_does_not_fail_the_run(tmp_path, store_uri, caplog, monkeypatch):
-    calls = []
-
-    def unreachable(self, run_id, metrics=(), params=(), tags=(), **kwargs):
-        calls.append(run_id)
-        if metrics:
-            raise mlflow.exceptions.MlflowException(
-                "API request to endpoint /api/2.0/mlflow/runs/log-batch failed"
-            )
-
-    monkeypatch.setattr(mlflow.MlflowClient, "log_batch", unreachable)
-    tracker = MLflowTracker(str(make_run_dir(tmp_path / "run")), period=2, tracking_uri=store_uri)
-    with caplog.at_level(logging.INFO, logger="lazytrain.engine.trackers"):
-        trainer = train_toy(tmp_path / "run", tracker)
-    assert trainer.iter == 6
-    (error,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert "MLflowTracker: logging metrics failed (MlflowException: API request" in error.getMessage()
-    assert len(calls) == 2  # params, then the first metrics; nothing after the error
-    assert mlflow.MlflowClient(store_uri).get_run(tracker.run_id).info.status == "FAILED"
-
-
 def test_only_the_main_process_tracks(tmp_path, monkeypatch):
-    monkeypatch.setattr(trackers.comm, "is_main_process", lambda: False)
+    monkeypatch.setattr(tracker_base.comm, "is_main_process", lambda: False)
     run_dir = make_run_dir(tmp_path / "run")
     tracker = MLflowTracker(str(run_dir), period=2)
     train_toy(run_dir, tracker, max_iter=2)
@@ -451,11 +393,13 @@ def test_bad_arguments_name_the_argument(tmp_path, make, message):
     ],
 )
 def test_a_missing_package_names_the_extra_at_construction(tmp_path, monkeypatch, make, missing, extra):
-    find_spec = trackers.importlib.util.find_spec
+    find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        trackers.importlib.util, "find_spec", lambda name: None if name == missing else find_spec(name)
+        importlib.util, "find_spec", lambda name: None if name == missing else find_spec(name)
     )
-    with pytest.raises(ModuleNotFoundError, match=rf'needs {missing}, .*pip install "lazytrain\[{extra}\]"'):
+    with pytest.raises(
+        ModuleNotFoundError, match=rf"needs '{missing}', .*pip install \"lazytrain\[{extra}\]\""
+    ):
         make(str(tmp_path))
 
 
@@ -467,7 +411,7 @@ def test_demo_recipe_with_mlflow_from_the_command_line(tmp_path):
     generate_synthetic_lt(str(tmp_path / "datasets" / "synthetic_lt"), **TINY_SYNTHETIC_LT)
     run_dir = tmp_path / "run"
     hook = (
-        "+train.hooks.mlflow={_target_: lazytrain.engine.trackers.MLflowTracker, "
+        "+train.hooks.mlflow={_target_: lazytrain.engine.trackers.mlflow.MLflowTracker, "
         "output_dir: ${train.output_dir}, period: ${train.log_period}}"
     )
     env = {

@@ -1,0 +1,190 @@
+"""How a tracker's calls reach its library without holding training up: the calls run in a worker thread that
+rank 0 waits on for a bounded time (`CallWorker`), failures are tried again after growing pauses until a time
+bound (`RetrySchedule`), an error becomes one line (`describe_error`), and the library's own log records go to
+``log.txt`` at DEBUG level instead of the console (`library_logs_to_debug`).
+
+The invariant: no tracker call keeps rank 0 away from training for more than its timeout, whatever the library
+or its server does, while the other ranks may be waiting for it in the next collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+__all__ = [
+    "CallTimeout",
+    "CallWorker",
+    "RetrySchedule",
+    "TrackingLost",
+    "describe_error",
+    "library_logs_to_debug",
+]
+
+logger = logging.getLogger(__name__)
+
+_CAUSE_LENGTH = 240
+
+
+class CallTimeout(TimeoutError):
+    """A tracker call gave no answer within its time; it goes on in its worker thread."""
+
+
+class TrackingLost(RuntimeError):
+    """An error that trying again cannot mend (the run's local folder was deleted, say): the tracker stops."""
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: first line of the message``, without what databases append (SQLAlchemy's statement, parameters
+    and link), cut to a line's length."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = text.split("[SQL:")[0].split("(Background on this error")[0].strip()
+    described = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return described if len(described) <= _CAUSE_LENGTH else described[: _CAUSE_LENGTH - 3] + "..."
+
+
+class _ToDebug(logging.Handler):
+    """Re-logs a library's records on `target` at DEBUG level (into log.txt, not onto the console)."""
+
+    def __init__(self, target: logging.Logger) -> None:
+        super().__init__()
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.debug(
+            "%s %s: %s", record.name, record.levelname, record.getMessage(), exc_info=record.exc_info
+        )
+
+
+@contextlib.contextmanager
+def library_logs_to_debug(names: Sequence[str], target: logging.Logger) -> Iterator[None]:
+    """While inside, the records of the loggers `names` (and their children) go to `target` at DEBUG level
+    only: a library that logs its own tracebacks on failure (MLflow's SQL store does) prints nothing."""
+    handler = _ToDebug(target)
+    saved = []
+    for name in names:
+        library = logging.getLogger(name)
+        saved.append((library, library.handlers[:], library.propagate))
+        library.handlers = [handler]
+        library.propagate = False
+    try:
+        yield
+    finally:
+        for library, handlers, propagate in saved:
+            library.handlers = handlers
+            library.propagate = propagate
+
+
+class CallWorker:
+    """Runs one job at a time in a daemon thread; the caller waits for it at most a given time.
+
+    A job still running when the wait ends goes on (a thread cannot be stopped) and `busy` says so; the caller
+    starts nothing more until it has ended. Being a daemon, a stalled call never keeps the process alive.
+
+    Args:
+        name: the tracker's name, for the thread and the log.
+        library_loggers: the loggers of the library the jobs call (`library_logs_to_debug`).
+    """
+
+    def __init__(self, name: str, library_loggers: Sequence[str] = ()) -> None:
+        self.name = name
+        self.library_loggers = tuple(library_loggers)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a job that outlived its wait is still running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(self, job: Callable[[], None], timeout: float) -> None:
+        """Run `job`, waiting at most `timeout` seconds.
+
+        Raises:
+            CallTimeout: the job has not ended in time (or an earlier one is still running).
+            Exception: what the job raised (its traceback goes to the log at DEBUG level).
+        """
+        if self.busy:
+            raise CallTimeout("an earlier call is still running")
+        errors: list[BaseException] = []
+        done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run_job, args=(job, errors, done), name=f"{self.name} call", daemon=True
+        )
+        self._thread.start()
+        if not done.wait(timeout):
+            raise CallTimeout(f"no answer in {timeout:g} s")
+        if errors:
+            raise errors[0]
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a job that outlived its wait; whether none is running now."""
+        if self._thread is not None:
+            self._thread.join(max(timeout, 0.0))
+        return not self.busy
+
+    def _run_job(self, job: Callable[[], None], errors: list[BaseException], done: threading.Event) -> None:
+        try:
+            with library_logs_to_debug(self.library_loggers, logger):
+                job()
+        except Exception as error:
+            errors.append(error)
+            logger.debug("%s: a call failed", self.name, exc_info=True)
+        finally:
+            done.set()
+
+
+class RetrySchedule:
+    """When to try again after failures and when to stop trying.
+
+    After a failure the next attempt waits `first_pause` seconds, doubling with each further failure up to
+    `max_pause`; once failures have gone on for `give_up_after` seconds there is no further attempt.
+
+    Args:
+        give_up_after: seconds of failures after which the tracker gives up.
+        first_pause: the pause after the first failure.
+        max_pause: the longest pause between two attempts.
+    """
+
+    def __init__(self, give_up_after: float, first_pause: float = 2.0, max_pause: float = 60.0) -> None:
+        self.give_up_after = give_up_after
+        self.first_pause = first_pause
+        self.max_pause = max_pause
+        self.failing_since: float | None = None
+        self.failures = 0
+        self._next_attempt = 0.0
+
+    @property
+    def failing(self) -> bool:
+        return self.failing_since is not None
+
+    def is_due(self, now: float) -> bool:
+        return now >= self._next_attempt
+
+    def is_exhausted(self, now: float) -> bool:
+        return self.failing_since is not None and now - self.failing_since >= self.give_up_after
+
+    def record_failure(self, now: float) -> bool:
+        """Count a failed attempt; True for the first of a series (the one to tell the user about)."""
+        first = self.failing_since is None
+        if first:
+            self.failing_since = now
+        self.failures += 1
+        pause = min(self.first_pause * 2 ** (self.failures - 1), self.max_pause)
+        self._next_attempt = now + pause
+        return first
+
+    def record_success(self) -> None:
+        self.failing_since = None
+        self.failures = 0
+        self._next_attempt = 0.0
+
+    def describe_series(self, now: float) -> str:
+        """``3 attempts over 2 min 10 s``: the failures so far."""
+        seconds = now - self.failing_since if self.failing_since is not None else 0.0
+        if seconds >= 60:
+            span = f"{int(seconds) // 60} min {int(seconds) % 60} s"
+        else:
+            span = f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+        return f"{self.failures} attempt{'s' if self.failures != 1 else ''} over {span}"
