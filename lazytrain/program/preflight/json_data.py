@@ -4,9 +4,9 @@ is spawned and before anything is written to the output directory.
 For each file: it parses as COCO/LVIS json, its image folder exists, every listed image is there (one
 directory listing per folder, not one stat per image), its entries are well formed (ids, sizes, file names,
 boxes, masks when the recipe trains masks), and a val set's categories are the train set's. Each problem is
-one message naming the file, the config key to change and the fix. A 104 MB json of 100k images and 300k
-polygon annotations (100 folders of 1000 images) is checked in 0.54-0.58 s of CPU time (measured on the
-2-core development machine; tests/data/test_preflight.py keeps it under a second).
+one message naming the file, the config key to change and the fix. The check reads a large data set's json in
+well under a second, so it runs on every start (docs/benchmarks.md; tests/data/test_preflight.py holds it to
+a bound).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _value(node: DictConfig, key: str, path: str) -> tuple[str | None, str]:
 
 
 def _missing_images(summary: JsonSummary, image_root: str) -> list[str]:
-    # String splitting and one listing per folder: os.path calls or a stat per image cost ~1 s per 100k.
+    # String splitting and one listing per folder: os.path calls or a stat per image would dominate the check.
     by_folder: dict[str, list[str]] = defaultdict(list)
     for name in summary.file_names:
         if name is not None:
