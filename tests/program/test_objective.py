@@ -1,6 +1,7 @@
 """Search sweeps: the objective a job returns, Optuna end to end on toy configs, failed trials."""
 
 import csv
+import logging
 import math
 import os
 import pickle
@@ -14,6 +15,7 @@ from lazytrain.program.objective import (
     FailedJobValue,
     check_objective,
     check_search,
+    get_job_value,
     get_objective_value,
     get_sweeper_direction_overrides,
 )
@@ -30,6 +32,24 @@ def test_objective_value_is_read_from_nested_results():
     assert get_objective_value(results, "segm/APx") is None
     assert get_objective_value({}, "segm/AP") is None
     assert get_objective_value({"segm": {"APl": float("nan")}}, "segm/APl") is None  # NaN would stop Optuna
+
+
+def test_a_missing_metric_is_a_warning_in_a_sweep_and_quiet_in_a_single_run(caplog):
+    objective = {"metric": "segm/APr", "direction": "maximize"}
+    with caplog.at_level(logging.DEBUG, logger="lazytrain.program.objective"):
+        assert get_job_value({}, objective, in_sweep=True) == -math.inf
+        (record,) = caplog.records
+        assert record.levelno == logging.WARNING and "the job returns -inf" in record.getMessage()
+        caplog.clear()
+        # A single run without evaluation: nothing on the console (the value is read by sweepers only).
+        assert get_job_value({}, objective, in_sweep=False) == -math.inf
+        assert [r.levelno for r in caplog.records] == [logging.DEBUG]
+        caplog.clear()
+        # A single run whose results lack it (a misspelled objective.metric): one quiet line.
+        assert get_job_value({"bbox": {"AP": 1.0}}, objective, in_sweep=False) == -math.inf
+        (record,) = caplog.records
+        assert record.levelno == logging.INFO and "(they have: bbox/AP)" in record.getMessage()
+    assert get_job_value({"segm": {"APr": 3.0}}, objective, in_sweep=False) == 3.0
 
 
 def test_failed_job_value_is_the_worst_float_and_survives_pickling():

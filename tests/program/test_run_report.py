@@ -1,0 +1,77 @@
+"""The closing block of a run: what it says without an evaluation, and what it says about experiment
+trackers (what each holds, the files they left, a W&B offline folder deleted mid-run). The demo run's header
+and closing block are tested in tests/engine/test_run_report.py."""
+
+import glob
+import logging
+import os
+import re
+import shutil
+
+from omegaconf import OmegaConf
+
+from lazytrain.engine.hooks import CallbackHook
+from lazytrain.engine.trackers.wandb import WandbTracker
+from lazytrain.program.run_report import format_run_summary
+from tests.engine.test_trackers import (  # noqa: F401  (the fixture keeps this machine's settings out)
+    _no_tracker_settings,
+    make_run_dir,
+    train_toy,
+)
+from tests.launch.test_entrypoint import ENGINE_TOY, lazytrain
+
+
+def summary_of(run_dir, trainer):
+    cfg = OmegaConf.create({"train": {"output_dir": str(run_dir)}})
+    return format_run_summary(cfg, trainer, 1.0)
+
+
+def test_a_run_without_evaluation_ends_without_talk_of_evaluation(tmp_path):
+    run_dir = tmp_path / "run"
+    result = lazytrain(
+        ENGINE_TOY, "~train.hooks.eval", "train.max_iter=2", f"hydra.run.dir={run_dir}", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert re.search(
+        r"Done: 2 iterations in 0:00:\d\d \(wall time\)(, \d+\.\d\d s/it)?; no evaluation", output
+    )
+    assert "with evaluation" not in output and "Final evaluation" not in output
+    # The config's objective (toy/AP) is for sweeps: a single run without evaluation does not mention it.
+    assert "objective.metric" not in output and "-inf" not in output
+
+
+def test_the_report_names_the_wandb_folder_and_the_command_that_uploads_it(tmp_path):
+    run_dir = make_run_dir(tmp_path / "run")
+    tracker = WandbTracker(str(run_dir), period=2)
+    summary = summary_of(run_dir, train_toy(run_dir, tracker, max_iter=2))
+    (folder,) = glob.glob(str(run_dir / "wandb" / "offline-run-*"))
+    relative = os.path.relpath(folder, run_dir)
+    assert (
+        f"\n  WandbTracker  offline run {tracker.run_id} in {folder} (upload it: wandb sync {folder}): "
+        in summary
+    )
+    assert "config, metrics of 2 logged iterations, 4 files\n" in summary
+    assert re.search(
+        rf"\n  wandb/ +W&B's offline run \({relative}\): upload it with wandb sync {folder}\n", summary
+    )
+
+
+def test_a_wandb_offline_folder_deleted_mid_run_is_one_line_and_reported(tmp_path, caplog):
+    run_dir = make_run_dir(tmp_path / "run")
+    tracker = WandbTracker(str(run_dir), period=2)
+    deleter = CallbackHook(after_step=lambda t: shutil.rmtree(run_dir / "wandb") if t.iter == 2 else None)
+    with caplog.at_level(logging.INFO, logger="lazytrain.engine.trackers"):
+        trainer = train_toy(
+            run_dir, tracker, max_iter=4, extra_hooks={"deleter": deleter}, before_tracker=True
+        )
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning.startswith("WandbTracker: gave up after 1 attempt") and "\n" not in warning
+    assert (
+        "(logging metrics: TrackingLost: the offline run folder " in warning
+        and "was deleted during the run" in warning
+    )
+    summary = summary_of(run_dir, trainer)
+    assert f"\n  WandbTracker  INCOMPLETE, offline run {tracker.run_id}, whose folder " in summary
+    assert "metrics of 1 of 3 logged iterations sent, 2 not" in summary
+    assert "wandb sync" not in summary  # no command pointing at nothing
