@@ -26,23 +26,14 @@ from lazytrain.engine.batch_norm import average_batch_norm_statistics
 from lazytrain.engine.optimizer import load_optimizer_state
 from lazytrain.utils import comm
 
-# Re-exported: these were defined here and are still imported from here. `Checkpointer.save` calls
-# `atomic_write` through this module's name, so replacing ``checkpoint.atomic_write`` reaches it (the
-# recipe kill/resume tests do, tests/conf/interruptions.py).
-from lazytrain.utils.file_io import PathManager, atomic_write, get_non_checkpoint_reason, load_torch_file
+# `Checkpointer.save` calls `atomic_write` through this module's name, so replacing
+# ``checkpoint.atomic_write`` reaches it (the recipe kill/resume tests do, tests/conf/interruptions.py).
+from lazytrain.utils.file_io import PathManager, atomic_write, load_torch_file
 
 if TYPE_CHECKING:
     from lazytrain.engine.ema import ModelEMA
 
-__all__ = [
-    "Checkpointer",
-    "LoadReport",
-    "PathManager",
-    "get_last_checkpoint",
-    "get_non_checkpoint_reason",
-    "load_model_state",
-    "load_torch_file",
-]
+__all__ = ["Checkpointer", "LoadReport", "get_last_checkpoint", "load_model_state"]
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import os
 
 from omegaconf import DictConfig
 
-from lazytrain.engine.checkpoint import get_non_checkpoint_reason
 from lazytrain.program.job_plan import get_resume_checkpoint, resumes_from_checkpoint
+from lazytrain.utils.file_io import get_non_checkpoint_reason
 
 __all__ = ["find_checkpoint_problems"]
 
