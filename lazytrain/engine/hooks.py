@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from lazytrain.engine.batch_norm import average_batch_norm_statistics
-from lazytrain.engine.train_loop import HookBase, get_rng_state, set_rng_state
+from lazytrain.engine.rng_state import get_rng_state, set_rng_state
+from lazytrain.engine.train_loop import HookBase
 from lazytrain.utils import comm
 from lazytrain.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardWriter
 from lazytrain.utils.logger import create_small_table

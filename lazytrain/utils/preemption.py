@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from types import FrameType, TracebackType
 
 __all__ = [
+    "REQUEST_SIGNALS",
     "REQUEUE_SIGNAL",
     "STOP_SIGNALS",
     "EvaluationStopped",
@@ -39,6 +40,7 @@ __all__ = [
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 REQUEUE_SIGNAL = signal.SIGUSR2  # submitit's default timeout/preemption signal
+REQUEST_SIGNALS = (*STOP_SIGNALS, REQUEUE_SIGNAL)  # every signal a `StopRequest` may record
 _ACTIVE: list[StopRequest] = []  # the entered requests of this process, innermost last
 
 
@@ -83,7 +85,7 @@ class StopRequest:
         if threading.current_thread() is not threading.main_thread():
             return self
         _ACTIVE.append(self)
-        for signum in (*STOP_SIGNALS, REQUEUE_SIGNAL):
+        for signum in REQUEST_SIGNALS:
             previous = signal.getsignal(signum)
             if previous is signal.SIG_IGN or signum == REQUEUE_SIGNAL and not callable(previous):
                 continue

@@ -1,12 +1,14 @@
 """Gradient accumulation (``train.images_per_forward``): one step of batch 8 equals 4 accumulated passes of 2."""
 
 import itertools
+from typing import NamedTuple
 
 import pytest
 import torch
 from pytest import param
 
-from lazytrain.engine.train_loop import SimpleTrainer, get_batch_size, split_batch
+from lazytrain.engine.accumulation import get_batch_size, split_batch
+from lazytrain.engine.train_loop import SimpleTrainer
 from lazytrain.launch.launch import launch
 from tests.engine import toy
 
@@ -75,6 +77,41 @@ def test_batches_split_by_their_form():
         TypeError, match=r"splits each training batch .*got str. Set train.images_per_forward"
     ):
         get_batch_size("not a batch")
+
+
+class Pair(NamedTuple):
+    images: torch.Tensor
+    records: list
+
+
+def test_a_named_tuple_batch_is_split_into_named_tuples():
+    x, _ = toy.regression_batch(6)
+    records = [{"image_id": i} for i in range(6)]
+    chunks = split_batch(Pair(x, records), 3)
+    assert [type(chunk) for chunk in chunks] == [Pair] * 3
+    assert torch.equal(chunks[2].images, x[4:]) and chunks[2].records == records[4:]
+    assert get_batch_size(Pair(x, records)) == 6
+
+
+@pytest.mark.parametrize(
+    "batch, got",
+    [
+        param(
+            (torch.zeros(6), torch.zeros(4)), r"got a tuple whose parts have batch sizes \[6, 4\]", id="sizes"
+        ),
+        param({"x": torch.zeros(6), "id": 3}, "got a dict holding an element of type int", id="number"),
+        param(torch.tensor(1.0), "got Tensor", id="scalar"),
+        param({}, "got an empty dict", id="empty"),
+    ],
+)
+def test_a_batch_that_cannot_be_split_says_what_it_holds(batch, got):
+    with pytest.raises(TypeError, match=f"{got}. Set train.images_per_forward=null"):
+        get_batch_size(batch)
+
+
+def test_split_batch_refuses_unequal_parts():
+    with pytest.raises(ValueError, match="a batch of 6 cannot be cut into 4 equal parts"):
+        split_batch(list(range(6)), 4)
 
 
 @pytest.mark.parametrize(

@@ -301,11 +301,11 @@ def test_in_process_resume_is_bit_exact_despite_random_draws_in_setup_and_eval(t
     after_resume = [(value, i) for value, i in resumed.storage.history("toy/AP").values() if i > 3]
     assert after_resume == [(value, i) for value, i in evaluated if i > 3] and len(after_resume) == 3
     if options.get("ema"):
-        for key, value in full.model_ema.weights.items():
-            assert torch.equal(value, resumed.model_ema.weights[key]), key
+        for key, value in full.model_ema.averaged_state.items():
+            assert torch.equal(value, resumed.model_ema.averaged_state[key]), key
         assert resumed.model_ema.updates == full.model_ema.updates == 10
         # The EMA weights were evaluated, not the trained ones.
-        assert evaluated[-1][0] == float(full.model_ema.weights["linear.weight"].sum())
+        assert evaluated[-1][0] == float(full.model_ema.averaged_state["linear.weight"].sum())
         assert evaluated[-1][0] != float(full.model.linear.weight.detach().sum())
 
 
