@@ -29,7 +29,8 @@ import time
 import numpy as np
 import torch
 
-from lazytrain.data.samplers import CategoryIndex, RepeatFactorTrainingSampler
+from lazytrain.data.repeat_factors import CategoryIndex, repeat_factors_from_category_frequency
+from lazytrain.data.samplers import RepeatFactorTrainingSampler
 
 LVIS_V1_TRAIN_IMAGES = 100170
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -142,7 +143,7 @@ def run(size: int, args: argparse.Namespace) -> dict:
     index = build_lvis_like(size, args.counts)
     row = {"images": size, "entries": len(index.categories), "build_s": time.perf_counter() - start}
     factors, row["vec_factors"] = median_time(
-        lambda: RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(index, args.thresh), 3
+        lambda: repeat_factors_from_category_frequency(index, args.thresh), 3
     )
     sampler = RepeatFactorTrainingSampler(factors, seed=0, rank=0, world_size=1)
     _, row["vec_epoch"] = median_time(lambda: sampler._epoch(torch.Generator().manual_seed(0)), 3)
@@ -153,7 +154,7 @@ def run(size: int, args: argparse.Namespace) -> dict:
     if size <= args.loop_max:
         records = to_records(index)
         by_records, row["vec_factors_records"] = median_time(
-            lambda: RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(records, args.thresh),
+            lambda: repeat_factors_from_category_frequency(records, args.thresh),
             1,
         )
         reference, row["loop_factors"] = median_time(lambda: loop_repeat_factors(records, args.thresh), 1)

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog  # noqa: E402
 from lazytrain.data.datasets.custom import get_default_repeat_thresh, register_json_dataset  # noqa: E402
 from lazytrain.data.datasets.lvis import load_lvis_json  # noqa: E402
-from lazytrain.data.samplers import RepeatFactorTrainingSampler  # noqa: E402
+from lazytrain.data.repeat_factors import repeat_factors_from_category_frequency  # noqa: E402
 
 
 def load(args: argparse.Namespace) -> dict[str, tuple[list[dict], list[str]]]:
@@ -88,7 +88,7 @@ def print_repeat_factors(records: list[dict], frequency: list[str], thresholds: 
         f"r_c {b} (min-max)" for b in buckets) + " |")  # fmt: skip
     print("|---" * (5 + len(buckets)) + "|")
     for threshold in thresholds:
-        factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(records, threshold)
+        factors = repeat_factors_from_category_frequency(records, threshold)
         category = {c: max(1.0, (threshold / (n / len(records))) ** 0.5) for c, n in images.items()}
         ranges = []
         for bucket in buckets:
