@@ -31,6 +31,8 @@ DEFAULT_ARTIFACTS = ("*.png", "*.csv", "metrics.json", "config.yaml")
 _WINDOW = 20  # the smoothing window of metrics.json (`JSONWriter`'s default)
 # Logged iterations kept while the store does not answer; older ones are dropped first (metrics.json has them).
 _MAX_UNSENT = 10_000
+# Seconds of further tries at the end of training when the store is failing (a short outage, a restart).
+_END_RETRIES = 10.0
 
 
 class Tracker(HookBase):
@@ -178,11 +180,11 @@ class Tracker(HookBase):
             return
         self._active = False
         self._collect()
-        deadline = time.monotonic() + self.timeout
-        if self._deliver_by(deadline):
+        if self._deliver_at_end():
+            deadline = time.monotonic() + self.timeout
             self._call_once("uploading files", lambda: self._send_files(self._get_artifact_paths()), deadline)
         if self.run_id is not None:
-            self._close(deadline)
+            self._close(time.monotonic() + self.timeout)
 
     def state_dict(self) -> dict:
         state: dict[str, Any] = {}
@@ -272,13 +274,22 @@ class Tracker(HookBase):
             return
         self._attempt(action, self.timeout)
 
-    def _deliver_by(self, deadline: float) -> bool:
-        """At the end of training: try until `deadline`, pausing 1, 2, 4 ... s; whether everything was sent."""
+    def _deliver_at_end(self) -> bool:
+        """Send what is left: at once when all is well, else with a few more tries over `_END_RETRIES` seconds
+        (pausing 1, 2, 4 ... s; there is no later moment to wait for). Whether everything was sent."""
+        if self._gave_up:
+            return False
+        if (
+            not self._retry.failing
+            and not self._worker.busy
+            and self._attempt("logging metrics", self.timeout)
+        ):
+            return True
+        deadline = time.monotonic() + min(self.timeout, _END_RETRIES)
         pause = 1.0
         while not self._gave_up:
-            if self._worker.wait(deadline - time.monotonic()) and self._attempt(
-                "logging metrics", max(deadline - time.monotonic(), 1.0)
-            ):
+            left = deadline - time.monotonic()
+            if self._worker.wait(left) and self._attempt("logging metrics", max(left, 1.0)):
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
