@@ -30,15 +30,9 @@ from torchvision.ops import boxes as box_ops
 
 from lazytrain.modeling.box_coding import BoxCoder
 from lazytrain.modeling.classification_losses import ClassificationLoss
-from lazytrain.modeling.matching import Matcher, gather_boxes
-from lazytrain.modeling.roi_heads import (
-    RoIHeads,
-    _Batch,
-    _Samples,
-    box_losses,
-    get_predictor_loss,
-    match_rois,
-)
+from lazytrain.modeling.matching import Matcher, gather_boxes, match_rois
+from lazytrain.modeling.roi_heads import BranchInputs, RoIHeads, detection_dicts
+from lazytrain.modeling.roi_losses import box_losses, get_predictor_loss
 
 __all__ = ["CascadeRoIHeads"]
 
@@ -193,40 +187,27 @@ class CascadeRoIHeads(RoIHeads):
         """The classification loss of `stage`'s predictor (the last stage's by default)."""
         return get_predictor_loss(self.box_predictor[stage])
 
-    def forward(
-        self,
-        features: dict[str, Tensor],
-        proposals: list[Tensor],
-        image_shapes: list[tuple[int, int]],
-        targets: list[dict[str, Tensor]] | None = None,
+    def _run_box_branch(
+        self, inputs: BranchInputs, proposals: list[Tensor]
     ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
-        features, samples = self._prepare(features, proposals, targets)
-        stages = self._run_stages(features, proposals, image_shapes, samples, targets)
-        result: list[dict[str, Tensor]] = []
+        """Every box stage in turn: each stage's box losses in training (no detections), the detections in
+        eval (no losses)."""
+        stages = self._run_box_stages(inputs, proposals)
+        if inputs.samples is None:
+            return detection_dicts(*self._detect(stages, inputs.image_shapes)), {}
         losses: dict[str, Tensor] = {}
-        if samples is not None:
-            for index, stage in enumerate(stages):
-                loss = self.get_classification_loss(index)
-                stage_losses = box_losses(
-                    loss, stage.class_logits, stage.box_regression, stage.labels, stage.regression_targets
-                )
-                losses.update({f"{name}_stage{index}": value for name, value in stage_losses.items()})
-        else:
-            boxes, scores, labels = self._detect(stages, image_shapes)
-            result = [{"boxes": b, "labels": c, "scores": s} for b, s, c in zip(boxes, scores, labels)]
-        # The mask branch trains on the first stage's sampled foreground RoIs (`samples`), as in detectron2.
-        losses.update(self._run_branches(_Batch(features, image_shapes, targets, samples, result)))
-        return result, losses
+        for index, stage in enumerate(stages):
+            loss = self.get_classification_loss(index)
+            stage_losses = box_losses(
+                loss, stage.class_logits, stage.box_regression, stage.labels, stage.regression_targets
+            )
+            losses.update({f"{name}_stage{index}": value for name, value in stage_losses.items()})
+        return [], losses
 
-    def _run_stages(
-        self,
-        features: dict[str, Tensor],
-        proposals: list[Tensor],
-        image_shapes: list[tuple[int, int]],
-        samples: _Samples | None,
-        targets: list[dict[str, Tensor]] | None,
-    ) -> list[_Stage]:
-        """Every stage in turn, each on the previous stage's regressed boxes."""
+    def _run_box_stages(self, inputs: BranchInputs, proposals: list[Tensor]) -> list[_Stage]:
+        """Every stage in turn, each on the previous stage's regressed boxes (the first on the sampled RoIs in
+        training, on the proposals in eval)."""
+        features, image_shapes, targets, samples = inputs
         labels = regression_targets = None
         if samples is not None:
             proposals, labels, regression_targets = (
@@ -240,11 +221,11 @@ class CascadeRoIHeads(RoIHeads):
                 proposals = self._refined_boxes(index - 1, stages[-1], image_shapes)
                 if samples is not None:
                     labels, regression_targets = self.label_proposals(index, proposals, targets)
-            class_logits, box_regression = self._run_stage(index, features, proposals, image_shapes)
+            class_logits, box_regression = self._run_box_stage(index, features, proposals, image_shapes)
             stages.append(_Stage(class_logits, box_regression, proposals, labels, regression_targets))
         return stages
 
-    def _run_stage(
+    def _run_box_stage(
         self,
         index: int,
         features: dict[str, Tensor],

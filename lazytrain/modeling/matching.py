@@ -1,10 +1,11 @@
 """Matching boxes to ground truth for a whole batch at once, with torchvision's rules and results.
 
 torchvision's RPN and RoI heads match each image's anchors or RoIs to its ground-truth boxes in a Python loop:
-an IoU matrix, the `Matcher`'s thresholds and the labels cost about 35 device operations (kernel launches)
+an IoU matrix, the `Matcher`'s thresholds and the labels cost a few dozen device operations (kernel launches)
 per image and loop. Here the images' ground-truth boxes are padded to the batch's largest count, every
 image's matrix is one slice of a [N, G, P] tensor (padding at IoU -1, below every real IoU, never matched),
-and the operations run once per batch: the same IoUs bit for bit, the same matches.
+and the operations run once per batch: the same IoUs bit for bit, the same matches. `match_rois` adds the
+matched classes of the RoI heads' RoIs.
 
 The IoU matrices of a batch take N times the memory of one image's, so the images go through in chunks of
 at most `MAX_IOU_ELEMENTS` IoUs (one image at least): an R50-FPN batch of 8 at 800 x 1344 px (~270,000
@@ -16,16 +17,21 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torchvision.models.detection import _utils as det_utils
+
+from lazytrain.modeling.host_values import to_device
 
 __all__ = [
     "MAX_IOU_ELEMENTS",
     "Matcher",
     "PaddedBoxes",
+    "RoIMatch",
     "box_iou_padded",
     "gather_boxes",
     "match_padded",
+    "match_rois",
     "pad_boxes",
 ]
 
@@ -91,8 +97,7 @@ def pad_boxes(boxes: list[Tensor]) -> PaddedBoxes:
     padded = torch.nn.utils.rnn.pad_sequence(boxes, batch_first=True)
     if padded.shape[1] == 0:
         padded = padded.new_zeros((padded.shape[0], 1, 4))
-    # Built on the host and copied without blocking: the counts are known there.
-    counts = torch.tensor([b.shape[0] for b in boxes]).to(padded.device, non_blocking=True)
+    counts = to_device([b.shape[0] for b in boxes], padded.device)
     valid = torch.arange(padded.shape[1], device=padded.device) < counts[:, None]
     return PaddedBoxes(padded, valid)
 
@@ -140,3 +145,35 @@ def match_padded(
 def gather_boxes(boxes: Tensor, index: Tensor) -> Tensor:
     """[N, P, 4]: for each image, the rows of `boxes` [N, M, 4] at `index` [N, P]."""
     return boxes.gather(1, index[..., None].expand(-1, -1, 4))
+
+
+class RoIMatch(NamedTuple):
+    """The RoIs of a batch matched to their images' ground truth (`match_rois`), padded per image."""
+
+    rois: PaddedBoxes  # [N, R, 4]
+    gt: PaddedBoxes  # [N, G, 4]
+    matches: Tensor  # [N, R]: the matcher's output (-1 below the low threshold, -2 between)
+    index: Tensor  # [N, R]: the matched ground-truth index, 0 where none (torchvision's clamped index)
+    labels: Tensor  # [N, R]: the matched ground truth's class, 0 (background) below the low threshold
+
+
+def match_rois(
+    matcher: Matcher, rois: list[Tensor], gt_boxes: list[Tensor], gt_labels: list[Tensor]
+) -> RoIMatch:
+    """torchvision's ``assign_targets_to_proposals`` for all images at once (`match_padded`):
+    the same matches and labels, without the ignored label (-1, between the thresholds) that the caller sets
+    where its matcher has such a band. An image without ground truth: every RoI background, index 0.
+
+    Args:
+        matcher: IoU thresholds (`Matcher`).
+        rois: per image [R_i, 4].
+        gt_boxes: per image [G_i, 4], in the dtype of `rois`.
+        gt_labels: per image [G_i] int64 classes (1..K).
+    """
+    rois_padded, gt = pad_boxes(rois), pad_boxes(gt_boxes)
+    matches = match_padded(matcher, gt, rois_padded)
+    index = matches.clamp(min=0)
+    padded_labels = torch.nn.utils.rnn.pad_sequence(gt_labels, batch_first=True)
+    padded_labels = F.pad(padded_labels, (0, gt.boxes.shape[1] - padded_labels.shape[1]))
+    labels = padded_labels.gather(1, index).masked_fill(matches == matcher.BELOW_LOW_THRESHOLD, 0)
+    return RoIMatch(rois_padded, gt, matches, index, labels)

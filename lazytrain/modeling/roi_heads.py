@@ -6,9 +6,10 @@ another. This subclass asks ``box_predictor.loss`` (a `ClassificationLoss`; soft
 predictor has none, as torchvision's own predictors) for the classification loss and for the scores.
 
 Everything else is torchvision's: the constructor and attribute names (so torchvision checkpoints and
-config keys such as ``model.roi_heads.score_thresh`` keep working), proposal matching and sampling
-(inherited methods), the smooth L1 box loss, the postprocessing (clip, score threshold, small boxes, per-class
-NMS, top detections), and the keypoint branch (torchvision's loss and inference functions). The mask branch
+config keys such as ``model.roi_heads.score_thresh`` keep working), the matching and sampling of the training
+RoIs (`SampledRoIs`; for the batch at once), the smooth L1 box loss (`lazytrain.modeling.roi_losses`), the
+selection of the detections (clip, score threshold, small boxes, per-class NMS, top detections;
+`lazytrain.modeling.box_selection`), and the keypoint branch (torchvision's loss and inference functions). The mask branch
 asks a `MaskPredictor` for the logits of one class per RoI (the ground-truth class in training, the detected
 class in eval) instead of all K+1 (torchvision's predictor still gets torchvision's functions). With softmax
 cross-entropy it gives torchvision's losses and detections: exactly for boxes and keypoints, within float
@@ -21,40 +22,30 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torchvision.models.detection.roi_heads import RoIHeads as TorchvisionRoIHeads
 from torchvision.models.detection.roi_heads import (
     keypointrcnn_inference,
     keypointrcnn_loss,
     maskrcnn_inference,
     maskrcnn_loss,
-    project_masks_on_boxes,
 )
-from torchvision.ops import boxes as box_ops
 
-from lazytrain.modeling.box_coding import BoxCoder, clip_to_image_sizes
-from lazytrain.modeling.classification_losses import ClassificationLoss, SoftmaxCrossEntropy
+from lazytrain.modeling.box_coding import BoxCoder
+from lazytrain.modeling.box_selection import select_detections
+from lazytrain.modeling.classification_losses import ClassificationLoss
 from lazytrain.modeling.heads import MaskPredictor
-from lazytrain.modeling.matching import Matcher, PaddedBoxes, gather_boxes, match_padded, pad_boxes
-from lazytrain.modeling.nms import batched_nms
-from lazytrain.modeling.poolers import MultiScaleRoIAlign
+from lazytrain.modeling.matching import Matcher, gather_boxes, match_rois
+from lazytrain.modeling.roi_losses import box_losses, get_predictor_loss, mask_loss
 from lazytrain.modeling.sampling import BalancedMaskSampler
 
-__all__ = [
-    "RoIHeads",
-    "RoIMatch",
-    "box_losses",
-    "box_regression_loss",
-    "get_predictor_loss",
-    "mask_loss",
-    "match_rois",
-]
-
-_DEFAULT_LOSS = SoftmaxCrossEntropy()  # stateless, so one instance serves every model
+__all__ = ["BranchInputs", "RoIHeads", "SampledRoIs", "detection_dicts"]
 
 
-class _Samples(NamedTuple):
-    """The training RoIs of each image and what they were matched to."""
+class SampledRoIs(NamedTuple):
+    """The training RoIs of each image (proposals and ground-truth boxes, sampled) and what they were matched
+    to: per image the RoIs [R_i, 4], each one's matched ground-truth index, class (0: background) and box
+    regression target."""
 
     proposals: list[Tensor]
     matched_idxs: list[Tensor]
@@ -65,77 +56,14 @@ class _Samples(NamedTuple):
     num_foreground: list[int] | None = None
 
 
-class _Batch(NamedTuple):
-    """What the mask and keypoint branches need of one forward pass (`samples` is None in eval, where the
-    branches add their outputs to the `result` detections)."""
+class BranchInputs(NamedTuple):
+    """What the branches of the RoI heads (box, mask, keypoint) take of one forward pass: the feature maps the
+    poolers read, the images' sizes and, in training, the targets and the sampled RoIs (both None in eval)."""
 
     features: dict[str, Tensor]
     image_shapes: list[tuple[int, int]]
     targets: list[dict[str, Tensor]] | None
-    samples: _Samples | None
-    result: list[dict[str, Tensor]]
-
-
-def box_regression_loss(box_regression: Tensor, labels: Tensor, regression_targets: Tensor) -> Tensor:
-    """Smooth L1 (beta 1/9) between the foreground RoIs' deltas for their class and their targets, summed
-    and divided by the number of RoIs (torchvision's Fast R-CNN box loss).
-
-    Args:
-        box_regression: [N, (K+1) * 4] per-class deltas, or [N, 4] class-agnostic ones.
-        labels: [N] classes, 0 the background.
-        regression_targets: [N, 4] encoded target deltas.
-    """
-    # Every RoI's deltas for its class, with the background's terms zeroed instead of the foreground picked
-    # out with `torch.where` (an output size read from the device, a host sync on a GPU).
-    foreground = (labels > 0)[:, None]
-    class_agnostic = box_regression.shape[1] == 4  # K >= 1, so per-class deltas are at least 8 wide
-    index = (labels.clamp(min=0) * (0 if class_agnostic else 1))[:, None, None].expand(-1, 1, 4)
-    deltas = box_regression.reshape(len(labels), -1, 4).gather(1, index)[:, 0]
-    targets = regression_targets.masked_fill(~foreground, 0.0)
-    per_coordinate = F.smooth_l1_loss(deltas, targets, beta=1 / 9, reduction="none")
-    return per_coordinate.masked_fill(~foreground, 0.0).sum() / labels.numel()
-
-
-def mask_loss(
-    mask_logits: Tensor, boxes: list[Tensor], gt_masks: list[Tensor], matched: list[Tensor]
-) -> Tensor:
-    """Binary cross-entropy between each foreground RoI's mask logits (of its ground-truth class) and its
-    target mask cropped and resized to the logits' size (torchvision's ``maskrcnn_loss`` for one channel).
-
-    Args:
-        mask_logits: [N, 1, M, M] logits of each RoI's ground-truth class, RoIs of all images in order.
-        boxes: per image, the foreground RoIs [N_i, 4].
-        gt_masks: per image, the ground-truth masks [G_i, H, W].
-        matched: per image, the ground-truth index [N_i] each RoI was matched to.
-    """
-    size = mask_logits.shape[-1]
-    targets = [project_masks_on_boxes(m, b, i, size) for m, b, i in zip(gt_masks, boxes, matched)]
-    mask_targets = torch.cat(targets, dim=0)
-    if mask_targets.numel() == 0:  # the mean of an empty tensor is NaN; keep the graph connected instead
-        return mask_logits.sum() * 0
-    return F.binary_cross_entropy_with_logits(mask_logits[:, 0], mask_targets)
-
-
-def get_predictor_loss(box_predictor: nn.Module) -> ClassificationLoss:
-    """A box predictor's ``loss``, or softmax cross-entropy for a predictor without one (torchvision's)."""
-    loss = getattr(box_predictor, "loss", None)
-    return _DEFAULT_LOSS if loss is None else loss
-
-
-def box_losses(
-    loss: ClassificationLoss,
-    class_logits: Tensor,
-    box_regression: Tensor,
-    labels: list[Tensor],
-    regression_targets: list[Tensor],
-) -> dict[str, Tensor]:
-    """``loss_classifier`` from `loss` and torchvision's ``loss_box_reg`` (`box_regression_loss`) of the RoIs
-    of all images (`labels` and `regression_targets` per image, in the logits' order)."""
-    labels_all = torch.cat(labels, dim=0)
-    return {
-        "loss_classifier": loss(class_logits, labels_all),
-        "loss_box_reg": box_regression_loss(box_regression, labels_all, torch.cat(regression_targets)),
-    }
+    samples: SampledRoIs | None
 
 
 def _check_target_types(targets: list[dict[str, Tensor]], keypoints: bool) -> None:
@@ -148,7 +76,7 @@ def _check_target_types(targets: list[dict[str, Tensor]], keypoints: bool) -> No
             raise TypeError(f"RoIHeads: target keypoints must be float32; got {target['keypoints'].dtype}")
 
 
-def _foreground(samples: _Samples) -> tuple[list[Tensor], list[Tensor]]:
+def _foreground(samples: SampledRoIs) -> tuple[list[Tensor], list[Tensor]]:
     """Per image, the foreground training RoIs and their matched target index (for the mask/keypoint heads)."""
     if samples.num_foreground is not None:  # foreground first: slices, no host sync
         boxes = [proposals[:count] for proposals, count in zip(samples.proposals, samples.num_foreground)]
@@ -162,7 +90,7 @@ def _foreground(samples: _Samples) -> tuple[list[Tensor], list[Tensor]]:
     return boxes, matched
 
 
-def _branch_boxes(samples: _Samples | None, result: list[dict[str, Tensor]]) -> tuple[list[Tensor], list]:
+def _branch_boxes(samples: SampledRoIs | None, result: list[dict[str, Tensor]]) -> tuple[list[Tensor], list]:
     """The boxes a mask or keypoint branch pools: in training the foreground RoIs (and their matched target
     index), in eval the detections (no match)."""
     if samples is not None:
@@ -170,36 +98,11 @@ def _branch_boxes(samples: _Samples | None, result: list[dict[str, Tensor]]) -> 
     return [detection["boxes"] for detection in result], []
 
 
-class RoIMatch(NamedTuple):
-    """The RoIs of a batch matched to their images' ground truth (`match_rois`), padded per image."""
-
-    rois: PaddedBoxes  # [N, R, 4]
-    gt: PaddedBoxes  # [N, G, 4]
-    matches: Tensor  # [N, R]: the matcher's output (-1 below the low threshold, -2 between)
-    index: Tensor  # [N, R]: the matched ground-truth index, 0 where none (torchvision's clamped index)
-    labels: Tensor  # [N, R]: the matched ground truth's class, 0 (background) below the low threshold
-
-
-def match_rois(
-    matcher: Matcher, rois: list[Tensor], gt_boxes: list[Tensor], gt_labels: list[Tensor]
-) -> RoIMatch:
-    """torchvision's ``assign_targets_to_proposals`` for all images at once (`lazytrain.modeling.matching`):
-    the same matches and labels, without the ignored label (-1, between the thresholds) that the caller sets
-    where its matcher has such a band. An image without ground truth: every RoI background, index 0.
-
-    Args:
-        matcher: IoU thresholds (`lazytrain.modeling.matching.Matcher`).
-        rois: per image [R_i, 4].
-        gt_boxes: per image [G_i, 4], in the dtype of `rois`.
-        gt_labels: per image [G_i] int64 classes (1..K).
-    """
-    rois_padded, gt = pad_boxes(rois), pad_boxes(gt_boxes)
-    matches = match_padded(matcher, gt, rois_padded)
-    index = matches.clamp(min=0)
-    padded_labels = torch.nn.utils.rnn.pad_sequence(gt_labels, batch_first=True)
-    padded_labels = F.pad(padded_labels, (0, gt.boxes.shape[1] - padded_labels.shape[1]))
-    labels = padded_labels.gather(1, index).masked_fill(matches == matcher.BELOW_LOW_THRESHOLD, 0)
-    return RoIMatch(rois_padded, gt, matches, index, labels)
+def detection_dicts(
+    boxes: list[Tensor], scores: list[Tensor], labels: list[Tensor]
+) -> list[dict[str, Tensor]]:
+    """Per image, torchvision's detection dict (``boxes``, ``labels``, ``scores``) of the selected detections."""
+    return [{"boxes": b, "labels": c, "scores": s} for b, s, c in zip(boxes, scores, labels)]
 
 
 class RoIHeads(TorchvisionRoIHeads):
@@ -231,7 +134,7 @@ class RoIHeads(TorchvisionRoIHeads):
 
     def select_training_samples(
         self, proposals: list[Tensor], targets: list[dict[str, Tensor]] | None
-    ) -> _Samples:
+    ) -> SampledRoIs:
         """Per image, the sampled RoIs (the ground-truth boxes added to the proposals), their matched
         ground-truth index, class (0: background) and box regression target.
 
@@ -241,7 +144,7 @@ class RoIHeads(TorchvisionRoIHeads):
         sampler, torchvision's method and order.
         """
         if not isinstance(self.fg_bg_sampler, BalancedMaskSampler):
-            return _Samples(*super().select_training_samples(proposals, targets))
+            return SampledRoIs(*super().select_training_samples(proposals, targets))
         self.check_targets(targets)
         gt_boxes = [t["boxes"].to(proposals[0].dtype) for t in targets]
         rois = self.add_gt_proposals(proposals, gt_boxes)
@@ -255,7 +158,7 @@ class RoIHeads(TorchvisionRoIHeads):
         regression_targets = self.box_coder.encode_single(matched_gt_boxes.flatten(0, 1), boxes.flatten(0, 1))
         per_image = (boxes, index, labels.gather(1, order), regression_targets.view_as(boxes))
         sampled = [[values[image, :count] for image, count in enumerate(num_sampled)] for values in per_image]
-        return _Samples(*sampled, num_foreground)
+        return SampledRoIs(*sampled, num_foreground)
 
     def _draw_samples(self, labels: Tensor) -> tuple[Tensor, list[int], list[int]]:
         """Each image's RoIs ordered foreground-sampled first, then background-sampled, then the rest (each
@@ -280,39 +183,41 @@ class RoIHeads(TorchvisionRoIHeads):
         image_shapes: list[tuple[int, int]],
         targets: list[dict[str, Tensor]] | None = None,
     ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
-        features, samples = self._prepare(features, proposals, targets)
-        proposals = proposals if samples is None else samples.proposals
-        box_features = self.box_head(self.box_roi_pool(features, proposals, image_shapes))
-        class_logits, box_regression = self.box_predictor(box_features)
-        result: list[dict[str, Tensor]] = []
-        if samples is not None:
-            losses = self.box_losses(class_logits, box_regression, samples.labels, samples.regression_targets)
-        else:
-            losses = {}
-            boxes, scores, labels = self.postprocess_detections(
-                class_logits, box_regression, proposals, image_shapes
-            )
-            result = [{"boxes": b, "labels": c, "scores": s} for b, s, c in zip(boxes, scores, labels)]
-        losses.update(self._run_branches(_Batch(features, image_shapes, targets, samples, result)))
-        return result, losses
-
-    def _prepare(
-        self, features: dict[str, Tensor], proposals: list[Tensor], targets: list[dict[str, Tensor]] | None
-    ) -> tuple[dict[str, Tensor], _Samples | None]:
-        """The maps the poolers read (`_pooled_maps_in_float32`) and, in training, the sampled RoIs."""
         if targets is not None:
             _check_target_types(targets, self.has_keypoint())
         samples = self.select_training_samples(proposals, targets) if self.training else None
-        return self._pooled_maps_in_float32(features), samples
+        inputs = BranchInputs(self._pooled_maps_in_float32(features), image_shapes, targets, samples)
+        result, losses = self._run_box_branch(inputs, proposals)
+        # The mask branch trains on the sampled foreground RoIs (a cascade's: its first stage's, as detectron2).
+        losses.update(self._run_branches(inputs, result))
+        return result, losses
 
-    def _run_branches(self, batch: _Batch) -> dict[str, Tensor]:
-        """The mask and keypoint branches: their losses in training, their outputs added to `batch.result`
-        in eval."""
+    def _run_box_branch(
+        self, inputs: BranchInputs, proposals: list[Tensor]
+    ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
+        """The box head and predictor on the sampled RoIs (training: the box losses, no detections) or on the
+        proposals (eval: the detections, no losses)."""
+        features, image_shapes, _, samples = inputs
+        proposals = proposals if samples is None else samples.proposals
+        box_features = self.box_head(self.box_roi_pool(features, proposals, image_shapes))
+        class_logits, box_regression = self.box_predictor(box_features)
+        if samples is not None:
+            return [], self.box_losses(
+                class_logits, box_regression, samples.labels, samples.regression_targets
+            )
+        boxes, scores, labels = self.postprocess_detections(
+            class_logits, box_regression, proposals, image_shapes
+        )
+        return detection_dicts(boxes, scores, labels), {}
+
+    def _run_branches(self, inputs: BranchInputs, result: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        """The mask and keypoint branches: their losses in training, their outputs added to the detections
+        `result` in eval."""
         losses = {}
         if self.has_mask():
-            losses.update(self._mask_branch(batch))
+            losses.update(self._mask_branch(inputs, result))
         if self.has_keypoint():
-            losses.update(self._keypoint_branch(batch))
+            losses.update(self._keypoint_branch(inputs, result))
         return losses
 
     def _pooled_maps_in_float32(self, features: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -363,87 +268,26 @@ class RoIHeads(TorchvisionRoIHeads):
         self, boxes: Tensor, scores: Tensor, proposals: list[Tensor], image_shapes: list[tuple[int, int]]
     ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
         """Per image: boxes, scores and labels (1..K) of the detections kept from every RoI's decoded boxes
-        `boxes` [R, K+1, 4] and `scores` [R, K+1] (RoIs of all images in the order of `proposals`): score
-        threshold, small boxes, per-class NMS, top `detections_per_img` (torchvision's steps and results).
+        [R, K+1, 4] and scores [R, K+1] (`lazytrain.modeling.box_selection.select_detections` with these
+        heads' ``score_thresh``, ``nms_thresh``, ``detections_per_img`` and ``compiled_nms``)."""
+        return select_detections(
+            boxes, scores, proposals, image_shapes, score_thresh=self.score_thresh, nms_thresh=self.nms_thresh,
+            detections_per_img=self.detections_per_img, compiled_nms=self.compiled_nms,
+        )  # fmt: skip
 
-        The thresholds run on the whole batch with one host read (`_candidates`; torchvision: two
-        ``torch.where`` per image), NMS image by image; under tracing and ``torch.export``, everything image
-        by image (`_detections_in_image`), which records no candidate count."""
-        if torch.jit.is_tracing() or torch.compiler.is_exporting():
-            # shape[0], not len(): a trace (model export) keeps the former dynamic and freezes the latter.
-            per_image = [p.shape[0] for p in proposals]
-            kept = [
-                self._detections_in_image(image_boxes, image_scores, image_shape)
-                for image_boxes, image_scores, image_shape in zip(
-                    boxes.split(per_image), scores.split(per_image), image_shapes
-                )
-            ]
-        else:
-            kept = [
-                self._nms_in_image(*candidates, image_shape)
-                for *candidates, image_shape in zip(*self._candidates(boxes, scores, proposals, image_shapes))
-            ]
-        return [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept]
-
-    def _candidates(
-        self, boxes: Tensor, scores: Tensor, proposals: list[Tensor], image_shapes: list[tuple[int, int]]
-    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...], list[tuple[int, int]]]:
-        """Per image, the boxes, scores and labels of every (RoI, foreground class) scoring above
-        `score_thresh` whose box, clipped to its image, is at least 0.01 px wide and high, in torchvision's
-        order (RoI, then class); the host reads the number per image, once for the batch."""
-        num_images, num_classes = len(proposals), scores.shape[1] - 1
-        # Built on the host and copied without blocking: torch.tensor(..., device=) would wait for the device.
-        counts = torch.tensor([p.shape[0] for p in proposals]).to(boxes.device, non_blocking=True)
-        image_of_roi = torch.arange(num_images, device=boxes.device).repeat_interleave(
-            counts, output_size=boxes.shape[0]
-        )
-        sizes = torch.tensor(image_shapes, dtype=boxes.dtype).to(boxes.device, non_blocking=True)
-        boxes = clip_to_image_sizes(boxes[:, 1:], sizes[image_of_roi])  # column 0, the background: never
-        scores = scores[:, 1:]
-        widths, heights = boxes[..., 2] - boxes[..., 0], boxes[..., 3] - boxes[..., 1]
-        candidate = (scores > self.score_thresh) & (widths >= 1e-2) & (heights >= 1e-2)
-        per_image = torch.zeros(num_images, dtype=torch.int64, device=boxes.device)
-        per_image = per_image.index_add_(0, image_of_roi, candidate.sum(dim=1)).tolist()  # the host read
-        index = torch.nonzero_static(candidate.flatten(), size=sum(per_image))[:, 0]
-        labels = index % num_classes + 1
-        found = (boxes.reshape(-1, 4)[index], scores.flatten()[index], labels)
-        return (*(values.split(per_image) for values in found), image_shapes)
-
-    def _nms_in_image(
-        self, boxes: Tensor, scores: Tensor, labels: Tensor, image_shape: tuple[int, int]
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-class NMS of one image's candidates and its top `detections_per_img`."""
-        keep = batched_nms(boxes, scores, labels, self.nms_thresh, image_shape, compiled=self.compiled_nms)
-        keep = keep[: self.detections_per_img]
-        return boxes[keep], scores[keep], labels[keep]
-
-    def _detections_in_image(
-        self, boxes: Tensor, scores: Tensor, image_shape: tuple[int, int]
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """One detection per (RoI, foreground class) above `score_thresh`, then per-class NMS and the top
-        `detections_per_img`. `boxes` [R, K+1, 4], `scores` [R, K+1]."""
-        boxes = box_ops.clip_boxes_to_image(boxes, image_shape)
-        labels = torch.arange(scores.shape[1], device=scores.device).view(1, -1).expand_as(scores)
-        # Column 0 is the background: never a detection.
-        boxes, scores, labels = boxes[:, 1:].reshape(-1, 4), scores[:, 1:].flatten(), labels[:, 1:].flatten()
-        keep = torch.where(scores > self.score_thresh)[0]
-        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
-        keep = box_ops.remove_small_boxes(boxes, min_size=1e-2)
-        return self._nms_in_image(boxes[keep], scores[keep], labels[keep], image_shape)
-
-    def _mask_branch(self, batch: _Batch) -> dict[str, Tensor]:
+    def _mask_branch(self, inputs: BranchInputs, result: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         """Training: ``loss_mask`` on the foreground RoIs. Eval: adds ``masks`` to each detection dict."""
-        features, image_shapes, targets, samples, result = batch
+        features, image_shapes, targets, samples = inputs
         if (
             samples is None
             and torch.compiler.is_exporting()
             and isinstance(self.mask_predictor, MaskPredictor)
         ):
-            return self._fixed_capacity_mask_branch(batch)
+            return self._fixed_capacity_mask_branch(inputs, result)
         boxes, matched = _branch_boxes(samples, result)
         mask_features = self.mask_head(self.mask_roi_pool(features, boxes, image_shapes))
         if not isinstance(self.mask_predictor, MaskPredictor):  # e.g. torchvision's: logits of every class
-            return self._all_class_mask_branch(mask_features, boxes, matched, batch)
+            return self._all_class_mask_branch(mask_features, boxes, matched, inputs, result)
         if samples is not None:
             gt_labels = torch.cat([t["labels"][index] for t, index in zip(targets, matched)])
             mask_logits = self.mask_predictor(mask_features, gt_labels)
@@ -454,20 +298,17 @@ class RoIHeads(TorchvisionRoIHeads):
             detection["masks"] = image_probabilities
         return {}
 
-    def _has_fixed_capacity_masks(self) -> bool:
-        return isinstance(self.mask_predictor, MaskPredictor) and isinstance(
-            self.mask_roi_pool, MultiScaleRoIAlign
-        )
-
-    def _fixed_capacity_mask_branch(self, batch: _Batch) -> dict[str, Tensor]:
+    def _fixed_capacity_mask_branch(
+        self, inputs: BranchInputs, result: list[dict[str, Tensor]]
+    ) -> dict[str, Tensor]:
         """The eval mask branch under ``torch.export``: each image's detections padded to
         ``detections_per_img`` before the mask head, the masks of the real ones kept (same values).
 
-        AOTInductor (torch 2.14.1, CPU) computes the mask head's reductions wrong when the number of RoIs
-        depends on the data (logits off by ~1, while the box head's are right); on a fixed number they are
+        AOTInductor on the CPU computes the mask head's reductions wrong when the number of RoIs depends on
+        the data (docs/benchmarks.md, "modeling"), while the box head's are right; on a fixed number they are
         right (the RoIs pooled from every FPN level, `MultiScaleRoIAlign`'s ``every_level``, so that no size
         depends on the data), and the other targets give the same masks either way."""
-        features, image_shapes, _, _, result = batch
+        features, image_shapes = inputs.features, inputs.image_shapes
         capacity = self.detections_per_img
         boxes, labels = [], []
         for detection in result:
@@ -482,22 +323,27 @@ class RoIHeads(TorchvisionRoIHeads):
         return {}
 
     def _all_class_mask_branch(
-        self, mask_features: Tensor, boxes: list[Tensor], matched: list[Tensor], batch: _Batch
+        self,
+        mask_features: Tensor,
+        boxes: list[Tensor],
+        matched: list[Tensor],
+        inputs: BranchInputs,
+        result: list[dict[str, Tensor]],
     ) -> dict[str, Tensor]:
         """The mask branch for predictors that return every class's logits (torchvision's functions)."""
         mask_logits = self.mask_predictor(mask_features)
-        if batch.samples is not None:
-            gt_masks = [t["masks"] for t in batch.targets]
-            gt_labels = [t["labels"] for t in batch.targets]
+        if inputs.samples is not None:
+            gt_masks = [t["masks"] for t in inputs.targets]
+            gt_labels = [t["labels"] for t in inputs.targets]
             return {"loss_mask": maskrcnn_loss(mask_logits, boxes, gt_masks, gt_labels, matched)}
-        labels = [detection["labels"] for detection in batch.result]
-        for probabilities, detection in zip(maskrcnn_inference(mask_logits, labels), batch.result):
+        labels = [detection["labels"] for detection in result]
+        for probabilities, detection in zip(maskrcnn_inference(mask_logits, labels), result):
             detection["masks"] = probabilities
         return {}
 
-    def _keypoint_branch(self, batch: _Batch) -> dict[str, Tensor]:
+    def _keypoint_branch(self, inputs: BranchInputs, result: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         """Training: ``loss_keypoint``. Eval: adds ``keypoints`` and ``keypoints_scores`` to each detection."""
-        features, image_shapes, targets, samples, result = batch
+        features, image_shapes, targets, samples = inputs
         boxes, matched = _branch_boxes(samples, result)
         features = self.keypoint_head(self.keypoint_roi_pool(features, boxes, image_shapes))
         keypoint_logits = self.keypoint_predictor(features)

@@ -1,4 +1,4 @@
-"""Matching a batch at once (`lazytrain.modeling.matching`, `roi_heads.match_rois`): torchvision's IoUs,
+"""Matching a batch at once (`lazytrain.modeling.matching`, `match_rois`): torchvision's IoUs,
 matches, labels and training RoIs, image by image, with padding and images without ground truth."""
 
 import pytest
@@ -8,8 +8,8 @@ from torchvision.models.detection import _utils as det_utils
 from torchvision.models.detection.roi_heads import RoIHeads as TorchvisionRoIHeads
 from torchvision.ops import box_iou
 
-from lazytrain.modeling.matching import Matcher, box_iou_padded, match_padded, pad_boxes
-from lazytrain.modeling.roi_heads import RoIHeads, match_rois
+from lazytrain.modeling.matching import Matcher, box_iou_padded, match_padded, match_rois, pad_boxes
+from lazytrain.modeling.roi_heads import RoIHeads
 from lazytrain.utils.host_syncs import HostSyncCounter
 
 # Ground-truth and prediction counts per image: an image without ground truth, one with a single box.

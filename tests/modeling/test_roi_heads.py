@@ -12,7 +12,6 @@ from torchvision.models.detection.faster_rcnn import TwoMLPHead
 from torchvision.models.detection.keypoint_rcnn import KeypointRCNNHeads, KeypointRCNNPredictor
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 from torchvision.models.detection.roi_heads import RoIHeads as TorchvisionRoIHeads
-from torchvision.models.detection.roi_heads import fastrcnn_loss
 from torchvision.ops import MultiScaleRoIAlign
 
 from lazytrain.config import LazyCall as L
@@ -28,7 +27,6 @@ from lazytrain.modeling import (
     SoftmaxCrossEntropy,
     roi_heads,
 )
-from lazytrain.modeling.roi_heads import box_regression_loss
 from lazytrain.modeling.sampling import BalancedMaskSampler
 from lazytrain.utils.host_syncs import TO_HOST, HostSyncCounter
 from tests.modeling.helpers import build_model, load_model_config, make_record
@@ -411,43 +409,3 @@ def test_mask_sampler_draws_torchvisions_counts_with_one_host_read():
     for image, (target, index) in enumerate(zip(targets, samples.matched_idxs)):
         encoded = heads.box_coder.encode_single(target["boxes"][index], samples.proposals[image])
         torch.testing.assert_close(samples.regression_targets[image], encoded)
-
-
-def test_box_regression_loss_equals_torchvisions_without_host_syncs():
-    generator = torch.Generator().manual_seed(0)
-    labels = torch.tensor([0, 3, 1, 0, 2, 2, 0, 1])
-    box_regression = torch.randn(8, 4 * 4, generator=generator, requires_grad=True)
-    targets = torch.randn(8, 4, generator=generator)
-    targets[labels == 0] = float("inf")  # background targets never reach the loss or the gradient
-    with HostSyncCounter() as counter:
-        loss = box_regression_loss(box_regression, labels, targets)
-    assert counter.total == 0
-    (grad,) = torch.autograd.grad(loss, box_regression)
-    expected = fastrcnn_loss(torch.zeros(8, 4), box_regression, [labels], [targets.nan_to_num(posinf=0)])[1]
-    torch.testing.assert_close(loss, expected)
-    (expected_grad,) = torch.autograd.grad(expected, box_regression)
-    torch.testing.assert_close(grad, expected_grad)
-
-
-@pytest.mark.parametrize("score_thresh", [0.0, 0.2, 0.99])
-def test_detections_selected_for_the_batch_equal_image_by_image_with_one_host_read(score_thresh):
-    heads = RoIHeads(None, None, None, 0.5, 0.5, 16, 0.25, None, score_thresh, 0.5, 7)
-    generator = torch.Generator().manual_seed(0)
-    per_image = [12, 0, 9]  # an image without RoIs
-    shapes = [(100, 120), (80, 80), (60, 90)]
-    corners = torch.rand(21, 6, 2, generator=generator) * 130 - 10  # some outside their image
-    sizes = torch.rand(21, 6, 2, generator=generator) * 40
-    sizes[::4, :, 0] = 0.001  # too narrow once clipped: removed as small boxes
-    boxes = torch.cat((corners, corners + sizes), dim=2)
-    scores = torch.randn(21, 6, generator=generator).mul(3).softmax(dim=1)
-    proposals = [torch.zeros(count, 4) for count in per_image]
-    with HostSyncCounter() as counter:
-        selected = heads.select_detections(boxes, scores, proposals, shapes)
-    assert counter.counts[TO_HOST] == 1 and "aten.nonzero" not in counter.counts, counter.format_counts()
-    found = 0
-    for image, (image_boxes, image_scores) in enumerate(zip(boxes.split(per_image), scores.split(per_image))):
-        expected = heads._detections_in_image(image_boxes, image_scores, shapes[image])
-        for got, wanted in zip((values[image] for values in selected), expected):
-            assert torch.equal(got, wanted)
-        found += len(expected[0])
-    assert (found > 0) == (score_thresh < 0.99)
