@@ -1,8 +1,11 @@
 """The engine: the hook-driven trainer, standard hooks, checkpointing and the plots a run leaves.
 
-Modules: `train_loop` (HookBase, TrainerBase, SimpleTrainer), `hooks`, `checkpoint` (Checkpointer),
-`lr_schedule` (LR multipliers), `optimizer` (param groups), `plot_writer` (curves.png, ap_by_frequency.png),
-`trackers` (MLflowTracker, WandbTracker: experiment trackers as hooks; their libraries are optional extras).
+Modules: `train_loop` (HookBase, TrainerBase, SimpleTrainer) and what its step uses: `step_agreement` (one
+all-reduce per step: losses, non-finite flags, stop requests), `accumulation` (gradient accumulation: the batch
+in chunks), `training_batches` (the loader's iterator), `rng_state` (the global generators' states); `hooks`
+(the standard hooks, a module per kind), `checkpoint` (Checkpointer), `lr_schedule` (LR multipliers),
+`optimizer` (param groups), `plot_writer` (curves.png, ap_by_frequency.png), `trackers` (MLflowTracker,
+WandbTracker: experiment trackers as hooks; their libraries are optional extras).
 The default program (default_setup, do_train, do_test, run) reads the whole config and lives in
 `lazytrain.program.default`.
 

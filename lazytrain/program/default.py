@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from lazytrain.config import LazyConfig, instantiate, tree
 from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.engine.ema import EMAHook, ModelEMA
-from lazytrain.engine.hooks import flatten_results
+from lazytrain.engine.hooks.evaluation import flatten_results
 from lazytrain.engine.plot_writer import write_run_plots
 from lazytrain.program.batch_size import scale_learning_rate
 from lazytrain.program.run_report import log_run_header, log_run_summary
