@@ -12,6 +12,8 @@ import torch
 from torch import Tensor
 from torchvision.models.detection import _utils as det_utils
 
+from lazytrain.modeling.host_values import to_device
+
 __all__ = ["BoxCoder", "clip_to_image_sizes"]
 
 
@@ -41,8 +43,7 @@ class BoxCoder(det_utils.BoxCoder):
             if first == second:
                 pairs.append(float(first))
             else:
-                pair = torch.tensor((first, second), dtype=like.dtype)
-                pairs.append(pair.to(like.device, non_blocking=True))
+                pairs.append(to_device((first, second), like.device, like.dtype))
         return pairs[0], pairs[1]
 
     def decode(self, rel_codes: Tensor, boxes: list[Tensor]) -> Tensor:

@@ -1,12 +1,11 @@
 """Paste the mask head's small probability maps into full images, all detections at once.
 
 torchvision's `paste_masks_in_image` resizes and copies one detection at a time (a Python loop with an
-interpolation per mask): 7-12 ms per demo image with 80 detections at 192 px, against 3.4-3.9 ms here (2 threads,
-best and median of 20). Its result is separable: the image row ``y`` of a pasted mask is a bilinear mix of two
-mask rows, the same for every column, so the pasted map is ``rows @ mask @ cols.T`` with per-detection
-interpolation matrices. `paste_masks` builds those
-matrices from torchvision's own rules (1-pixel padding, box expansion, integer box corners, `interpolate`
-with ``align_corners=False``) and gives the same probabilities up to float rounding.
+interpolation per mask; docs/benchmarks.md has the times). Its result is separable: the image row ``y`` of a
+pasted mask is a bilinear mix of two mask rows, the same for every column, so the pasted map is
+``rows @ mask @ cols.T`` with per-detection interpolation matrices. `paste_masks` builds those matrices from
+torchvision's own rules (1-pixel padding, box expansion, integer box corners, `interpolate` with
+``align_corners=False``) and gives the same probabilities up to float rounding.
 """
 
 from __future__ import annotations

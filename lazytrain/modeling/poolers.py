@@ -1,8 +1,8 @@
 """RoIAlign as two small matrix products, for CPUs: same numbers as torchvision's kernel, faster on small maps.
 
 torchvision's CPU RoIAlign visits every sample point of every box and channel one at a time, and its backward
-pass is single-threaded; on the embedded demo it was ~10% of a training step (docs/benchmarks.md). With a
-fixed ``sampling_ratio``, the bilinear samples of a box form a regular grid, so RoIAlign separates: output =
+pass is single-threaded: on small CPU models it is a large part of a training step (docs/benchmarks.md). With
+a fixed ``sampling_ratio``, the bilinear samples of a box form a regular grid, so RoIAlign separates: output =
 ``rows @ feature @ cols.T`` per box, where ``rows`` [out_h, H] and ``cols`` [out_w, W] hold the bilinear
 weights averaged over each bin's samples. Two matrix products run on BLAS in both directions.
 
@@ -28,6 +28,7 @@ from torchvision.ops import MultiScaleRoIAlign as TorchvisionMultiScaleRoIAlign
 from torchvision.ops import roi_align as torchvision_roi_align
 from torchvision.ops.poolers import LevelMapper, _convert_to_roi_format, _setup_scales
 
+from lazytrain.modeling.host_values import to_device
 from lazytrain.modeling.interpolation import linear_interpolation_weights
 
 __all__ = ["MultiScaleRoIAlign", "roi_align", "roi_align_dense"]
@@ -119,7 +120,7 @@ def roi_align_dense(
 def _dense_pays(
     input: Tensor, rois: Tensor, output_height: int, sampling_ratio: int, max_elements: int
 ) -> bool:
-    # Without a backward pass torchvision's forward kernel is the faster one (2.5x on the demo's box head).
+    # Without a backward pass torchvision's forward kernel is the faster one (docs/benchmarks.md).
     backward = input.requires_grad and torch.is_grad_enabled()
     if not backward or input.device.type != "cpu" or sampling_ratio <= 0:
         return False
@@ -150,10 +151,8 @@ def roi_align(
 def _batch_rois(boxes: list[Tensor]) -> Tensor:
     """torchvision's ``_convert_to_roi_format`` ([K, 5]: image index, box) with the image indices made for
     all images at once (torchvision: one ``full_like`` per image). Not for tracing: the counts are baked in."""
-    counts = torch.tensor([b.shape[0] for b in boxes])
     concatenated = torch.cat(boxes)
-    # Built on the host and copied without blocking: the counts are known there.
-    counts = counts.to(concatenated.device, non_blocking=True)
+    counts = to_device([b.shape[0] for b in boxes], concatenated.device)
     images = torch.arange(len(boxes), device=concatenated.device, dtype=concatenated.dtype)
     images = images.repeat_interleave(counts, output_size=concatenated.shape[0])
     return torch.cat((images[:, None], concatenated), dim=1)

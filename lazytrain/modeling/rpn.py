@@ -1,7 +1,7 @@
 """`RegionProposalNetwork`: torchvision's RPN, giving the same proposals, without making the host wait.
 
-torchvision's RPN makes the host wait for the accelerator (a "host sync", `lazytrain.utils.host_syncs`) about
-20 times per image and step: per image it removes small and low-scoring boxes with ``torch.where``, runs one
+torchvision's RPN makes the host wait for the accelerator (a "host sync", `lazytrain.utils.host_syncs`) many
+times per image and step: per image it removes small and low-scoring boxes with ``torch.where``, runs one
 ``nms`` per FPN level (``batched_nms``, which above 4,000 box coordinates on the CPU and 100,000 on CUDA also
 loops over the levels with ``unique`` and ``where``), samples the training anchors with ``where`` and
 ``randperm``, and its box coder copies Python numbers to the device on every call. This subclass does the
@@ -32,15 +32,17 @@ from torchvision.models.detection.rpn import RegionProposalNetwork as Torchvisio
 from torchvision.ops import boxes as box_ops
 
 from lazytrain.modeling.box_coding import BoxCoder, clip_to_image_sizes
+from lazytrain.modeling.box_selection import has_min_size, nms_in_image
+from lazytrain.modeling.host_values import to_device
 from lazytrain.modeling.matching import Matcher, PaddedBoxes, gather_boxes, match_padded, pad_boxes
-from lazytrain.modeling.nms import GroupedNMS, batched_nms
+from lazytrain.modeling.nms import GroupedNMS
 from lazytrain.modeling.sampling import BalancedMaskSampler
 
 __all__ = ["RegionProposalNetwork"]
 
 # NMS decides only each level's first DECIDED_PER_RESULT * post_nms_top_n() valid candidates (by score): lower
 # ones rarely reach the result, which a check confirms (else every candidate is decided, at the cost of a
-# second host read). Needed on the demo model: up to 1.33 at random initialisation, 1.0 trained.
+# second host read). 1.5 leaves a margin above the ratios the recipes need (docs/benchmarks.md).
 DECIDED_PER_RESULT = 1.5
 
 
@@ -68,12 +70,12 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         score_thresh: proposals scoring below it (objectness probability) are dropped.
         batched: select proposals for all images at once with one host read (True), or with torchvision's
             per-image loop (False). None (the default): batched on any device but the CPU, where nothing waits
-            for a device and the loop is faster (demo step with 2 threads: RPN forward 41 ms with the loop,
-            62 ms batched; one thread: about equal), and batched wherever `compiled_nms` is set.
+            for a device and the loop is as fast or faster (docs/benchmarks.md), and batched wherever
+            `compiled_nms` is set.
         compiled_nms: in the batched selection, compute NMS's who-suppresses-whom bits with one
             ``torch.compile``d kernel per FPN level (`lazytrain.modeling.nms.GroupedNMS`'s ``compiled``)
-            instead of about a dozen element-wise passes over each level's [boxes x boxes] IoUs (at batch 8
-            and 800 px about 11 GB of memory traffic per training step). The same proposals; the first
+            instead of about a dozen element-wise passes over each level's [boxes x boxes] IoUs (gigabytes of
+            memory traffic per training step at large batches and images). The same proposals; the first
             forward compiles (seconds; inductor needs Triton on a GPU, a C++ compiler on the CPU). On the CPU
             it does not pay: the passes run on cache-sized tiles there.
     """
@@ -142,14 +144,22 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         Returns:
             ``(boxes, scores)``: per image [K_i, 4] boxes and [K_i] objectness probabilities.
         """
-        if torch.compiler.is_exporting():
-            return self._exported_proposals(proposals, objectness, image_shapes, num_anchors_per_level)
+        exporting = torch.compiler.is_exporting()
         batched = self.batched
         if batched is None:
             batched = proposals.device.type != "cpu" or self.compiled_nms
-        if torch.jit.is_tracing() or not batched:
+        if not exporting and (torch.jit.is_tracing() or not batched):
             return super().filter_proposals(proposals, objectness, image_shapes, num_anchors_per_level)
-        candidates = self._candidates(proposals, objectness, image_shapes, num_anchors_per_level)
+        top, boxes, scores = self._top_scored(proposals, objectness, num_anchors_per_level)
+        if exporting:
+            return self._proposals_in_each_image(top, boxes, scores, image_shapes, num_anchors_per_level)
+        return self._proposals_for_the_batch(
+            self._candidates(boxes, scores, image_shapes, num_anchors_per_level)
+        )
+
+    def _proposals_for_the_batch(self, candidates: _Candidates) -> tuple[list[Tensor], list[Tensor]]:
+        """`filter_proposals` for all images at once: NMS for every (image, level) group of the `candidates`
+        by `GroupedNMS`, and one host read (two where NMS needs a second pass)."""
         limit = self.post_nms_top_n()
         decided = math.ceil(DECIDED_PER_RESULT * limit)
         nms = GroupedNMS(*candidates, self.nms_thresh, compiled=self.compiled_nms)
@@ -162,67 +172,63 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
             counts = keep.sum(dim=1).clamp(max=limit).tolist()
         return _best_kept(candidates, keep, counts, limit)
 
-    def _exported_proposals(
-        self,
-        proposals: Tensor,
-        objectness: Tensor,
-        image_shapes: list[tuple[int, int]],
-        num_anchors_per_level: list[int],
-    ) -> tuple[list[Tensor], list[Tensor]]:
-        """`filter_proposals` under ``torch.export``: torchvision's steps image by image, with the sizes that
-        depend on the data (boxes left after the thresholds and NMS) left to the exported program, and NMS
-        by `batched_nms`'s export form (one ``nms`` over level-offset boxes, as a TorchScript trace does)."""
+    def _top_scored(
+        self, proposals: Tensor, objectness: Tensor, num_anchors_per_level: list[int]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Each level's top ``pre_nms_top_n()`` anchors of each image, level after level: their indices
+        [N, K], boxes [N, K, 4] and objectness probabilities [N, K] (torchvision's first step)."""
         num_images = proposals.shape[0]
         objectness = objectness.detach().reshape(num_images, -1)
         top = self._get_top_n_idx(objectness, num_anchors_per_level)
+        scores = objectness.gather(1, top).sigmoid()
+        boxes = proposals.gather(1, top[..., None].expand(-1, -1, 4))
+        return top, boxes, scores
+
+    def _is_valid(self, boxes: Tensor, scores: Tensor) -> Tensor:
+        """Which candidates take part in NMS: at least ``min_size`` wide and high, scoring ``score_thresh``."""
+        return has_min_size(boxes, self.min_size) & (scores >= self.score_thresh)
+
+    def _proposals_in_each_image(
+        self,
+        top: Tensor,
+        boxes: Tensor,
+        scores: Tensor,
+        image_shapes: list[tuple[int, int]],
+        num_anchors_per_level: list[int],
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """`filter_proposals` under ``torch.export`` from the `_top_scored` candidates: torchvision's steps
+        image by image, with the sizes that depend on the data (boxes left after the thresholds and NMS) left
+        to the exported program, and NMS by `batched_nms`'s export form (one ``nms`` over level-offset boxes,
+        as a TorchScript trace does)."""
         levels = torch.cat(
             [
                 torch.full((count,), index, device=top.device)
                 for index, count in enumerate(num_anchors_per_level)
             ]
         )
-        scores = objectness.gather(1, top).sigmoid()
-        boxes = proposals.gather(1, top[..., None].expand(-1, -1, 4))
-        levels = levels[top]
         kept_boxes, kept_scores = [], []
-        for image_boxes, image_scores, image_levels, shape in zip(boxes, scores, levels, image_shapes):
+        for image_boxes, image_scores, image_levels, shape in zip(boxes, scores, levels[top], image_shapes):
             image_boxes = box_ops.clip_boxes_to_image(image_boxes, shape)
-            widths = image_boxes[:, 2] - image_boxes[:, 0]
-            heights = image_boxes[:, 3] - image_boxes[:, 1]
-            valid = (
-                (widths >= self.min_size) & (heights >= self.min_size) & (image_scores >= self.score_thresh)
-            )
-            index = torch.where(valid)[0]
-            image_boxes, image_scores, image_levels = (
-                image_boxes[index],
-                image_scores[index],
-                image_levels[index],
-            )
-            keep = batched_nms(image_boxes, image_scores, image_levels, self.nms_thresh, shape)
-            keep = keep[: self.post_nms_top_n()]
-            kept_boxes.append(image_boxes[keep])
-            kept_scores.append(image_scores[keep])
+            index = torch.where(self._is_valid(image_boxes, image_scores))[0]
+            image_boxes, image_scores, _ = nms_in_image(
+                image_boxes[index], image_scores[index], image_levels[index], self.nms_thresh, shape,
+                self.post_nms_top_n(),
+            )  # fmt: skip
+            kept_boxes.append(image_boxes)
+            kept_scores.append(image_scores)
         return kept_boxes, kept_scores
 
     def _candidates(
         self,
-        proposals: Tensor,
-        objectness: Tensor,
+        boxes: Tensor,
+        scores: Tensor,
         image_shapes: list[tuple[int, int]],
         num_anchors_per_level: list[int],
     ) -> _Candidates:
-        """Each level's top ``pre_nms_top_n()`` of each image, clipped, and which of them take part in NMS (the
-        valid ones, first in each level)."""
-        num_images = proposals.shape[0]
-        objectness = objectness.detach().reshape(num_images, -1)
-        top = self._get_top_n_idx(objectness, num_anchors_per_level)
-        scores = objectness.gather(1, top).sigmoid()
-        boxes = proposals.gather(1, top[..., None].expand(-1, -1, 4))
-        # Built on the host and copied without blocking: torch.tensor(..., device=) would wait for the device.
-        sizes = torch.tensor(image_shapes, dtype=boxes.dtype).to(boxes.device, non_blocking=True)
-        boxes = clip_to_image_sizes(boxes, sizes)
-        widths, heights = boxes[..., 2] - boxes[..., 0], boxes[..., 3] - boxes[..., 1]
-        valid = (widths >= self.min_size) & (heights >= self.min_size) & (scores >= self.score_thresh)
+        """The `_top_scored` candidates clipped, and which of them take part in NMS (the valid ones, first in
+        each level)."""
+        boxes = clip_to_image_sizes(boxes, to_device(image_shapes, boxes.device, boxes.dtype))
+        valid = self._is_valid(boxes, scores)
         level_sizes = [min(self.pre_nms_top_n(), count) for count in num_anchors_per_level]
         return _valid_first(_Candidates(boxes, scores, valid, level_sizes))
 

@@ -1,7 +1,10 @@
 import pytest
 import torch
+import torch.nn.functional as F
 from pytest import param
 from torch import nn
+from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from lazytrain.modeling.backbone import build_resnet_fpn_backbone, get_feature_map_names
@@ -24,6 +27,19 @@ def test_feature_maps_channels_and_norms(depth, norm, norm_type):
     assert list(features) == get_feature_map_names(backbone) == ["0", "1", "2", "3", "pool"]
     assert [tuple(f.shape[-2:]) for f in features.values()] == [(16, 24), (8, 12), (4, 6), (2, 3), (1, 2)]
     assert all(f.shape[1] == 32 for f in features.values())
+
+
+def test_the_pool_map_is_torchvisions_last_level_max_pool_with_torchvisions_keys():
+    """The "pool" map comes from torchvision's `LastLevelMaxPool` (no weights of its own): the state-dict keys
+    are those of torchvision's `resnet_fpn_backbone`, and the map is the last level max-pooled with stride 2."""
+    torch.manual_seed(0)
+    backbone = build_resnet_fpn_backbone(18).eval()
+    assert isinstance(backbone.fpn.extra_blocks, LastLevelMaxPool)
+    reference = resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=3)
+    assert list(backbone.state_dict()) == list(reference.state_dict())
+    with torch.no_grad():
+        features = backbone(torch.rand(1, 3, 96, 64))
+    assert torch.equal(features["pool"], F.max_pool2d(features["3"], kernel_size=1, stride=2))
 
 
 @pytest.mark.parametrize("trainable_layers", [0, 2, 5])
