@@ -350,17 +350,13 @@ class Tracker(HookBase):
             self._cause = describe_error(error)
         if not self._retry.failing:
             self._retry.record_failure(time.monotonic())
-        with self._lock:
-            unsent = len(self._unsent) + self._dropped
         logger.warning(
-            "%s: gave up after %s (%s: %s); nothing more is sent this run, the metrics of %d logged "
-            "iteration%s not sent (metrics.json has every value); training goes on.",
+            "%s: gave up after %s (%s: %s); it sends nothing more this run (metrics.json has every value, the "
+            "end of the run says what the tracker holds); training goes on.",
             type(self).__name__,
             self._retry.describe_series(time.monotonic()),
             action,
             self._cause,
-            unsent,
-            "s are" if unsent != 1 else " is",
         )
         self._failures.append(f"gave up while {action} ({self._cause})")
 
@@ -400,7 +396,7 @@ class Tracker(HookBase):
         return sorted(paths)
 
     def _get_status(self) -> str:
-        if self.trainer.stop_signal:
+        if self.trainer.agreed_stop_signal:
             return "KILLED"
         return "FINISHED" if self.trainer.iter >= self.trainer.max_iter else "FAILED"
 

@@ -156,6 +156,15 @@ class WandbTracker(Tracker):
                 ", ".join(sorted(metrics)),
             )
 
+    def _silence_footer(self) -> None:
+        """W&B ends a run by printing its history and the `wandb sync` command for its folder: not when the
+        folder is gone (this tracker has said so). W&B reads the run's settings when it prints; there is no
+        public way to change them after ``wandb.init``."""
+        try:
+            self._run._settings.silent = True
+        except Exception:  # another W&B version: its lines are printed, nothing worse
+            logger.debug("WandbTracker: could not silence W&B's closing lines", exc_info=True)
+
     def _check_run_folder(self) -> None:
         """An offline run whose folder was deleted keeps nothing: say so instead of writing into nowhere."""
         if self._offline and not os.path.isdir(self._run_folder):
@@ -176,6 +185,8 @@ class WandbTracker(Tracker):
 
         if self._run is None:
             return
+        if self._offline and not os.path.isdir(self._run_folder):
+            self._silence_footer()
         if status == "KILLED":
             self._run.mark_preempting()
         self._run.finish(exit_code=0 if status == "FINISHED" else 1)
