@@ -229,11 +229,15 @@ def test_values_a_component_would_refuse_are_named_with_their_keys(tmp_path):
         "train.hooks.wandb.mode='ofline': W&B's mode is one of online, offline, disabled, or null (WANDB_MODE if "
         "set, else online with W&B credentials and offline without). Did you mean train.hooks.wandb.mode=offline?",
     ]
-    cfg.train.ema = {"enabled": False, "decay": 1.5}  # not built: not checked
+    cfg.train.ema = {"enabled": False, "decay": 0.9}
     cfg.train.hooks.wandb.mode = None
     assert preflight(cfg, INJECTED_ARGUMENTS) == []
-    cfg.train.ema.enabled = "yes"
-    assert preflight(cfg, INJECTED_ARGUMENTS) == ["train.ema.enabled='yes': must be true or false."]
+    cfg.train.ema = {"enabled": "yes", "decay": 1.5}  # a decay that is never meant, even with the EMA off
+    assert preflight(cfg, INJECTED_ARGUMENTS) == [
+        "train.ema.enabled='yes': must be true or false.",
+        "train.ema.decay=1.5: must be in [0, 1) (the decay after the warm-up); got 1.5. E.g. 0.9998 averages over "
+        "the last ~5000 steps.",
+    ]
 
 
 def test_a_timm_model_name_timm_does_not_know_is_named_with_the_closest(tmp_path):

@@ -29,17 +29,15 @@ def find_component_problems(cfg: DictConfig) -> list[str]:
 
 
 def find_ema_problems(cfg: DictConfig) -> list[str]:
-    """``train.ema``: ``enabled`` a bool and, when it is true, ``decay`` and ``tau`` values `ModelEMA` takes."""
+    """``train.ema``: ``enabled`` a bool, ``decay`` and ``tau`` values `ModelEMA` takes (also while the EMA is
+    off: such a value is never meant, and ``train.ema.enabled=true`` would fail on it)."""
     ema = (cfg.get("train") or {}).get("ema")
     if not isinstance(ema, DictConfig):
         return []
     enabled = ema.get("enabled", False)
-    if not isinstance(enabled, bool):
-        return [f"train.ema.enabled={enabled!r}: must be true or false."]
-    if not enabled:
-        return []
+    problems = [] if isinstance(enabled, bool) else [f"train.ema.enabled={enabled!r}: must be true or false."]
     settings = {key: ema[key] for key in ("decay", "tau") if key in ema}
-    return [
+    return problems + [
         f"train.ema.{name}={settings[name]!r}: {problem}."
         for name, problem in find_setting_problems(settings).items()
     ]
