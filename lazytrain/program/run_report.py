@@ -1,6 +1,6 @@
 """What a run tells its user: a short header before the first step and a closing summary (final metrics,
-time, the files written and the commands to resume or evaluate). The plots in the run directory come from
-`lazytrain.engine.plot_writer`.
+time, what each experiment tracker holds or lacks, the files written and the commands to resume or evaluate).
+The plots in the run directory come from `lazytrain.engine.plot_writer`.
 
 The console shows the header and the summary; the full config, the environment and the model's repr go to
 ``log.txt`` only (DEBUG level), and ``train.verbose=true`` prints them on the console too. Everything here

@@ -182,7 +182,9 @@ class Tracker(HookBase):
         self._collect()
         if self._deliver_at_end():
             deadline = time.monotonic() + self.timeout
-            self._call_once("uploading files", lambda: self._send_files(self._get_artifact_paths()), deadline)
+            self._run_final_call(
+                "uploading files", lambda: self._send_files(self._get_artifact_paths()), deadline
+            )
         if self.run_id is not None:
             self._close(time.monotonic() + self.timeout)
 
@@ -360,7 +362,7 @@ class Tracker(HookBase):
         )
         self._failures.append(f"gave up while {action} ({self._cause})")
 
-    def _call_once(self, action: str, function: Any, deadline: float) -> bool:
+    def _run_final_call(self, action: str, function: Any, deadline: float) -> bool:
         """One bounded call at the end of training; a failure is one line."""
         if self._gave_up or self._worker.busy:
             return False
@@ -379,7 +381,7 @@ class Tracker(HookBase):
 
     def _close(self, deadline: float) -> None:
         if not self._gave_up:
-            self._call_once("closing the run", lambda: self.close_run(self._get_status()), deadline)
+            self._run_final_call("closing the run", lambda: self.close_run(self._get_status()), deadline)
             return
         # After giving up: free what the library holds (a service process), quietly and briefly.
         if self._worker.busy:
