@@ -47,9 +47,11 @@ class Tracker(HookBase):
     left pending is sent at its own iteration). The calls run in a worker thread (`CallWorker`): rank 0 waits
     at most `timeout` seconds, then trains on. A failure is one line (the tracker, what it was doing, the
     cause, what is kept); the buffer is kept, and sent at a later logging moment, after pauses of 2 s doubling
-    up to a minute, once the store answers again (one line says so); after `retry_for` seconds of failures the
-    tracker gives up, in one line, and calls its library no more. The run id stays hook state through all
-    this: a failed reopen does not lose it, and values still unsent are saved in checkpoints too.
+    up to a minute, once the store answers again (one line says so); after `retry_for` seconds of failures (or
+    at the end of training, after 10 s more of tries), the tracker gives up, in one line, and calls its library
+    no more. The run id stays hook state through all this: a failed reopen does not lose it, and values still
+    unsent are saved in checkpoints too. `describe_outcome` says, for the end-of-run report, what the tracker
+    run holds and what it lacks.
 
     Args:
         output_dir: the run directory (``${train.output_dir}``): its ``config.yaml`` becomes params, its
