@@ -374,6 +374,16 @@ def test_only_the_main_process_tracks(tmp_path, monkeypatch):
         ),
         param(lambda d: WandbTracker(d, artifacts="*.png"), r"artifacts=\) must be a list", id="artifacts"),
         param(
+            lambda d: MLflowTracker(d, timeout=0),
+            r"MLflowTracker\(timeout=\) must be a number of seconds > 0; got 0",
+            id="timeout",
+        ),
+        param(
+            lambda d: WandbTracker(d, retry_for="1h"),
+            r"WandbTracker\(retry_for=\) must be a number",
+            id="retry_for",
+        ),
+        param(
             lambda d: WandbTracker(d, mode="dryrun"),
             r"WandbTracker\(mode=\) must be one of 'online', 'offline', 'disabled' .*got 'dryrun'",
             id="mode",
