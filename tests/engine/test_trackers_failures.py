@@ -37,7 +37,7 @@ class RecordingTracker(Tracker):
     stalls `stall` seconds once; records the calls and the metrics it gets."""
 
     def __init__(self, output_dir, failing=None, failures=None, stall=0.0, **kwargs):
-        super().__init__(output_dir, period=2, **{"timeout": 1.0, "retry_for": 60.0, **kwargs})
+        super().__init__(output_dir, period=2, **{"timeout": 5.0, "retry_for": 60.0, **kwargs})
         self.failing, self.failures, self.stall = failing, failures, stall
         self.calls, self.metrics = [], {}
 
@@ -102,7 +102,7 @@ def test_a_failure_is_one_line_and_the_kept_metrics_are_sent_when_the_store_answ
 
 @pytest.mark.parametrize("failing", ["open_run", "log_params", "log_metrics", "log_files", "close_run"])
 def test_a_tracker_that_keeps_failing_gives_up_in_one_line_and_training_goes_on(tmp_path, caplog, failing):
-    tracker = RecordingTracker(str(make_run_dir(tmp_path / "run")), failing, timeout=0.5)
+    tracker = RecordingTracker(str(make_run_dir(tmp_path / "run")), failing, timeout=2.0)
     with caplog.at_level(logging.INFO, logger=TRACKER_LOGS):
         trainer = train_toy(tmp_path / "run", tracker, max_iter=4)
     assert trainer.iter == 4 and sorted(metric_lines(tmp_path / "run")) == [1, 3, 4]  # training went on
@@ -123,7 +123,7 @@ def test_a_tracker_that_keeps_failing_gives_up_in_one_line_and_training_goes_on(
 
 
 def test_failures_for_longer_than_retry_for_give_up_during_training(tmp_path, caplog):
-    tracker = RecordingTracker(str(make_run_dir(tmp_path / "run")), "log_metrics", timeout=0.5, retry_for=0.3)
+    tracker = RecordingTracker(str(make_run_dir(tmp_path / "run")), "log_metrics", timeout=2.0, retry_for=0.3)
     slow = CallbackHook(after_step=lambda trainer: time.sleep(0.05))
     with caplog.at_level(logging.INFO, logger=TRACKER_LOGS):
         train_toy(tmp_path / "run", tracker, max_iter=20, extra_hooks={"slow": slow})
@@ -134,19 +134,20 @@ def test_failures_for_longer_than_retry_for_give_up_during_training(tmp_path, ca
 
 
 def test_a_stalled_call_does_not_hold_training_up(tmp_path, caplog):
-    """The library stalls 1.5 s in one call: the hook returns after its timeout, training goes on, and the
+    """The library stalls 3 s in one call: the hook returns after its timeout, training goes on, and the
     metrics kept meanwhile are sent once the call has come back."""
-    tracker = RecordingTracker(str(make_run_dir(tmp_path / "run")), stall=1.5, timeout=0.3)
+    tracker = RecordingTracker(str(make_run_dir(tmp_path / "run")), stall=3.0, timeout=1.0)
     durations = []
     timed = CallbackHook(after_step=lambda trainer: durations.append(time.monotonic()))
     slow = CallbackHook(after_step=lambda trainer: time.sleep(0.1))
     with caplog.at_level(logging.INFO, logger=TRACKER_LOGS):
-        train_toy(tmp_path / "run", tracker, max_iter=30, extra_hooks={"slow": slow, "timed": timed})
+        train_toy(tmp_path / "run", tracker, max_iter=40, extra_hooks={"slow": slow, "timed": timed})
     gaps = [b - a for a, b in zip(durations, durations[1:])]
-    assert max(gaps) < 0.3 + 0.1 + 0.3, gaps  # the timeout, the step's sleep, slack for a busy machine
+    assert max(gaps) < 1.0 + 0.1 + 0.5, gaps  # the timeout, the step's sleep, slack for a busy machine
     (warning,) = warnings_of(caplog)
-    assert "(CallTimeout: no answer in 0.3 s)" in warning
-    assert_same_metrics(tracker.metrics, metric_lines(tmp_path / "run")) and tracker.is_complete
+    assert "(CallTimeout: no answer in 1 s)" in warning
+    assert_same_metrics(tracker.metrics, metric_lines(tmp_path / "run"))
+    assert tracker.is_complete
 
 
 def test_describe_error_is_one_line_without_the_sql():
