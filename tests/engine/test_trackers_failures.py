@@ -195,7 +195,7 @@ def summary_of(run_dir, trainer):
 def test_a_broken_mlflow_store_is_one_line_quiet_and_reported(tmp_path, caplog, capfd, how):
     run_dir, store_dir = make_run_dir(tmp_path / "run"), tmp_path / "store"
     uri = make_store(store_dir)
-    tracker = MLflowTracker(str(run_dir), period=2, tracking_uri=uri, timeout=3.0)
+    tracker = MLflowTracker(str(run_dir), period=2, tracking_uri=uri, timeout=6.0)
     breaker = CallbackHook(after_step=lambda t: break_store(how, str(store_dir)) if t.iter == 1 else None)
     with caplog.at_level(logging.DEBUG, logger=TRACKER_LOGS):
         trainer = train_toy(
