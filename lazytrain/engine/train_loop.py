@@ -87,7 +87,7 @@ class TrainerBase:
 
     Stopping early on a signal (SIGTERM/SIGINT, `lazytrain.utils.preemption`) is this class's state: every
     rank must stop after the same step, so this rank's own request (``own_stop_request``) becomes
-    ``stop_signal`` only once all ranks agreed on it, after each step (`_agree_on_stop`).
+    ``agreed_stop_signal`` only once all ranks agreed on it, after each step (`_agree_on_stop`).
     """
 
     def __init__(self) -> None:
@@ -107,7 +107,7 @@ class TrainerBase:
         self.own_stop_request: StopRequest | None = None
         # The signal all ranks agreed to stop on, 0 to go on. Set after every step (`_loop`), and by
         # `EvalHook` when a signal abandons an evaluation; hooks read it to save, or to skip an evaluation.
-        self.stop_signal = 0
+        self.agreed_stop_signal = 0
         # The stop signal the step's own collective agreed on, when it carried the stop requests
         # (`SimpleTrainer`'s step agreement does, saving an all-reduce); reset to None before each step, and
         # while None `_agree_on_stop` asks the ranks.
@@ -144,7 +144,7 @@ class TrainerBase:
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
         self.max_iter = max_iter
-        self.stop_signal = 0
+        self.agreed_stop_signal = 0
         with EventStorage(start_iter) as self.storage:
             if self._pending_storage_state is not None:
                 self.storage.load_state_dict(self._pending_storage_state)
@@ -155,7 +155,8 @@ class TrainerBase:
                 try:
                     self._call_hooks("before_train")
                     self._restore_rng_state()
-                    if not self.stop_signal:  # an evaluation left pending by a stopped run was stopped again
+                    # Already set when an evaluation left pending by a stopped run was stopped again.
+                    if not self.agreed_stop_signal:
                         self._loop(start_iter, max_iter)
                 except LazytrainError as e:  # a known problem (bad data, say): its message says it all
                     logger.error("Training stopped at iteration %d: %s", self.iter, e)
@@ -165,11 +166,11 @@ class TrainerBase:
                     raise
                 finally:
                     self._call_hooks("after_train")
-        if self.stop_signal:
-            raise TrainingInterrupted(self.stop_signal, self._stop_message())
+        if self.agreed_stop_signal:
+            raise TrainingInterrupted(self.agreed_stop_signal, self._stop_message())
 
     def _stop_message(self) -> str:
-        name = signal_name(self.stop_signal)
+        name = signal_name(self.agreed_stop_signal)
         resume = "run the same command with train.resume=true to continue."
         if self.iter >= self.max_iter:
             return (
@@ -184,9 +185,9 @@ class TrainerBase:
             self._call_hooks("before_step")
             self.stop_signal_agreed_in_step = None
             self.run_step()
-            self.stop_signal = self._agree_on_stop()
+            self.agreed_stop_signal = self._agree_on_stop()
             self._call_hooks("after_step")
-            if self.stop_signal:
+            if self.agreed_stop_signal:
                 self._save_on_stop()
                 return
         self.iter = max_iter  # after_train sees iter == max_iter on a completed run
@@ -199,7 +200,7 @@ class TrainerBase:
         return comm.max_over_ranks(self.own_stop_request.signum)
 
     def _save_on_stop(self) -> None:
-        name = signal_name(self.stop_signal)
+        name = signal_name(self.agreed_stop_signal)
         if self.checkpointer is None:
             logger.warning(
                 "Received %s: stopping after iteration %d (no checkpointer: nothing saved).", name, self.iter

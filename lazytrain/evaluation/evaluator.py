@@ -82,7 +82,7 @@ def _length(loader: Iterable) -> int | None:
         return None
 
 
-def _agree_on_stop() -> None:
+def _abandon_together_on_stop() -> None:
     """Every rank gets here once per evaluation, finished or stopped; if any rank got a stop signal during
     training, all abandon the evaluation together (before the evaluator's collective gather)."""
     request = get_stop_request()
@@ -125,7 +125,7 @@ def inference_on_dataset(
     finally:
         progress.close()
         model.train(was_training)
-    _agree_on_stop()
+    _abandon_together_on_stop()
     _log_inference_time(num_images, time.perf_counter() - start, model_time, timed_images, warmup)
     results = evaluator.evaluate()
     return results if results is not None else {}
@@ -160,7 +160,7 @@ def _run_batches(
 ) -> tuple[int, float, int]:
     """Put `model` in eval mode and feed it and `evaluator` every batch, in inference mode.
 
-    A stop request abandons the loop (the ranks agree on it afterwards, in `_agree_on_stop`).
+    A stop request abandons the loop (the ranks agree on it afterwards, in `_abandon_together_on_stop`).
 
     Returns:
         Images seen, model seconds after the first `warmup` batches, and the images those seconds cover;

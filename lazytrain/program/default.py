@@ -4,8 +4,8 @@ They read the detectron2 lazy-config keys: ``model``, ``optimizer`` (its ``param
 model), ``lr_multiplier``, ``dataloader.{train,test,evaluator}`` and ``train`` (run settings,
 ``train.trainer`` and the named hook mapping ``train.hooks``).
 
-How the pieces meet (issue 9): the program builds each shared object exactly once, in this order: model (moved
-to ``train.device``, wrapped in DDP when the world size is > 1), optimizer, train loader. It then calls
+How the pieces meet: the program builds each shared object exactly once, in this order: model (moved to
+``train.device``, wrapped in DDP when the world size is > 1), optimizer, train loader. It then calls
 ``instantiate(cfg.train.trainer, model=..., data_loader=..., optimizer=...)`` (the program injects these three
 arguments; see `INJECTED_ARGUMENTS`), builds the `Checkpointer` (which holds the trainer, so the trainer state
 is checkpointed) and attaches it and the evaluation function to the trainer, then instantiates

@@ -51,7 +51,7 @@ class PeriodicCheckpointer(HookBase):
         if trainer.checkpointer is None:
             return
         # On a stop request (SIGTERM/SIGINT) this step is saved like a periodic one, so it is rotated too.
-        due = is_period_end(trainer, self.period) or trainer.stop_signal
+        due = is_period_end(trainer, self.period) or trainer.agreed_stop_signal
         if due and trainer.iter + 1 < trainer.max_iter:
             name = f"{self.file_prefix}_{trainer.iter:07d}"
             # Recorded before saving, so the checkpoint's own copy of this list includes it.
@@ -119,7 +119,7 @@ class BestCheckpointer(HookBase):
 
     def after_step(self) -> None:
         # No evaluation ran at a stop (skipped or abandoned by the EvalHook).
-        if is_period_end(self.trainer, self.eval_period) and not self.trainer.stop_signal:
+        if is_period_end(self.trainer, self.eval_period) and not self.trainer.agreed_stop_signal:
             self._check()
 
     def after_train(self) -> None:

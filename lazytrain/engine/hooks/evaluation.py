@@ -128,7 +128,7 @@ class EvalHook(HookBase):
             signal_name(signum),
             iteration,
         )
-        trainer.stop_signal = signum
+        trainer.agreed_stop_signal = signum
         if iteration < trainer.max_iter:
             self._pending_iter = iteration
             checkpointer = trainer.checkpointer
@@ -145,7 +145,7 @@ class EvalHook(HookBase):
     def after_step(self) -> None:
         is_last = self.trainer.iter + 1 >= self.trainer.max_iter
         # Stopping on a signal (preemption) leaves no time for an evaluation: the resumed run goes on.
-        stopping = self.trainer.stop_signal
+        stopping = self.trainer.agreed_stop_signal
         if is_period_end(self.trainer, self.eval_period) and not (
             is_last and self.eval_after_train or stopping
         ):
