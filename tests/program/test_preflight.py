@@ -269,3 +269,16 @@ def test_before_hydra_a_check_that_needs_the_run_directory_is_left_to_the_job():
     cfg.launch.num_processes = 0
     with pytest.raises(ConfigError, match=r"^launch.num_processes=0: must be an integer >= 1.$"):
         check_command_line(cfg, [], DEFAULT_MAIN, INJECTED_ARGUMENTS)
+
+
+def test_each_value_of_an_added_swept_key_is_checked_once(tmp_path):
+    """`-m +key=a,b` adds the key once per job: the check gives each value its own copy of the config."""
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.train.output_dir = str(tmp_path)
+    overrides = ["-m", "+model.nan_at_call=1,-1", "train.ema.decay=0.5,1.5", f"hydra.sweep.dir={tmp_path}/s"]
+    with pytest.raises(ConfigError) as error:
+        check_command_line(cfg, overrides, DEFAULT_MAIN, INJECTED_ARGUMENTS)
+    assert str(error.value).startswith("train.ema.decay=1.5: must be in [0, 1)"), str(error.value)
+    check_command_line(
+        cfg, [*overrides[:2], f"hydra.sweep.dir={tmp_path}/s"], DEFAULT_MAIN, INJECTED_ARGUMENTS
+    )

@@ -161,8 +161,10 @@ def find_swept_job_problems(
             swept[prefix + key] = list(override.sweep_string_iterator())
         else:
             unlisted.add(key)  # a search space: the sweeper draws its values
-    first = [f"{key}={values[0]}" for key, values in swept.items() if values]
-    variants = [first] + [[*first, f"{key}={value}"] for key, values in swept.items() for value in values[1:]]
+    first = {key: values[0] for key, values in swept.items() if values}
+    # Each later value replaces its key's first one (a `+key` may be added once only).
+    choices = [first] + [{**first, key: value} for key, values in swept.items() for value in values[1:]]
+    variants = [[f"{key}={value}" for key, value in choice.items()] for choice in choices]
     problems: list[str] = []
     for variant in variants:
         config = LazyConfig.apply_overrides(cfg.copy(), variant) if variant else cfg
