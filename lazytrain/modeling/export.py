@@ -32,18 +32,18 @@ allows 0 (`_nms_output_size`). The targets need torch >= 2.14 (`MIN_EXPORT_TORCH
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import math
 import time
 import warnings
 from collections.abc import Iterator
-from types import ModuleType
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from lazytrain.modeling.rcnn import RCNN
+from lazytrain.utils.optional_imports import import_optional
 
 __all__ = [
     "INPUT_NAMES",
@@ -57,6 +57,7 @@ __all__ = [
     "export_onnx",
     "export_program",
     "export_torchscript",
+    "get_image_size",
     "input_size_range",
     "save_program",
 ]
@@ -92,7 +93,7 @@ def _register_nms_shape_rule() -> torch.library.Library:
 
     Through the op's own holder, not ``torch.library.register_fake``: torch 2.11 with torchvision 0.26 lets
     only the module torchvision names (``torchvision._meta_registrations``) define it, and says so at the
-    first export (torch 2.14 with torchvision 0.29 accepts either way; tested on both)."""
+    first export; torch 2.14 with torchvision 0.29 accepts either way."""
     library = torch.library.Library("torchvision", "FRAGMENT")
     holder = torch._library.simple_registry.singleton.find("torchvision::nms").fake_impl
     holder.register(_nms_output_size, __name__, library, allow_override=True)
@@ -120,7 +121,9 @@ def _check_original_size(size: object, owner: str) -> None:
         )
 
 
-def _image_size(image: Tensor) -> Tensor:
+def get_image_size(image: Tensor) -> Tensor:
+    """The (height, width) of a [..., H, W] image as an int64 [2] tensor: the ``original_size`` input that
+    gives detections in the image's own pixels."""
     return torch.tensor([image.shape[-2], image.shape[-1]], dtype=torch.int64)
 
 
@@ -195,19 +198,9 @@ class ExportableRCNN(nn.Module):
         return self.model.to_instances({**detection, "boxes": boxes}, (height, width))
 
 
-def _import_optional(name: str, needed_by: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as error:
-        raise ImportError(
-            f"lazytrain.modeling.export.{needed_by}() needs the '{name}' package, which is not installed. "
-            'Install the export extra: pip install "lazytrain[export]"'
-        ) from error
-
-
 # The oldest torch whose export of these models keeps the image size dynamic and converts to ONNX and
 # AOTInductor. torch 2.11's shape rules (max-pool's output size, strided views) add guards on the parity of the
-# FPN's coarsest map, so its program refuses other image sizes (tested; 2.12 and 2.13 were not).
+# FPN's coarsest map, so its program refuses other image sizes; 2.12 and 2.13 are untested.
 MIN_EXPORT_TORCH = (2, 14)
 
 
@@ -251,7 +244,7 @@ def export_program(model: RCNN, example_image: Tensor) -> torch.export.ExportedP
     start = time.perf_counter()
     with torch.no_grad():
         program = torch.export.export(
-            wrapper, (example_image, _image_size(example_image)),
+            wrapper, (example_image, get_image_size(example_image)),
             dynamic_shapes={"image": {1: dynamic, 2: dynamic}, "original_size": None}, strict=False,
         )  # fmt: skip
     logger.info("Exported the model with torch.export in %.1f s", time.perf_counter() - start)
@@ -298,8 +291,9 @@ def export_onnx(program: torch.export.ExportedProgram, file: str, *, opset: int 
     Returns:
         `file`.
     """
-    onnx = _import_optional("onnx", "export_onnx")
-    _import_optional("onnxscript", "export_onnx")
+    component = "lazytrain.modeling.export.export_onnx()"
+    onnx = import_optional("onnx", component=component, extra="export")
+    import_optional("onnxscript", component=component, extra="export")
     output_names = [spec.arg.name for spec in program.graph_signature.output_specs]
     names = list(OUTPUT_NAMES[: len(output_names)])
     start = time.perf_counter()
@@ -332,17 +326,31 @@ def _quiet_onnx_exporter() -> Iterator[None]:
         onnx_logger.setLevel(level)
 
 
-def export_aoti(program: torch.export.ExportedProgram, file: str) -> str:
+def export_aoti(
+    program: torch.export.ExportedProgram, file: str, *, inductor_configs: dict[str, Any] | None = None
+) -> str:
     """Compile `program` ahead of time with AOTInductor into a package (conventionally ``model_aoti.pt2``),
     for the device the program's weights are on; needs a C++ compiler. Load it with `load_aoti` (Python) or
-    torch's C++ ``AOTIModelPackageLoader``. Returns `file`.
+    torch's C++ ``AOTIModelPackageLoader``.
 
     Compile before `export_onnx` converts the same program, or from a fresh `export_program`: after an ONNX
     conversion in the same process, AOTInductor stops with "Pending unbacked symbols" (torch 2.14.1, even
-    on a deep copy of the program)."""
+    on a deep copy of the program).
+
+    Args:
+        program: an ExportedProgram of `ExportableRCNN`.
+        file: where to write.
+        inductor_configs: ``torch._inductor.config`` settings for this compile, e.g.
+            ``{"aot_inductor.debug_compile": True}`` (the C++ at ``-O0``: a faster compile, slower code).
+
+    Returns:
+        `file`.
+    """
     start = time.perf_counter()
     try:
-        torch._inductor.aoti_compile_and_package(program, package_path=file)
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=file, inductor_configs=inductor_configs
+        )
     except Exception as error:
         message = str(error).splitlines()[0][:300] if str(error) else ""
         raise RuntimeError(

@@ -66,10 +66,10 @@ def check_parity(
     A few detections may stay unmatched: float noise can tip a decision at a threshold, a score at the
     ``score_thresh`` or ``detections_per_img`` cutoff, or an overlap at NMS's ``nms_thresh`` (exports run
     torchvision's NMS on class-offset boxes, eager CPU inference runs it class by class, and the two round
-    overlaps differently), and one such flip changes 2-4 detections (measured). At most
-    `max_unmatched` of all detections (both outputs, all images), and always at least 6, may stay unmatched.
+    overlaps differently), and one such flip changes a few detections. At most `max_unmatched` of all
+    detections (both outputs, all images), and always at least 6, may stay unmatched.
 
-    The defaults leave margins of 7x or more over what exports of the demo and the R-50 models measured
+    The defaults leave wide margins over what exports of the demo and the R-50 models measured
     (docs/benchmarks.md, "Export parity tolerances") and still flag a difference far below a visible one.
 
     Args:
@@ -135,8 +135,8 @@ _MISMATCH_FIX = (
 # Boxes of one class that overlap more than this are the same detection: NMS (torchvision's default IoU 0.5)
 # leaves no two such boxes in one output, and float noise moves a box by far less.
 _PAIRING_IOU = 0.5
-# Unmatched detections always allowed: one threshold decision tipped by float noise and what it displaces
-# (measured: 2 or 4), with room for a longer chain.
+# Unmatched detections always allowed: one threshold decision tipped by float noise and the few detections it
+# displaces (docs/benchmarks.md, "Export parity tolerances"), with room for a longer chain.
 _MIN_ALLOWED_UNMATCHED = 6
 
 
@@ -256,7 +256,7 @@ def _check_unmatched(measures: Sequence[_ImageMeasure], max_unmatched: float, to
         f"check_parity: {unmatched} detections of {total} (both outputs) have no match within {tolerances}, "
         f"more than max_unmatched={max_unmatched:g} (and {_MIN_ALLOWED_UNMATCHED}) allow. First, {first}. "
         f"{_MISMATCH_FIX} Raise the tolerances only if the differences are float rounding (e.g. a model much "
-        "larger than those measured in check_parity's docstring)."
+        "larger than those docs/benchmarks.md measured for check_parity's defaults)."
     )
 
 

@@ -16,10 +16,13 @@ Every file takes ``image``, ONE uint8 [3, H, W] RGB image already at the model's
 run's ``dataloader.test.mapper`` does; ``model.json`` says how), and ``original_size``, int64 [2] (height,
 width) of the image the detections are wanted in, and returns ``boxes`` [N, 4] XYXY, ``scores`` [N],
 ``classes`` [N] (contiguous; ``model.json`` names them) and, for Mask R-CNN, ``masks`` uint8 [N, height,
-width], in the pixels of ``original_size``: what evaluation computes. The score threshold and detections per
-image of the run's config are part of the program: set them with ``model.roi_heads.score_thresh=`` /
-``model.roi_heads.detections_per_img=``. ``python -m lazytrain predict RUN_DIR IMAGES predict.exported=PATH``
-runs a written file.
+width], in the pixels of ``original_size``: what evaluation computes, best first. The score threshold and
+detections per image are part of the program: the run's (its evaluation's), at most predict's threshold
+(``model.roi_heads.score_thresh`` 0.5) and at least predict's count (``model.roi_heads.detections_per_img``
+100), unless given here; ``model.json`` records them (``applied_in_the_file``).
+``python -m lazytrain predict RUN_DIR IMAGES predict.exported=PATH`` runs a written file and keeps, after it,
+the detections above its own ``model.roi_heads.score_thresh`` (at least the file's), at most its own
+``model.roi_heads.detections_per_img`` (at most the file's): the same detections as predicting with the weights.
 
 Each file is checked right after it is written: it must give the eager model's detections on the IMAGEs
 (default: the first ``export.check_images`` images of the run's test data set), mapped to their original
@@ -38,6 +41,7 @@ from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from lazytrain.program.predict_command import MODEL_DEFAULTS
 from lazytrain.program.run_command import (
     CommandLineError,
     find_images,
@@ -78,6 +82,12 @@ def load_export_config(run_dir: str, overrides: list[str]) -> tuple[DictConfig, 
 
 def _set_export_defaults(cfg: DictConfig, directory: str) -> None:
     cfg.export = OmegaConf.create({**EXPORT_DEFAULTS, "output_dir": os.path.join(directory, "export")})
+    # The file keeps what predict's defaults select (and the run's evaluation, usually more), so that predicting
+    # with it honours predict's keys: `ExportedModel.limit` selects after the file runs.
+    roi_heads = OmegaConf.select(cfg, "model.roi_heads")
+    if isinstance(roi_heads, DictConfig) and set(MODEL_DEFAULTS) <= set(roi_heads):
+        roi_heads.score_thresh = min(roi_heads.score_thresh, MODEL_DEFAULTS["score_thresh"])
+        roi_heads.detections_per_img = max(roi_heads.detections_per_img, MODEL_DEFAULTS["detections_per_img"])
 
 
 def get_check_files(cfg: DictConfig, image_arguments: list[str]) -> list[str]:
@@ -110,7 +120,7 @@ def main(argv: list[str]) -> None:
 
 def _export(argv: list[str]) -> None:
     run_dir, image_arguments, overrides = split_arguments(argv, images_required=False)
-    from lazytrain.modeling import export
+    from lazytrain.modeling import export, exported
 
     try:
         export.check_export_torch("export")
@@ -119,7 +129,7 @@ def _export(argv: list[str]) -> None:
     cfg, checkpoint = load_export_config(run_dir, overrides)
     targets = _targets(cfg)
     output_dir = str(cfg.export.output_dir)
-    written = [_FILES[target] for target in targets] + ["model.json"]
+    written = [_FILES[target] for target in targets] + [exported.DESCRIPTION_FILE]
     refuse_existing([os.path.join(output_dir, name) for name in written], "export.output_dir")
     files = get_check_files(cfg, image_arguments)
     from lazytrain.program.predictor import Predictor, read_categories, to_image_tensor
@@ -138,8 +148,11 @@ def _export(argv: list[str]) -> None:
         start = time.perf_counter()
         program, loaded = _write_and_load(predictor.model, check.images[0], target, program, output_dir, cfg)
         checks[target] = _check(predictor, loaded, target, check, output_dir, time.perf_counter() - start)
-    _write_model_json(os.path.join(output_dir, "model.json"), cfg, predictor, checkpoint, checks, program)
-    print(f"Wrote model.json to {output_dir} (inputs, outputs, image sizes, classes, parity)")
+    _write_model_json(os.path.join(output_dir, written[-1]), cfg, predictor, checkpoint, checks, program)
+    print(
+        f"Wrote {written[-1]} to {output_dir} (inputs, outputs, image sizes, what the files apply, classes, "
+        "parity)"
+    )
 
 
 class _Check(NamedTuple):
@@ -201,8 +214,14 @@ def _write_model_json(
         "test_mapper": OmegaConf.to_container(cfg.dataloader.test.mapper, resolve=True),
         "outputs": ["boxes [N, 4] XYXY float32", "scores [N]", "classes [N] int64 (contiguous)"]
         + (["masks [N, height, width] uint8"] if roi_heads.has_mask() else []),
-        "score_thresh": roi_heads.score_thresh,
-        "detections_per_img": roi_heads.detections_per_img,
+        "applied_in_the_file": {
+            "score_thresh": roi_heads.score_thresh,
+            "detections_per_img": roi_heads.detections_per_img,
+            "nms_thresh": roi_heads.nms_thresh,
+            "selection": "the detections scoring above score_thresh after per-class NMS at nms_thresh, at most "
+            "detections_per_img per image, best first; predict.exported keeps those above a higher "
+            "model.roi_heads.score_thresh and at most a smaller model.roi_heads.detections_per_img of them",
+        },
         "classes": predictor.categories.names,
         "category_ids": predictor.categories.ids,
         "parity": checks,

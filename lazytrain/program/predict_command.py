@@ -18,8 +18,10 @@ Writes into ``predict.output_dir`` (default ``RUN_DIR/predictions``):
 
 ``predict.exported=PATH`` predicts with a file of ``python -m lazytrain export`` (``model.pt2``,
 ``model_aoti.pt2`` or ``model.onnx``; a path, or one inside RUN_DIR such as ``export/model.pt2``) in place of
-the model and its weights, on the CPU: the code path a deployment runs. Its score threshold and detections per
-image are those it was exported with (its ``model.json``); the run's config still gives the test mapper.
+the model and its weights, on the CPU: the code path a deployment runs. ``model.roi_heads.score_thresh`` and
+``model.roi_heads.detections_per_img`` apply to it as to the weights (the file keeps detections down to the
+threshold it was exported with, its ``model.json`` says which; a lower threshold or more detections is
+refused); the model's other keys are part of the file and refused here. The run's config gives the test mapper.
 
 An image that cannot be read is skipped with a warning naming it and listed at the end
 (``predict.on_bad_image=stop`` stops instead); a path that does not exist, a folder without images and a run
@@ -64,6 +66,8 @@ PREDICT_DEFAULTS: dict[str, Any] = {
 }
 # predict's own defaults for keys of the run's model, applied before the command line's overrides (which win).
 MODEL_DEFAULTS = {"score_thresh": 0.5, "detections_per_img": 100}  # model.roi_heads.*
+# The keys that select an exported file's detections after it runs (`ExportedModel.limit`).
+_SELECTION_KEYS = tuple(f"model.roi_heads.{key}" for key in MODEL_DEFAULTS)
 _MOVED_KEYS = {"predict.score_thresh": "score_thresh", "predict.max_dets": "detections_per_img"}
 
 
@@ -71,7 +75,9 @@ def load_predict_config(source: str, overrides: list[str]) -> tuple[DictConfig, 
     """The run's config (RUN_DIR/config.yaml, or a config file) with ``predict.*`` and `overrides` applied, and
     the weights file to use: ``predict.exported``'s file when given (a path, or one inside the run directory)."""
     _refuse_moved_keys(overrides)
-    exported = any(o.split("=", 1)[0].lstrip("+") == "predict.exported" for o in overrides)
+    exported = any(_key(o) == "predict.exported" for o in overrides)
+    if exported:
+        _refuse_keys_an_export_holds(overrides)
     cfg, checkpoint = load_run(
         source,
         overrides,
@@ -80,7 +86,66 @@ def load_predict_config(source: str, overrides: list[str]) -> tuple[DictConfig, 
     )
     if cfg.predict.on_bad_image not in ("skip", "stop"):
         raise CommandLineError(f"predict.on_bad_image must be skip or stop; got {cfg.predict.on_bad_image!r}")
+    _check_selection(cfg)
+    if exported:
+        _check_exported_file(checkpoint, source)
     return cfg, checkpoint
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def _check_selection(cfg: DictConfig) -> None:
+    """The score threshold and detections per image, before any model is built."""
+    score_thresh = OmegaConf.select(cfg, "model.roi_heads.score_thresh")
+    if score_thresh is not None and not (
+        isinstance(score_thresh, (int, float))
+        and not isinstance(score_thresh, bool)
+        and 0 <= score_thresh <= 1
+    ):
+        raise CommandLineError(
+            f"model.roi_heads.score_thresh must be a score in [0, 1] (detections scoring above it are kept); "
+            f"got {score_thresh!r}"
+        )
+    count = OmegaConf.select(cfg, "model.roi_heads.detections_per_img")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise CommandLineError(f"model.roi_heads.detections_per_img must be an int >= 1; got {count!r}")
+
+
+def _refuse_keys_an_export_holds(overrides: list[str]) -> None:
+    """An exported file holds its model, weights and device: only its detections can still be selected."""
+    for override in overrides:
+        key = _key(override)
+        if key.startswith("model.") and key not in _SELECTION_KEYS:
+            raise CommandLineError(
+                f"{key} is part of the file predict.exported names (only {' and '.join(_SELECTION_KEYS)} apply "
+                f"to it): export again with {override} (python -m lazytrain export RUN_DIR {override}), or "
+                "predict with the weights (without predict.exported)"
+            )
+        if key in ("predict.checkpoint", "predict.device"):
+            raise CommandLineError(
+                f"{key} does not apply with predict.exported (the exported file holds its weights and runs on "
+                f"the CPU): give one of predict.exported and {key}"
+            )
+
+
+def _check_exported_file(path: str, source: str) -> None:
+    """Refuse, in one line, a file of another kind than an export (a checkpoint, TorchScript)."""
+    from lazytrain.modeling.exported import FILE_KINDS, get_file_kind
+
+    kind = get_file_kind(path)
+    if kind == "checkpoint":
+        raise CommandLineError(
+            f"predict.exported={path} is {FILE_KINDS[kind]}: predict with it as predict.checkpoint={path}, or "
+            f"export it first (python -m lazytrain export {source} export.checkpoint={path}) and give "
+            "predict.exported=export/model.pt2"
+        )
+    if kind in ("torchscript", "unknown"):
+        raise CommandLineError(
+            f"predict.exported={path} is {FILE_KINDS[kind]}: give model.pt2, model_aoti.pt2 or model.onnx as "
+            f"written by python -m lazytrain export {source}"
+        )
 
 
 def _set_predict_defaults(cfg: DictConfig, directory: str) -> None:
@@ -93,7 +158,7 @@ def _set_predict_defaults(cfg: DictConfig, directory: str) -> None:
 
 def _refuse_moved_keys(overrides: list[str]) -> None:
     for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
+        key = _key(override)
         if key in _MOVED_KEYS:
             raise CommandLineError(
                 f"{key} is model.roi_heads.{_MOVED_KEYS[key]} (one key for predict, evaluation and export); "

@@ -2,7 +2,7 @@
 
     from lazytrain.program.predictor import Predictor
 
-    predictor = Predictor.from_run("outputs/2026-11-25/10-00-00")     # config.yaml + the newest checkpoint
+    predictor = Predictor.from_run("runs/a")                           # config.yaml + the newest checkpoint
     prediction = predictor("photo.jpg")                                # or a list: paths, PIL, numpy, tensors
     prediction.boxes, prediction.scores, prediction.class_names, prediction.masks
 
@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from torch import Tensor
 
@@ -32,7 +32,7 @@ from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
 from lazytrain.data.mappers import DatasetMapper, read_image
 from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.evaluation.predictions import ImagePredictions, get_coco_entries, pack_instances
-from lazytrain.program.run_command import load_run, write_json
+from lazytrain.program.run_command import load_run, without_initial_weights, write_json
 
 __all__ = [
     "CATEGORIES_FILE",
@@ -260,11 +260,12 @@ class Predictor:
         categories: Categories | None = None,
     ) -> Predictor:
         """Build ``cfg.model`` and ``cfg.dataloader.test.mapper`` and load `checkpoint` (see `from_run`);
-        `categories` default to those of the config's test data set."""
+        `categories` default to those of the config's test data set. The model is built without the initial
+        weights its config names (`without_initial_weights`): the checkpoint holds every weight."""
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f"Predictor: checkpoint {checkpoint} not found.")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        model = instantiate(cfg.model)
+        model = instantiate(without_initial_weights(cfg).model)
         _load_weights(model, checkpoint)
         model.to(device)
         num_classes = int(getattr(model, "num_classes", 0) or 0)
@@ -281,13 +282,29 @@ class Predictor:
     ) -> Predictor:
         """A file written by ``python -m lazytrain export`` (``model.pt2``, ``model_aoti.pt2`` or ``model.onnx``)
         in place of the model, with ``cfg.dataloader.test.mapper`` (the run's config, as for `from_config`):
-        the code path a deployment runs, on the CPU. The export's score threshold and detections per image are
-        those it was exported with (its ``model.json``)."""
-        from lazytrain.modeling.exported import load_exported
+        the code path a deployment runs, on the CPU.
 
+        The detections are those above ``cfg.model.roi_heads.score_thresh``, at most
+        ``cfg.model.roi_heads.detections_per_img`` per image, as with the weights (`ExportedModel.limit`); a
+        threshold below the one the file applies itself, or more detections than it keeps (its
+        ``model.json``), is refused with a ValueError naming the key."""
+        from lazytrain.modeling.exported import DESCRIPTION_FILE, load_exported
+
+        model = load_exported(file)
+        score_thresh = OmegaConf.select(cfg, "model.roi_heads.score_thresh")
+        detections_per_img = OmegaConf.select(cfg, "model.roi_heads.detections_per_img")
+        if score_thresh is not None and detections_per_img is not None:
+            if model.built_in is None:
+                logger.warning(
+                    "Predictor: no %s beside %s says which threshold and detections per image it applies itself; "
+                    "a lower model.roi_heads.score_thresh or more detections cannot be checked.",
+                    DESCRIPTION_FILE,
+                    file,
+                )
+            model.limit(score_thresh, detections_per_img)
         num_classes = int(cfg.model.get("num_classes", 0) or 0)
         parts = _test_parts(cfg, categories, num_classes)
-        return cls(load_exported(file), *parts, batch_size=_batch_size(cfg, batch_size))
+        return cls(model, *parts, batch_size=_batch_size(cfg, batch_size))
 
     def __call__(self, images: ImageInput | Sequence[ImageInput]) -> Prediction | list[Prediction]:
         """Predict one image (returns a `Prediction`) or a list of them (returns a list)."""

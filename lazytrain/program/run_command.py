@@ -8,6 +8,7 @@ and may name any key of the run's config or of the command's own section (``pred
 
 from __future__ import annotations
 
+import copy
 import glob
 import json
 import os
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lazytrain.config import LazyConfig
 from lazytrain.utils.file_io import atomic_write
@@ -30,6 +31,7 @@ __all__ = [
     "refuse_existing",
     "run_command",
     "split_arguments",
+    "without_initial_weights",
     "write_json",
 ]
 
@@ -130,16 +132,16 @@ def load_run(
     LazyConfig.apply_overrides(cfg, list(overrides))
     if checkpoint_key is not None:
         checkpoint = OmegaConf.select(cfg, checkpoint_key)
+    key = checkpoint_key or "checkpoint"
     if not os.path.isdir(source) and not checkpoint:
-        raise FileNotFoundError(
-            f"{source} is a config: name its weights with {checkpoint_key or 'checkpoint'}=PATH"
-        )
-    return cfg, get_checkpoint_path(directory, checkpoint)
+        raise FileNotFoundError(f"{source} is a config: name its weights with {key}=PATH")
+    return cfg, get_checkpoint_path(directory, checkpoint, key=key)
 
 
-def get_checkpoint_path(run_dir: str, checkpoint: str | None = None) -> str:
+def get_checkpoint_path(run_dir: str, checkpoint: str | None = None, *, key: str = "checkpoint") -> str:
     """The weights file to use: `checkpoint` (a path, or a file name inside `run_dir`), else the run's newest
-    checkpoint (``last_checkpoint``), else ``model_final.pth``.
+    checkpoint (``last_checkpoint``), else ``model_final.pth``. `key` is what names the file in messages (the
+    argument, or a command's key such as ``predict.checkpoint``).
 
     Raises:
         FileNotFoundError: naming the run directory or file, and the fix.
@@ -150,7 +152,7 @@ def get_checkpoint_path(run_dir: str, checkpoint: str | None = None) -> str:
         inside = os.path.join(run_dir, checkpoint)
         path = inside if not os.path.isabs(checkpoint) and os.path.isfile(inside) else checkpoint
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"checkpoint {checkpoint} not found (nor in {run_dir}).")
+            raise FileNotFoundError(f"{key}={checkpoint}: no such file (nor in {run_dir}).")
         return path
     newest = get_last_checkpoint(run_dir)
     if newest and os.path.isfile(newest):
@@ -160,8 +162,47 @@ def get_checkpoint_path(run_dir: str, checkpoint: str | None = None) -> str:
         return final
     raise FileNotFoundError(
         f"run directory {run_dir} has no weights (no last_checkpoint, no model_final.pth): the run saves them "
-        "at train.checkpointer.period and at its end. Let it train, or name a file with checkpoint=PATH."
+        f"at train.checkpointer.period and at its end. Let it train, or name a file with {key}=PATH."
     )
+
+
+# How a model's config asks for initial weights while it is built: timm's (and many libraries') `pretrained`
+# (True, a path or a URL), torchvision builders' `weights` and `weights_backbone`. (`train.init_checkpoint` is
+# read by training only.)
+_PRETRAINED_KEY = "pretrained"
+_TORCHVISION_WEIGHT_KEYS = ("weights", "weights_backbone")
+
+
+def without_initial_weights(cfg: DictConfig) -> DictConfig:
+    """A copy of `cfg` whose ``model`` builds without initial weights: every ``pretrained`` key of a node with a
+    ``_target_`` set to False, and the ``weights``/``weights_backbone`` of torchvision's builders to None.
+
+    A trained run's checkpoint holds every weight of its model, so loading a run (predict, export,
+    `Predictor.from_run`) must neither download nor read the weights its training started from: offline, or
+    with the file moved, building the model would fail before the checkpoint is read.
+    """
+    cfg = copy.deepcopy(cfg)
+    model = cfg.get("model")
+    if isinstance(model, (DictConfig, ListConfig)):
+        _turn_off_initial_weights(model)
+    return cfg
+
+
+def _turn_off_initial_weights(node: DictConfig | ListConfig) -> None:
+    if isinstance(node, ListConfig):
+        children = [node._get_node(i) for i in range(len(node))]
+    else:
+        target = "" if OmegaConf.is_interpolation(node, "_target_") else str(node.get("_target_", ""))
+        if target and node.get(_PRETRAINED_KEY) not in (None, False):
+            node[_PRETRAINED_KEY] = False
+        if target.startswith("torchvision.models."):
+            for key in _TORCHVISION_WEIGHT_KEYS:
+                if key in node:
+                    node[key] = None
+        children = [node._get_node(key) for key in node.keys()]
+    for child in children:
+        if isinstance(child, (DictConfig, ListConfig)):
+            _turn_off_initial_weights(child)
 
 
 def refuse_existing(paths: list[str], key: str) -> None:

@@ -28,12 +28,15 @@ from lazytrain.modeling.export import (
 )
 from lazytrain.modeling.export_parity import check_parity
 from lazytrain.modeling.exported import (
+    DetectionLimits,
     ExportedModel,
+    get_file_kind,
     load_aoti,
     load_exported,
     load_onnx,
     load_program,
     load_torchscript,
+    read_built_in_limits,
 )
 from tests.modeling.helpers import load_model_config, make_record, needs_torch_export
 
@@ -251,17 +254,148 @@ def test_load_exported_runs_a_file_as_the_model_runs_a_record(exported, mask_mod
         assert got["instances"]["masks"].shape == (20, 100, 60)
 
 
-def test_load_exported_names_what_it_takes(tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing.pt2 not found"):
-        load_exported(str(tmp_path / "missing.pt2"))
-    (tmp_path / "model.ts").write_bytes(b"not an archive")
-    with pytest.raises(ValueError, match=r"neither an ONNX file \(.onnx\) nor a .pt2 archive"):
-        load_exported(str(tmp_path / "model.ts"))
+def _one_line_error(error_type, file: str, match: str) -> None:
+    with pytest.raises(error_type, match=match) as info:
+        load_exported(file)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:FutureWarning:torch")
+@pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning:torch")
+def test_load_exported_says_in_one_line_what_a_file_is_and_what_it_takes(tmp_path):
+    _one_line_error(FileNotFoundError, str(tmp_path / "missing.pt2"), "missing.pt2 not found")
+    (tmp_path / "notes.pt2").write_bytes(b"not an archive")
+    _one_line_error(
+        ValueError, str(tmp_path / "notes.pt2"), r"neither an ONNX file \(.onnx\) nor a .pt2 archive"
+    )
+    linear = torch.nn.Linear(2, 2)
+    torch.save({"model": linear.state_dict()}, tmp_path / "model_final.pth")
+    assert get_file_kind(str(tmp_path / "model_final.pth")) == "checkpoint"
+    checkpoint = (
+        r"model_final.pth is a PyTorch checkpoint \(weights saved by torch.save\), not an exported model"
+    )
+    _one_line_error(ValueError, str(tmp_path / "model_final.pth"), checkpoint)
+    torch.jit.save(torch.jit.script(linear), str(tmp_path / "model.ts"))
+    _one_line_error(ValueError, str(tmp_path / "model.ts"), "legacy TorchScript file")
+    (tmp_path / "model.onnx").write_bytes(b"\x08\x07 truncated")
+    _one_line_error(
+        ValueError, str(tmp_path / "model.onnx"), r"looks like an ONNX model but does not load \("
+    )
+
+
+@needs_torch_export
+def test_load_exported_refuses_a_damaged_program_in_one_line(exported, tmp_path):
+    with (
+        zipfile.ZipFile(exported[1]["program"]) as source,
+        zipfile.ZipFile(tmp_path / "model.pt2", "w") as copy,
+    ):
+        for name in source.namelist():
+            if "/weights/" not in name:  # the weights lost on the way
+                copy.writestr(name, source.read(name))
+    assert get_file_kind(str(tmp_path / "model.pt2")) == "program"
+    match = r"looks like a torch.export ExportedProgram but does not load \(.*export it again"
+    _one_line_error(ValueError, str(tmp_path / "model.pt2"), match)
+
+
+def _fixed_detector(scores):
+    """A `Detector` returning one box per score, in the given order, classes 0, 1, 2, ..."""
+    scores = torch.tensor(scores)
+    boxes = torch.arange(len(scores), dtype=torch.float32)[:, None].repeat(1, 4) + torch.tensor([0, 0, 5, 5])
+    return lambda image, size: (boxes, scores, torch.arange(len(scores)))
+
+
+def test_exported_model_keeps_the_best_detections_above_the_asked_threshold():
+    model = ExportedModel(_fixed_detector([0.2, 0.9, 0.05, 0.6, 0.6]), "model.pt2")
+    record = {"image": torch.zeros(3, 8, 8, dtype=torch.uint8)}
+    assert model([record])[0]["instances"]["scores"].tolist() == pytest.approx([0.2, 0.9, 0.05, 0.6, 0.6])
+    model.limit(0.1, 10)
+    (got,) = model([record])
+    assert got["instances"]["scores"].tolist() == pytest.approx([0.9, 0.6, 0.6, 0.2])
+    assert got["instances"]["classes"].tolist() == [1, 3, 4, 0]  # best first; ties keep the file's order
+    assert got["instances"]["boxes"][:, 0].tolist() == [1, 3, 4, 0]
+    model.limit(0.6, 10)  # kept: scoring above the threshold, as RoIHeads keeps them
+    assert model([record])[0]["instances"]["classes"].tolist() == [1]
+    model.limit(0.0, 2)
+    assert model([record])[0]["instances"]["classes"].tolist() == [1, 3]
+
+
+@pytest.mark.parametrize(
+    ("score_thresh", "count", "message"),
+    [
+        pytest.param(0.001, 10, r"model.roi_heads.score_thresh=0.001 is below the threshold 0.01 that "
+                     r"model.pt2 \(model.json beside it\) applies itself.*>= 0.01, or export again", id="below"),
+        pytest.param(0.5, 101, r"model.roi_heads.detections_per_img=101 is more than the 100 detections per image "
+                     r"that model.pt2 .* keeps", id="more"),
+        pytest.param(-0.5, 10, r"limit\(score_thresh=\) must be in \[0, 1\].*got -0.5", id="negative"),
+        pytest.param(0.5, 0, r"limit\(detections_per_img=\) must be an int >= 1.*got 0", id="zero"),
+        pytest.param(0.5, 2.5, r"limit\(detections_per_img=\) must be an int >= 1.*got 2.5", id="fraction"),
+    ],
+)  # fmt: skip
+def test_exported_model_refuses_what_the_file_cannot_honour(score_thresh, count, message):
+    model = ExportedModel(
+        _fixed_detector([0.9]), "runs/a/export/model.pt2", built_in=DetectionLimits(0.01, 100)
+    )
+    with pytest.raises(ValueError, match=message):
+        model.limit(score_thresh, count)
+    assert model.limits is None
+    model.limit(0.01, 100)  # the file's own limits: honoured
+    assert model.limits == DetectionLimits(0.01, 100)
+
+
+def test_built_in_limits_are_read_from_model_json_beside_the_file(tmp_path):
+    file = str(tmp_path / "model.onnx")
+    assert read_built_in_limits(file) is None
+    (tmp_path / "model.json").write_text(
+        '{"applied_in_the_file": {"score_thresh": 0.001, "detections_per_img": 300}}'
+    )
+    assert read_built_in_limits(file) == DetectionLimits(0.001, 300)
+
+
+@needs_torch_export
+@pytest.mark.parametrize("target", list(LOADERS))
+def test_a_limited_export_gives_the_eager_models_detections_at_a_higher_threshold(
+    target, exported, mask_model, images
+):
+    # The file keeps 20 detections down to score 0; asked for fewer, above a threshold in the middle of its
+    # scores, it returns what the eager model returns with those keys.
+    model = load_exported(exported[1][target])
+    record = {"image": images[3], "height": 240, "width": 200}
+    scores = model([record])[0]["instances"]["scores"]
+    threshold = float(scores.median())
+    model.limit(threshold, 6)
+    roi_heads = mask_model.roi_heads
+    kept = (roi_heads.score_thresh, roi_heads.detections_per_img)
+    roi_heads.score_thresh, roi_heads.detections_per_img = threshold, 6
+    try:
+        with torch.no_grad():
+            (expected,) = mask_model([record])
+    finally:
+        roi_heads.score_thresh, roi_heads.detections_per_img = kept
+    (got,) = model([record])
+    expected, got = expected["instances"], got["instances"]
+    assert len(got["scores"]) == len(expected["scores"]) == 6 and float(got["scores"].min()) > threshold
+    torch.testing.assert_close(got["scores"], expected["scores"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got["boxes"], expected["boxes"], atol=1e-3, rtol=0)
+    assert torch.equal(got["classes"], expected["classes"])
+
+
+# A smaller model for the targets' shared test (two FPN levels, one mask conv): AOTInductor's compile time
+# follows the size of the graph. The AOTInductor package is compiled at -O0 (`aot_inductor.debug_compile`): the
+# same kernels, less C++ optimisation.
+SMALL = (
+    *OVERRIDES,
+    "model.backbone.returned_layers=[3,4]",
+    "model.rpn.anchor_generator.sizes=[32,64,128]",
+    "model.roi_heads.box_roi_pool.featmap_names=['0','1']",
+    "model.roi_heads.mask_roi_pool.featmap_names=['0','1']",
+    "model.roi_heads.mask_head.layers=[64]",
+)
+QUICK_AOTI = {"aot_inductor.debug_compile": True}
 
 
 def _threshold_between_two_images():
     """A model whose score threshold lies between the best scores of two images: (model, high, low)."""
-    model = _build()
+    model = _build(SMALL)
     first, second = _image(128, 128, seed=5), torch.zeros(3, 96, 112, dtype=torch.uint8)
     wrapper = ExportableRCNN(model)
     with torch.no_grad():
@@ -272,28 +406,59 @@ def _threshold_between_two_images():
     return model, high, low
 
 
+@pytest.fixture(scope="module")
+def every_target(tmp_path_factory):
+    """`_threshold_between_two_images`'s model written as every torch.export target: (model, high, low,
+    files). One AOTInductor compile, before the ONNX conversion (`export_aoti` says why)."""
+    model, high, low = _threshold_between_two_images()
+    directory = tmp_path_factory.mktemp("every_target")
+    program = _export_program(model, high)
+    files = {"program": save_program(program, str(directory / "model.pt2"))}
+    files["aoti"] = export_aoti(program, str(directory / "model_aoti.pt2"), inductor_configs=QUICK_AOTI)
+    files["onnx"] = _export_onnx(program, directory / "model.onnx")
+    return model, high, low, files
+
+
 @needs_torch_export
 @pytest.mark.slow
-def test_every_target_gives_an_image_without_detections_and_aoti_reproduces_the_model(tmp_path, images):
-    # torchvision's shape-only nms said ">= 2 kept boxes": such a program failed at run time on `low`. One
-    # AOTInductor compile (~40 s on 2 CPU cores), before the ONNX conversion (`export_aoti` says why).
-    model, high, low = _threshold_between_two_images()
-    wrapper = ExportableRCNN(model)
-    program = _export_program(model, high)
-    files = {"program": save_program(program, str(tmp_path / "model.pt2"))}
-    files["aoti"] = export_aoti(program, str(tmp_path / "model_aoti.pt2"))
-    files["onnx"] = _export_onnx(program, tmp_path / "model.onnx")
-    with zipfile.ZipFile(files["aoti"]) as archive:
-        assert any("/aotinductor/" in name for name in archive.namelist())
-    for target, load in {**LOADERS, "aoti": load_aoti}.items():
-        loaded = load(files[target])
-        boxes, scores, classes, masks = loaded(low, torch.tensor([50, 60]))
-        assert boxes.shape == (0, 4) and scores.shape == classes.shape == (0,), target
-        assert masks.shape == (0, 50, 60)
-        checked, sizes = [high, low, *images[1:3]], [(256, 256), (96, 112), (48, 100), (300, 180)]
-        report = check_parity(wrapper, loaded, checked, sizes)
-        assert report.num_detections > 0 and report.max_box_diff <= 1e-3 and report.max_score_diff <= 1e-5
-    assert isinstance(load_exported(files["aoti"]), ExportedModel)
+@pytest.mark.parametrize("target", ["program", "aoti", "onnx"])
+def test_every_target_gives_an_image_without_detections_and_reproduces_the_model(
+    target, every_target, images
+):
+    # torchvision's shape-only nms said ">= 2 kept boxes": such a program failed at run time on `low`.
+    model, high, low, files = every_target
+    loaded = {**LOADERS, "aoti": load_aoti}[target](files[target])
+    boxes, scores, classes, masks = loaded(low, torch.tensor([50, 60]))
+    assert boxes.shape == (0, 4) and scores.shape == classes.shape == (0,)
+    assert masks.shape == (0, 50, 60)
+    checked, sizes = [high, low, *images[1:3]], [(256, 256), (96, 112), (48, 100), (300, 180)]
+    report = check_parity(ExportableRCNN(model), loaded, checked, sizes)
+    assert report.num_detections > 0 and report.max_box_diff <= 1e-3 and report.max_score_diff <= 1e-5
+    assert report.min_mask_agreement >= 0.99
+
+
+@needs_torch_export
+@pytest.mark.slow
+def test_load_exported_runs_an_aoti_package_with_the_limits_beside_it(every_target, tmp_path):
+    model, high, _, files = every_target
+    assert get_file_kind(files["aoti"]) == "aoti"
+    package = tmp_path / "model_aoti.pt2"
+    package.symlink_to(files["aoti"])
+    (tmp_path / "model.json").write_text(
+        '{"applied_in_the_file": {"score_thresh": 0.2, "detections_per_img": 20}}'
+    )
+    loaded = load_exported(str(package))
+    assert isinstance(loaded, ExportedModel) and loaded.built_in == DetectionLimits(0.2, 20)
+    with pytest.raises(ValueError, match="more than the 20 detections per image that model_aoti.pt2"):
+        loaded.limit(0.5, 21)
+    loaded.limit(model.roi_heads.score_thresh, 3)
+    (got,) = loaded([{"image": high}])
+    with torch.no_grad():
+        (expected,) = model([{"image": high}])
+    assert len(got["instances"]["scores"]) == min(3, len(expected["instances"]["scores"])) > 0
+    torch.testing.assert_close(
+        got["instances"]["scores"], expected["instances"]["scores"][:3], atol=1e-5, rtol=0
+    )
 
 
 @needs_torch_export
@@ -359,9 +524,11 @@ def test_missing_onnx_packages_name_the_extra(exported, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "onnx", None)  # `import onnx` raises ImportError
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     extra = r'pip install "lazytrain\[export\]"'
-    with pytest.raises(ImportError, match=rf"export_onnx\(\) needs the 'onnx' package.*{extra}"):
+    with pytest.raises(
+        ImportError, match=rf"export.export_onnx\(\) needs 'onnx', which is not installed.*{extra}"
+    ):
         export_onnx(exported[0], str(tmp_path / "model.onnx"))
     with pytest.raises(
-        ImportError, match=rf"exported.load_onnx\(\) needs the 'onnxruntime' package.*{extra}"
+        ImportError, match=rf"exported.load_onnx\(\) needs 'onnxruntime', which is not.*{extra}"
     ):
         load_onnx(str(tmp_path / "model.onnx"))

@@ -1,6 +1,8 @@
 """``python -m lazytrain export`` on a tiny demo run: files written, checked against the eager model, described
 in model.json; never overwritten; one-line errors."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -25,51 +27,147 @@ def _val_files(run) -> list[str]:
     return [os.path.join(root, image["file_name"]) for image in images]
 
 
+# Class logits scaled up: the tiny run's scores all lie near 1/31, far below predict's threshold 0.5; scaled,
+# they spread over (0, 1) (0-33 detections per val image above 0.5), so a threshold has something to select.
+CONFIDENT = 100.0
+
+
+@pytest.fixture(scope="module")
+def confident_export(demo_run, tmp_path_factory):
+    """The demo run with confident class scores, exported by the command with its defaults into RUN_DIR/export
+    (model.pt2 and model.onnx); what the command printed."""
+    run_dir = tmp_path_factory.mktemp("confident_run")
+    for name in ("config.yaml", "categories.json"):
+        shutil.copy(os.path.join(demo_run["dir"], name), run_dir)
+    saved = torch.load(os.path.join(demo_run["dir"], "model_final.pth"), weights_only=True)
+    for key in ("roi_heads.box_predictor.cls_score.weight", "roi_heads.box_predictor.cls_score.bias"):
+        saved["model"][key] = saved["model"][key] * CONFIDENT
+    torch.save(saved, run_dir / "model_final.pth")
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setenv("LAZYTRAIN_DATASETS", demo_run["datasets"])
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            _export(run_dir)
+        finally:
+            torch.set_num_threads(threads)
+    return {**demo_run, "dir": str(run_dir), "export": str(run_dir / "export"), "printed": printed.getvalue()}
+
+
 @needs_torch_export
-def test_export_writes_a_checked_program_and_describes_it(in_run_datasets, tmp_path, capsys):
-    # ONNX of the demo run: README's `python -m lazytrain export runs/a` (tests/test_readme.py); here the program.
-    out = tmp_path / "export"
-    _export(
-        in_run_datasets["dir"],
-        "model.roi_heads.score_thresh=0.0",
-        "export.onnx=false",
-        f"export.output_dir={out}",
-    )
-    printed = capsys.readouterr().out
-    assert sorted(os.listdir(out)) == ["model.json", "model.pt2"]
-    assert printed.count("parity on 4 images (80 detections)") == 1, printed  # 4 test images x 20
-    described = json.load(open(out / "model.json"))
-    assert described["files"] == {"program": "model.pt2"}
+def test_export_writes_checked_files_and_says_what_they_apply(confident_export):
+    # README's `python -m lazytrain export runs/a` on the demo recipe (tests/test_readme.py runs it as written).
+    out = confident_export["export"]
+    printed = confident_export["printed"]
+    assert sorted(os.listdir(out)) == ["model.json", "model.onnx", "model.pt2"]
+    assert printed.count("parity on 4 images (") == 2, printed
+    described = json.load(open(os.path.join(out, "model.json")))
+    assert described["files"] == {"program": "model.pt2", "onnx": "model.onnx"}
     assert list(described["inputs"]) == ["image", "original_size"]
     assert described["image_size_range"] == {"height": [65, None], "width": [65, None]}
-    assert described["score_thresh"] == 0.0 and described["detections_per_img"] == 20
-    saved = json.load(open(os.path.join(in_run_datasets["dir"], "categories.json")))
+    # The run evaluates down to 0.001 with 20 detections per image: the file keeps at least predict's 100.
+    applied = described["applied_in_the_file"]
+    assert (applied["score_thresh"], applied["detections_per_img"], applied["nms_thresh"]) == (
+        0.001,
+        100,
+        0.5,
+    )
+    saved = json.load(open(os.path.join(confident_export["dir"], "categories.json")))
     assert described["classes"] == [c["name"] for c in saved]
     assert described["category_ids"] == [c["id"] for c in saved]
     assert described["test_mapper"]["augmentations"][0]["short_edge_length"] == 96
-    assert set(described["parity"]) == {"program"}
-    # The files predict as the eager model does, on images the check did not see, in their original sizes.
-    overrides = ["model.roi_heads.score_thresh=0.0"]
-    eager = Predictor.from_run(in_run_datasets["dir"], device="cpu", overrides=overrides)
-    files = _val_files(in_run_datasets)[4:6]
+    assert set(described["parity"]) == {"program", "onnx"}
+
+
+def _predict_results(run, out, *keys) -> dict[int, list[dict]]:
+    """``python -m lazytrain predict`` on four val images: each image's results, best first."""
+    lazytrain_main(["predict", run["dir"], *_val_files(run)[2:], f"predict.output_dir={out}", *keys])
+    by_image = {}
+    for result in json.load(open(os.path.join(out, "results.json"))):
+        by_image.setdefault(result["image_id"], []).append(result)
+    return {image: sorted(results, key=lambda r: -r["score"]) for image, results in by_image.items()}
+
+
+@needs_torch_export
+def test_predict_with_an_exported_file_gives_the_detections_of_the_weights(
+    confident_export, tmp_path, monkeypatch, one_thread
+):
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", confident_export["datasets"])
+    for keys in [(), ("model.roi_heads.score_thresh=0.3",)]:
+        # One image per forward, as an exported file runs: in a batch, an image padded to a larger one's size
+        # gets slightly other features near its border (the tiny data set's images differ in size).
+        expected = _predict_results(
+            confident_export, tmp_path / f"weights{len(keys)}", "predict.batch_size=1", *keys
+        )
+        assert sum(len(results) for results in expected.values()) > 0
+        for name in ("model.pt2", "model.onnx"):
+            file = os.path.join(confident_export["export"], name)
+            got = _predict_results(
+                confident_export, tmp_path / f"{name}{len(keys)}", f"predict.exported={file}", *keys
+            )
+            assert got.keys() == expected.keys(), (name, keys)
+            for image, results in expected.items():
+                assert len(got[image]) == len(results), (name, keys, image)
+                scores = torch.tensor([r["score"] for r in got[image]])
+                torch.testing.assert_close(
+                    scores, torch.tensor([r["score"] for r in results]), atol=1e-4, rtol=0
+                )
+                assert sorted(r["category_id"] for r in got[image]) == sorted(
+                    r["category_id"] for r in results
+                )
+                assert float(scores.min()) >= (0.3 if keys else 0.5)
+
+
+@needs_torch_export
+def test_predictor_from_exported_gives_the_weights_boxes_and_masks(confident_export, monkeypatch, one_thread):
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", confident_export["datasets"])
+    overrides = ["model.roi_heads.score_thresh=0.3"]
+    eager = Predictor.from_run(confident_export["dir"], device="cpu", overrides=overrides)
+    files = _val_files(confident_export)[4:6]
     expected = eager(files)
-    cfg, _ = load_run(in_run_datasets["dir"], overrides)
-    for name in ("model.pt2",):
-        exported = Predictor.from_exported(cfg, str(out / name), categories=eager.categories)
-        assert exported.device == torch.device("cpu")
-        for want, got in zip(expected, exported(files)):
-            assert (got.height, got.width) == (want.height, want.width) and len(got) == len(want) == 20
-            assert torch.allclose(got.boxes, want.boxes, atol=1e-3) and torch.equal(got.classes, want.classes)
-            assert torch.allclose(got.scores, want.scores, atol=1e-5)
-            assert (got.masks != want.masks).float().mean() < 1e-3
-    # The command line: predict.exported in place of the weights.
-    predictions = tmp_path / "predictions"
-    lazytrain_main(
-        ["predict", in_run_datasets["dir"], *files, f"predict.exported={out / 'model.pt2'}",
-         f"predict.output_dir={predictions}"]
-    )  # fmt: skip
-    results = json.load(open(predictions / "results.json"))
-    assert len(results) == 40 and {r["category_id"] for r in results} <= set(described["category_ids"])
+    cfg, _ = load_run(confident_export["dir"], overrides)
+    exported = Predictor.from_exported(cfg, os.path.join(confident_export["export"], "model.pt2"))
+    assert exported.device == torch.device("cpu") and exported.categories == eager.categories
+    for want, got in zip(expected, exported(files)):
+        assert (got.height, got.width) == (want.height, want.width) and len(got) == len(want) > 0
+        assert torch.allclose(got.boxes, want.boxes, atol=1e-3) and torch.equal(got.classes, want.classes)
+        assert torch.allclose(got.scores, want.scores, atol=1e-5)
+        assert (got.masks != want.masks).float().mean() < 1e-3
+
+
+@needs_torch_export
+def test_predict_with_an_exported_file_refuses_what_it_cannot_honour_in_one_line(
+    confident_export, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", confident_export["datasets"])
+    run, image = confident_export["dir"], _val_files(confident_export)[0]
+    program = f"predict.exported={os.path.join(confident_export['export'], 'model.pt2')}"
+    weights = os.path.join(run, "model_final.pth")
+    cases = [
+        ([program, "model.roi_heads.score_thresh=0.0001"],
+         "model.roi_heads.score_thresh=0.0001 is below the threshold 0.001 that model.pt2 (model.json beside it) "
+         "applies itself"),
+        ([program, "model.roi_heads.detections_per_img=300"],
+         "model.roi_heads.detections_per_img=300 is more than the 100 detections per image that model.pt2"),
+        ([program, "model.roi_heads.nms_thresh=0.6"],
+         "model.roi_heads.nms_thresh is part of the file predict.exported names"),
+        ([program, "predict.device=cuda"], "predict.device does not apply with predict.exported"),
+        ([f"predict.exported={weights}"],
+         f"predict.exported={weights} is a PyTorch checkpoint (weights saved by torch.save), not an exported "
+         f"model: predict with it as predict.checkpoint={weights}, or export it first"),
+        (["predict.exported=export/missing.pt2"], "predict.exported=export/missing.pt2: no such file"),
+        ([program, "model.roi_heads.score_thresh=-1"], "model.roi_heads.score_thresh must be a score in [0, 1]"),
+        (["model.roi_heads.score_thresh=-1"], "model.roi_heads.score_thresh must be a score in [0, 1]"),
+        (["model.roi_heads.detections_per_img=0"], "model.roi_heads.detections_per_img must be an int >= 1"),
+    ]  # fmt: skip
+    for keys, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            lazytrain_main(["predict", run, image, f"predict.output_dir={tmp_path / 'out'}", *keys])
+        error = capsys.readouterr().err
+        assert exit_info.value.code == 1 and message in error, (keys, error)
+        assert error.count("\n") == 1, error
+    assert not (tmp_path / "out").exists()
 
 
 @needs_torch_export
@@ -123,7 +221,8 @@ def test_export_refuses_bad_input_with_one_line(in_run_datasets, tmp_path, capsy
     cases = [
         ([in_run_datasets["dir"], "export.onnx=maybe"], "export.onnx must be true or false; got 'maybe'"),
         ([tmp_path], "config.yaml not found"),
-        ([unweighted], "has no weights"),
+        ([unweighted], "has no weights (no last_checkpoint, no model_final.pth)"),
+        ([unweighted], "or name a file with export.checkpoint=PATH"),
         ([in_run_datasets["dir"], tmp_path / "missing.png"], "missing.png does not exist"),
         ([], "give a run directory"),
     ]

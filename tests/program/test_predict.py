@@ -3,17 +3,21 @@
 import json
 import os
 import shutil
+import socket
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from lazytrain.config import LazyConfig, instantiate
 from lazytrain.data.mappers import read_image
 from lazytrain.program.entrypoint import main as lazytrain_main
 from lazytrain.program.predictor import Predictor, to_image_tensor
 from tests.modeling.helpers import needs_torch_export
+from tests.program.conftest import REPO
 from tests.scripts.loading import load_script
+from tests.smoke import smoke_overrides
 
 
 def _val_images(demo_run) -> list[dict]:
@@ -86,7 +90,9 @@ def test_bad_images_and_runs_without_weights_are_named(in_run_datasets, tmp_path
     unweighted = tmp_path / "unweighted"
     unweighted.mkdir()
     shutil.copy(os.path.join(in_run_datasets["dir"], "config.yaml"), unweighted / "config.yaml")
-    with pytest.raises(FileNotFoundError, match=r"unweighted has no weights .*checkpoint=PATH"):
+    with pytest.raises(
+        FileNotFoundError, match=r"unweighted has no weights .*name a file with checkpoint=PATH"
+    ):
         Predictor.from_run(unweighted)
     with pytest.raises(FileNotFoundError, match=r"config.yaml not found"):
         Predictor.from_run(tmp_path)
@@ -243,6 +249,12 @@ def test_predict_command_takes_a_config_and_named_weights(in_run_datasets, tmp_p
     with pytest.raises(SystemExit):
         _predict(config, image, f"predict.output_dir={tmp_path / 'other'}")
     assert "is a config: name its weights with predict.checkpoint=PATH" in capsys.readouterr().err
+    unweighted = tmp_path / "unweighted"
+    unweighted.mkdir()
+    shutil.copy(config, unweighted)
+    with pytest.raises(SystemExit):
+        _predict(unweighted, image, f"predict.output_dir={tmp_path / 'other'}")
+    assert "or name a file with predict.checkpoint=PATH" in capsys.readouterr().err
 
 
 def test_predict_command_takes_the_models_score_threshold_from_the_command_line(in_run_datasets, tmp_path):
@@ -259,3 +271,44 @@ def test_predict_command_takes_the_models_score_threshold_from_the_command_line(
         if threshold is not None:
             assert results and min(r["score"] for r in results) >= threshold
     assert counts[None] == 0 < counts[0.0001] <= 100
+
+
+def _refuse_downloads(monkeypatch) -> None:
+    """Every way a model's initial weights could be fetched fails loudly."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a download or initial-weights load was attempted: {args[:2]}")
+
+    monkeypatch.setattr("timm.models._builder.load_pretrained", refuse)
+    monkeypatch.setattr("lazytrain.modeling.timm_backbone.download_to_cache", refuse)
+    monkeypatch.setattr("lazytrain.modeling.download.download_to_cache", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+@pytest.mark.parametrize("pretrained", ["true", "https://example.invalid/resnet18d.pth"], ids=["hub", "url"])
+def test_a_run_that_started_from_pretrained_weights_loads_offline(
+    in_run_datasets, tmp_path, monkeypatch, pretrained
+):
+    # A timm run's config asks for its backbone's initial weights (timm's hub, or a URL) and for a URL
+    # train.init_checkpoint; its checkpoint holds every weight, so predicting reads nothing else.
+    pytest.importorskip("timm")
+    config = os.path.join(REPO, "conf", "rfs_maskrcnn_demo_timm.py")
+    cfg = LazyConfig.load(config)
+    LazyConfig.apply_overrides(cfg, [*smoke_overrides(), "model.backbone.pretrained=false"])
+    weights = {"model": instantiate(cfg.model).state_dict()}  # what training saved: every tensor
+    run_dir = tmp_path / "timm_run"
+    LazyConfig.apply_overrides(
+        cfg,
+        [f"model.backbone.pretrained={pretrained}", "train.init_checkpoint=https://example.invalid/init.pth"],
+    )
+    LazyConfig.save(cfg, run_dir / "config.yaml")
+    torch.save(weights, run_dir / "model_final.pth")
+    shutil.copy(os.path.join(in_run_datasets["dir"], "categories.json"), run_dir)
+    _refuse_downloads(monkeypatch)
+    predictor = Predictor.from_run(run_dir, device="cpu", overrides=["model.roi_heads.score_thresh=0.0"])
+    state = predictor.model.state_dict()
+    assert all(torch.equal(state[name], value) for name, value in weights["model"].items())
+    image = _val_images(in_run_datasets)[0]["path"]
+    assert len(predictor(image)) > 0
+    _predict(run_dir, image, f"predict.output_dir={tmp_path / 'out'}", "model.roi_heads.score_thresh=0.0")
+    assert json.load(open(tmp_path / "out" / "results.json"))
