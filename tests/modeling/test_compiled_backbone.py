@@ -1,5 +1,6 @@
-"""`RCNN.compile_backbone` (``train.compile``) and `pad_to_sizes`: training batches padded to fixed sizes, the
-backbone compiled for them with the same losses and gradients as eager, and a clear error where shapes vary."""
+"""`RCNN.compile_backbone` (``train.compile``, `lazytrain.modeling.compiled_backbone`): the backbone compiled for
+the padded training sizes with the same losses and gradients as eager, kept out of the module tree and of
+copies, and a clear error where shapes vary."""
 
 from __future__ import annotations
 
@@ -10,46 +11,7 @@ import pytest
 import torch
 
 from lazytrain.modeling.backbone import build_resnet_fpn_backbone
-from lazytrain.modeling.image_batch import NoResizeTransform
 from tests.modeling.helpers import build_model, make_record
-
-
-def _transform(pad_to_sizes):
-    return NoResizeTransform([0.0] * 3, [1.0] * 3, 32, pad_to_sizes)
-
-
-def _batch(transform, sizes):
-    images = [torch.ones(3, height, width) for height, width in sizes]
-    return transform(images)[0]
-
-
-def test_training_batches_are_padded_to_the_smallest_size_that_holds_them():
-    transform = _transform([[96, 96], [64, 96], [96, 64]]).train()
-    assert transform.pad_to_sizes == ((64, 96), (96, 64), (96, 96))  # by area
-    assert _batch(transform, [(50, 90), (40, 40)]).tensors.shape == (2, 3, 64, 96)
-    assert _batch(transform, [(90, 50)]).tensors.shape == (1, 3, 96, 64)
-    batch = _batch(transform, [(70, 70), (30, 20)])
-    assert batch.tensors.shape == (2, 3, 96, 96) and batch.image_sizes == [(70, 70), (30, 20)]
-    assert batch.tensors[1, :, :30, :20].eq(1).all() and batch.tensors[1].sum() == 3 * 30 * 20
-    # Evaluation pads by size_divisible, as without pad_to_sizes.
-    assert _batch(transform.eval(), [(50, 40)]).tensors.shape == (1, 3, 64, 64)
-
-
-def test_a_training_batch_larger_than_every_size_is_refused_with_the_size_to_add():
-    transform = _transform([[64, 64]]).train()
-    with pytest.raises(ValueError) as error:
-        _batch(transform, [(70, 40)])
-    assert str(error.value) == (
-        "RCNN(pad_to_sizes=[[64, 64]]): a training batch has images up to 70 x 40 px (height x width), which fit "
-        "none of these sizes. Add a size that holds them (model.pad_to_sizes=[..., [96, 64]]) or make the train "
-        "mapper's images smaller."
-    )
-
-
-@pytest.mark.parametrize("sizes", [[[64, 70]], [[64]], [64, 64], [[True, 64]], [], "64x64", [[0, 64]]])
-def test_pad_to_sizes_must_be_pairs_of_multiples_of_size_divisible(sizes):
-    with pytest.raises(ValueError, match=r"RCNN\(pad_to_sizes=\) must be a list of \[height, width\] pairs"):
-        _transform(sizes)
 
 
 def _records(size, count=2):

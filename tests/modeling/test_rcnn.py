@@ -3,7 +3,6 @@ import math
 import pytest
 import torch
 from torchvision.models.detection import maskrcnn_resnet50_fpn
-from torchvision.models.detection.transform import GeneralizedRCNNTransform
 
 from lazytrain.modeling import RCNN, NoResizeTransform
 from tests.modeling.helpers import build_model, make_record
@@ -225,39 +224,3 @@ def test_channels_last_by_default_follows_the_device():
     assert (
         pinned.memory_format == torch.contiguous_format and pinned.backbone.body.conv1.weight.is_contiguous()
     )
-
-
-def test_normalisation_equals_torchvisions_and_adds_no_checkpoint_keys():
-    transform = NoResizeTransform([123.675, 116.28, 103.53], [58.395, 57.12, 57.375])
-    image = torch.randint(0, 256, (3, 20, 30)).float()
-    reference = GeneralizedRCNNTransform(1, 1, transform.image_mean, transform.image_std)
-    assert torch.equal(transform.normalize(image), reference.normalize(image))
-    assert not transform.state_dict()
-    with pytest.raises(TypeError, match="float images"):
-        transform.normalize(image.to(torch.uint8))
-
-
-@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
-@pytest.mark.parametrize(
-    "sizes, pad_to_sizes, training",
-    [
-        ([(20, 30), (33, 17), (64, 64)], None, False),  # padded to multiples of 32
-        ([(20, 30), (33, 17)], [[64, 64], [96, 128]], True),  # a pad_to_sizes size in training
-        ([(40, 70)], [[64, 64], [96, 128]], False),  # evaluation pads by size_divisible
-    ],
-)
-def test_the_batch_for_all_images_at_once_is_torchvisions_bit_for_bit(
-    sizes, pad_to_sizes, training, memory_format
-):
-    transform = NoResizeTransform(
-        [123.675, 116.28, 103.53], [58.395, 57.12, 57.375], pad_to_sizes=pad_to_sizes
-    ).train(training)
-    generator = torch.Generator().manual_seed(len(sizes))
-    images = [torch.randint(0, 256, (3, *size), generator=generator, dtype=torch.uint8) for size in sizes]
-    expected = transform([image.float() for image in images])[0]
-    for given in (images, [image.float() for image in images]):  # uint8 (the loader's) and float images
-        batch = transform.normalized_batch(given, memory_format)
-        assert torch.equal(batch.tensors, expected.tensors) and batch.image_sizes == expected.image_sizes
-        assert batch.tensors.dtype == torch.float32 and batch.tensors.is_contiguous(
-            memory_format=memory_format
-        )
