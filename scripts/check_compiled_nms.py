@@ -6,7 +6,7 @@ a few float32 steps of the threshold, where a rounding difference flips a decisi
 
 For each threshold it counts the pairs (box i suppresses box j) on which each computation disagrees with
 torchvision's CPU kernel, and the groups whose kept boxes differ:
-- ``eager``: `lazytrain.modeling.nms`'s IoU tiles (element-wise operations, one rounding each);
+- ``eager``: `lazytrain.modeling.suppression`'s IoU tiles (element-wise operations, one rounding each);
 - ``compiled``: its compiled kernel (no floating-point contraction, the quotient compared exactly);
 - ``compiled, plain``: the same IoU written plainly (``inter / union > c``) and compiled with inductor's
   defaults (contraction on, approximate division), to show what the exact form guards against;
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torchvision.ops import nms
 
-from lazytrain.modeling import nms as grouped
+from lazytrain.modeling import suppression
 
 THRESHOLDS = (0.5, 0.7, 0.3)
 
@@ -76,13 +76,15 @@ def suppression_words(boxes: torch.Tensor, threshold: float, how: str) -> torch.
     valid = torch.ones(boxes.shape[:2], dtype=torch.bool, device=boxes.device)
     if how == "eager":
         groups = [slice(0, boxes.shape[1])]
-        return torch.cat([grouped._suppression_bits(b[None], valid[:1], groups, threshold)[0] for b in boxes])
-    coordinates = grouped._padded_coordinates(boxes, valid)
+        return torch.cat(
+            [suppression.suppression_bits(b[None], valid[:1], groups, threshold)[0] for b in boxes]
+        )
+    coordinates = suppression._padded_coordinates(boxes, valid)
     if how == "compiled":
-        bound, by_product = grouped._comparison(threshold, boxes.dtype)
-        return grouped._compiled_iou_above_words()(coordinates, bound, by_product)
+        bound, by_product = suppression._comparison(threshold, boxes.dtype)
+        return suppression._compiled_iou_above_words()(coordinates, bound, by_product)
     plain = torch.compile(plain_iou_above_words, dynamic=True)
-    return plain(coordinates, grouped._float_below(threshold, boxes.dtype))
+    return plain(coordinates, suppression._float_below(threshold, boxes.dtype))
 
 
 def reference_words(boxes: torch.Tensor, threshold: float) -> tuple[torch.Tensor, int]:

@@ -163,12 +163,12 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         limit = self.post_nms_top_n()
         decided = math.ceil(DECIDED_PER_RESULT * limit)
         nms = GroupedNMS(*candidates, self.nms_thresh, compiled=self.compiled_nms)
-        keep, is_final = nms.solve(limit=limit, decided=decided)
+        keep, is_final = nms.survivors(needed=limit, decide_first=decided)
         counts = keep.sum(dim=1).clamp(max=limit)
         # The one host read: how many proposals each image returns, and whether NMS needs more work.
         *counts, is_final = torch.cat((counts, is_final.reshape(1))).tolist()
         if not is_final:
-            keep, _ = nms.solve(limit=limit, decided=None)
+            keep, _ = nms.survivors(needed=limit, decide_first=None)
             counts = keep.sum(dim=1).clamp(max=limit).tolist()
         return _best_kept(candidates, keep, counts, limit)
 
@@ -316,7 +316,7 @@ class _Candidates(NamedTuple):
 
 def _valid_first(candidates: _Candidates) -> _Candidates:
     """The same candidates with each level's valid ones moved first, in their order. torchvision removes the
-    invalid ones; here a level's first candidates, which `GroupedNMS.solve` may decide alone, are then all
+    invalid ones; here a level's first candidates, which `GroupedNMS.survivors` may decide alone, are then all
     valid."""
     boxes, scores, valid, level_sizes = candidates
     level = torch.cat(

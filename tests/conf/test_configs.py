@@ -13,12 +13,13 @@ from torchvision.models import resnet50
 
 from lazytrain.config import LazyConfig, instantiate, validate
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
-from lazytrain.modeling import nms
+from lazytrain.engine.checkpoint import Checkpointer
+from lazytrain.modeling import suppression
 from lazytrain.program.default import INJECTED_ARGUMENTS, run
 from lazytrain.program.preflight.backends import find_backend_problems
 from lazytrain.program.preflight.builtin_data import find_missing_data
 from lazytrain.program.preflight.json_data import find_json_dataset_problems
-from tests.smoke import FEW_DETECTIONS, TINY_SYNTHETIC_LT, lsj_smoke_overrides, smoke_overrides
+from tests.smoke import FEW_DETECTIONS, FEW_PROPOSALS, TINY_SYNTHETIC_LT, lsj_smoke_overrides, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(f for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith(".py"))
@@ -35,13 +36,29 @@ TIMM_PRETRAINED = {
 }
 # What timm's loaders need to see in a stand-in file besides the stem: ConvNeXt's marker of timm's own key format.
 _TIMM_FORMAT_KEYS = ("head.norm.",)
+# The recipes that train in bf16 autocast on GPUs (recipes/schedules.py's use_vitdet_lvis_schedule).
+BF16_RECIPES = {"maskrcnn_vitdet_b_rfs.py", "cascade_maskrcnn_swin_b_rfs.py"}
+# The GPU recipes' checkpoints (weights and the optimizer's moments) are 0.35-1.6 GB: their smoke runs read
+# model_final.pth as soon as it is written and remove it (_read_then_remove_final_checkpoint), and go to one
+# pytest-xdist worker, one after the other (pyproject.toml's --dist loadgroup), so a suite holds at most one
+# such file, for a moment.
+LARGE_CHECKPOINTS = pytest.mark.xdist_group("large_checkpoints")
+# The bf16 recipes' parts at demo scale, in bf16 autocast: the cascade heads with the federated loss (the Swin
+# recipe's) here, the Swin and ViT backbones with the LayerNorm FPN in TIMM_FAMILIES.
+BF16_AT_DEMO_SCALE = {"cascade_maskrcnn_demo.py": ["train.amp.enabled=true", "losses.use=fed"]}
 
 COMMON_SMOKE = [
     "model.num_classes=30",  # the stand-in data sets have 30 categories
     # The recipes' 512 RoIs per image make the mask head most of a 2-step run's time on CPU; 64 test the same code.
     "model.roi_heads.batch_size_per_image=64",
     "train.device=cpu",
+    # A CPU without bf16 instructions (AVX512-BF16, AMX) emulates bf16: convolutions ~35x and matrix products
+    # ~9x slower than fp32, most of a bf16 recipe's smoke run. On the CPU these train in fp32; bf16 autocast is
+    # trained end to end at demo scale (BF16_AT_DEMO_SCALE, the timm families below), and
+    # test_bf16_recipes_keep_autocast checks that the recipes still ask for it.
+    "train.amp.enabled=false",
     FEW_DETECTIONS,
+    *FEW_PROPOSALS,
 ]
 SMOKE = [*smoke_overrides(), *COMMON_SMOKE]
 
@@ -108,8 +125,28 @@ def _timm_stand_in(file_server, model_name: str) -> str:
     import timm
 
     prefixes = ("stem.", "patch_embed.", "pos_embed", "cls_token", *_TIMM_FORMAT_KEYS)
-    state = timm.create_model(model_name, pretrained=False).state_dict()
-    return file_server.add_weights({k: v for k, v in state.items() if k.startswith(prefixes)}, model_name)
+    with torch.device("meta"):  # the names and shapes only: initialising a Swin-B's weights takes seconds
+        state = timm.create_model(model_name, pretrained=False).state_dict()
+    stem = {k: torch.randn(v.shape) for k, v in state.items() if k.startswith(prefixes)}
+    return file_server.add_weights(stem, model_name)
+
+
+def _read_then_remove_final_checkpoint(monkeypatch, keys: tuple[str, ...]) -> dict:
+    """When the run writes ``model_final.pth``, load it (its model keys and the values of `keys` go into the
+    returned dict) and remove it, before the evaluation and the plots."""
+    final = {}
+    save = Checkpointer.save
+
+    def save_then_read(self, name: str, **extra):
+        path = save(self, name, **extra)
+        if name == "model_final" and path is not None:
+            model = torch.load(path, weights_only=True, mmap=True)["model"]
+            final.update(path=path, keys=set(model), values={key: model[key].clone() for key in keys})
+            os.remove(path)
+        return path
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_read)
+    return final
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -127,7 +164,9 @@ def test_gpu_recipes_start_from_imagenet_weights_and_the_demos_from_scratch(name
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=[] if name in RANDOM_INIT else LARGE_CHECKPOINTS) for name in CONFIGS]
+)
 def test_config_loads_validates_and_trains_two_iterations(
     name, datasets_root, file_server, tmp_path, monkeypatch
 ):
@@ -142,21 +181,34 @@ def test_config_loads_validates_and_trains_two_iterations(
     elif name not in RANDOM_INIT:
         url, imagenet = _imagenet_stand_in(file_server)
         weights = [f"train.init_checkpoint={url}"]
-    LazyConfig.apply_overrides(cfg, [*_smoke(cfg), *data, *weights, f"train.output_dir={tmp_path}"])
+    bf16 = BF16_AT_DEMO_SCALE.get(name, [])
+    LazyConfig.apply_overrides(cfg, [*_smoke(cfg), *data, *weights, *bf16, f"train.output_dir={tmp_path}"])
     validate(cfg, INJECTED_ARGUMENTS)
     assert find_missing_data(cfg) == []
     assert find_json_dataset_problems(cfg) == []
+    # The stem and layer1 are frozen in the R50 recipes: their final weights are the file's.
+    frozen = ("conv1.weight", "layer1.2.conv3.weight", "layer1.0.bn1.running_mean") if imagenet else ()
+    frozen = tuple(f"backbone.body.{key}" for key in frozen)
+    final = {} if name in RANDOM_INIT else _read_then_remove_final_checkpoint(monkeypatch, frozen)
     run(cfg)
     lines = [json.loads(line) for line in open(tmp_path / "metrics.json")]
     losses = [line["total_loss"] for line in lines if "total_loss" in line]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
-    assert (tmp_path / "model_final.pth").exists()
+    if name in RANDOM_INIT:
+        assert (tmp_path / "model_final.pth").exists()
+    else:
+        assert final["path"] == str(tmp_path / "model_final.pth")
+        assert {key.split(".")[0] for key in final["keys"]} == {"backbone", "rpn", "roi_heads"}
     assert LazyConfig.load(str(tmp_path / "config.yaml")).train.max_iter == 2
     assert sum(file_server.requests.values()) == len(weights)
-    if imagenet:  # the stem and layer1 are frozen in these recipes: the final weights are the file's
-        final = torch.load(tmp_path / "model_final.pth", weights_only=True)["model"]
-        for key in ("conv1.weight", "layer1.2.conv3.weight", "layer1.0.bn1.running_mean"):
-            assert torch.equal(final[f"backbone.body.{key}"], imagenet[key]), key
+    for key in frozen:
+        assert torch.equal(final["values"][key], imagenet[key.removeprefix("backbone.body.")]), key
+
+
+@pytest.mark.parametrize("name", sorted(BF16_RECIPES))
+def test_bf16_recipes_keep_autocast(name):
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", name))
+    assert cfg.train.amp.enabled is True and cfg.train.amp.dtype == "bfloat16"
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -236,18 +288,22 @@ def test_demo_trains_and_evaluates_with_each_classification_loss(
 
 
 # The demo with a timm backbone of each family: BatchNorm CNN, ConvNeXt (LayerNorm), Swin (NHWC maps) and a plain
-# ViT through the simple feature pyramid.
+# ViT through the simple feature pyramid. Swin and ViT train in bf16 autocast with a LayerNorm FPN (the simple
+# pyramid's default), as their GPU recipes (BF16_RECIPES) do.
 TIMM_FAMILIES = {
     "resnet": ["model.backbone.model_name=resnet10t"],
     "convnext": ["model.backbone.model_name=convnext_atto"],
     "swin": [
         "model.backbone.model_name=swin_tiny_patch4_window7_224",
         "model.backbone.model_kwargs={strict_img_size:false}",
+        "+model.backbone.fpn_norm=LN",
+        "train.amp.enabled=true",
     ],
     "vit": [
         "model.backbone.model_name=vit_tiny_patch16_224",
         "model.backbone.out_indices=[-1]",
         "model.backbone.model_kwargs={img_size:96,dynamic_img_size:true}",
+        "train.amp.enabled=true",
     ],
 }
 
@@ -290,9 +346,9 @@ def test_demo_trains_with_a_compiled_backbone_and_nms_at_padded_sizes_and_refuse
     validate(cfg, INJECTED_ARGUMENTS)
     assert find_backend_problems(cfg) == []
     nms_calls = []
-    compiled_words = nms._compiled_iou_above_words()
+    compiled_words = suppression._compiled_iou_above_words()
     monkeypatch.setattr(
-        nms, "_compiled_iou_above_words", lambda: lambda *a: nms_calls.append(1) or compiled_words(*a)
+        suppression, "_compiled_iou_above_words", lambda: lambda *a: nms_calls.append(1) or compiled_words(*a)
     )
     run(cfg)
     log = open(tmp_path / "fixed" / "log.txt").read()

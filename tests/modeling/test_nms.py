@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchvision.ops import boxes as box_ops
 
-from lazytrain.modeling import nms
+from lazytrain.modeling import nms, suppression
 from lazytrain.modeling.nms import batched_nms, grouped_batched_nms
 from lazytrain.utils.host_syncs import HostSyncCounter
 
@@ -107,8 +107,8 @@ def _level_candidates(rows: int, count: int, seed: int, dtype=torch.float32):
 def test_compiled_suppression_bits_equal_the_tiles_bit_for_bit(rows, sizes, threshold, dtype):
     boxes, valid = _level_candidates(rows, sum(sizes), seed=len(sizes), dtype=dtype)
     groups = nms._group_slices(sizes)
-    compiled = nms._suppression_bits(boxes, valid, groups, threshold, compiled=True)
-    expected = nms._suppression_bits(boxes, valid, groups, threshold, compiled=False)
+    compiled = suppression.suppression_bits(boxes, valid, groups, threshold, compiled=True)
+    expected = suppression.suppression_bits(boxes, valid, groups, threshold, compiled=False)
     assert torch.equal(compiled, expected)
     assert bool((expected != 0).any())  # boxes do suppress each other
 
@@ -120,7 +120,7 @@ def test_grouped_nms_with_the_compiled_bits_keeps_torchvisions_boxes():
     scores, order = scores.masked_fill(~valid, -1.0).sort(dim=1, descending=True)
     boxes, valid = boxes.gather(1, order[..., None].expand(-1, -1, 4)), valid.gather(1, order)
     sizes = [400, 300, 200]
-    keep, is_final = nms.grouped_nms(boxes, scores, valid, sizes, 0.6, limit=0, compiled=True)
+    keep, is_final = nms.grouped_nms(boxes, scores, valid, sizes, 0.6, needed=0, compiled=True)
     assert bool(is_final)
     for row in range(3):
         for group in nms._group_slices(sizes):
@@ -149,14 +149,14 @@ def test_the_compiled_comparison_decides_as_the_rounded_float32_quotient(thresho
     union = (inter + rng.random(200_000).astype(np.float32) * 500).astype(np.float32)
     near = (inter / np.float32(max(threshold, 0.25))).astype(np.float32)
     near = np.nextafter(near, near + rng.integers(-4, 5, near.size).astype(np.float32))
-    bound, by_product = nms._comparison(threshold, torch.float32)
+    bound, by_product = suppression._comparison(threshold, torch.float32)
     assert by_product
     for unions in (union, near, np.zeros_like(union)):
         with np.errstate(divide="ignore", invalid="ignore"):
             expected = (inter / unions).astype(np.float64) > threshold
         actual = inter.astype(np.float64) > unions.astype(np.float64) * bound
         assert np.array_equal(actual, expected)
-    assert nms._comparison(threshold, torch.float64) == (threshold, False)
+    assert suppression._comparison(threshold, torch.float64) == (threshold, False)
 
 
 def test_greedy_steps_that_do_not_settle_raise_even_under_python_O():
@@ -168,4 +168,4 @@ def test_greedy_steps_that_do_not_settle_raise_even_under_python_O():
         return keep, torch.tensor(False)
 
     with pytest.raises(RuntimeError, match="did not settle within 64 boxes"):
-        nms._settle(never_settle, suppression, valid, valid, torch.tensor(False))
+        nms._step_until_settled(never_settle, suppression, valid, valid, torch.tensor(False))

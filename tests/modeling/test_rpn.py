@@ -15,6 +15,7 @@ from torchvision.ops import box_iou
 
 import lazytrain.modeling.nms as nms_module
 import lazytrain.modeling.rpn as rpn_module
+import lazytrain.modeling.suppression as suppression
 from lazytrain.config import instantiate
 from lazytrain.modeling import RegionProposalNetwork, matching
 from lazytrain.utils.host_syncs import TO_HOST, HostSyncCounter
@@ -245,8 +246,8 @@ def test_a_second_pass_computes_a_bit_matrix_only_for_more_candidates(
     # The R50 recipe's RPN in eval: the first pass decides every candidate (1.5 x 1000 >= 1000 per level).
     monkeypatch.setattr(module, setting, value)
     calls = []
-    bits = nms_module._suppression_bits
-    monkeypatch.setattr(nms_module, "_suppression_bits", lambda *a, **k: calls.append(1) or bits(*a, **k))
+    bits = nms_module.suppression_bits
+    monkeypatch.setattr(nms_module, "suppression_bits", lambda *a, **k: calls.append(1) or bits(*a, **k))
     rpn = _recipe_rpn(R50_RECIPE).eval()
     rpn.compiled_nms = compiled
     got, expected = _filter_both(rpn, _candidates(rpn, R50_SIZES[:2], seed=0))
@@ -472,12 +473,12 @@ def test_on_the_cpu_the_default_is_torchvisions_loop(monkeypatch):
 
 def _count_compiled_calls(monkeypatch) -> list:
     calls = []
-    compiled = nms_module._compiled_iou_above_words()
+    compiled = suppression._compiled_iou_above_words()
 
     def counted():
         return lambda *args: calls.append(1) or compiled(*args)
 
-    monkeypatch.setattr(nms_module, "_compiled_iou_above_words", counted)
+    monkeypatch.setattr(suppression, "_compiled_iou_above_words", counted)
     return calls
 
 
