@@ -36,7 +36,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from torch import Tensor, nn
-from torch.nn import functional as F
 from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork, LastLevelMaxPool
 
 from lazytrain.errors import ConfigError
@@ -102,11 +101,13 @@ class SimpleFeaturePyramid(nn.Module):
             )
             for scale in self.scale_factors
         )
+        self.pool = LastLevelMaxPool()  # no weights: the state-dict keys are the stages'
 
     def forward(self, x: Tensor) -> OrderedDict[str, Tensor]:
-        maps = OrderedDict((str(i), stage(x)) for i, stage in enumerate(self.stages))
-        maps["pool"] = F.max_pool2d(maps[str(len(self.stages) - 1)], kernel_size=1, stride=2)
-        return maps
+        names = [str(i) for i in range(len(self.stages))]
+        features = [stage(x) for stage in self.stages]
+        features, names = self.pool(features, features, names)
+        return OrderedDict(zip(names, features))
 
 
 def _resampling(channels: int, scale: float, norm: str | None) -> list[nn.Module]:

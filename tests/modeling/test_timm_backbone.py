@@ -269,3 +269,11 @@ def test_an_unknown_model_name_fails_before_timm_builds_anything():
         "resnet10t",
     ):
         _build("resnet", model_name="resnet10tt")
+
+
+def test_simple_feature_pyramid_pool_map_is_torchvisions_last_level_max_pool():
+    pyramid = SimpleFeaturePyramid(16, 8).eval()
+    maps = pyramid(torch.randn(1, 16, 8, 8))
+    assert list(maps) == ["0", "1", "2", "3", "pool"]
+    assert torch.equal(maps["pool"], maps["3"][..., ::2, ::2])  # a 1x1 max-pool of stride 2
+    assert all(key.startswith("stages.") for key in pyramid.state_dict())
