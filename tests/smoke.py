@@ -35,3 +35,7 @@ FEW_DETECTIONS = "model.roi_heads.detections_per_img=20"
 
 # A tiny stand-in of the embedded data set for smoke runs: `generate_synthetic_lt(root, **TINY_SYNTHETIC_LT)`.
 TINY_SYNTHETIC_LT = {"num_train": 12, "num_val": 6, "size_range": (64, 96), "val_images_per_category": 1}
+
+# The R50 recipes test on 1000 proposals per image: on the CPU their box head makes inference most of a smoke
+# run; 100 run the same code.
+FEW_PROPOSALS = ["model.rpn.pre_nms_top_n.testing=100", "model.rpn.post_nms_top_n.testing=100"]

@@ -8,6 +8,7 @@ from the global RNG when it starts, which moved the detector's proposal sampling
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +79,9 @@ def demo(run_dir, datasets, *args, processes=1, stdout=subprocess.PIPE):
 
 
 def reference_run(tmp_path_factory, datasets, processes, *args):
+    """A module fixture's body: an uninterrupted run's directory, removed after the module (a fixture's
+    directory otherwise stays until the session ends). Its periodic checkpoints go at once: the tests compare
+    the final weights and metrics.json."""
     run_dir = tmp_path_factory.mktemp(f"reference{processes}") / "run"
     with open(run_dir.parent / "stdout.txt", "w") as stdout:  # as under SLURM: block-buffered, forked workers
         result, _ = demo(run_dir, datasets, *args, processes=processes, stdout=stdout)
@@ -85,17 +89,20 @@ def reference_run(tmp_path_factory, datasets, processes, *args):
     # Each line once (the train annotations were loaded twice, and a forked worker can repeat unflushed output).
     printed = (run_dir.parent / "stdout.txt").read_text()
     assert printed.count("Loaded 16 images") == 1 and printed.count("Starting training") == 1, printed[-3000:]
-    return run_dir
+    for periodic in run_dir.glob("model_0*.pth"):
+        periodic.unlink()
+    yield run_dir
+    shutil.rmtree(run_dir.parent)
 
 
 @pytest.fixture(scope="module")
 def reference_1(tmp_path_factory, datasets):
-    return reference_run(tmp_path_factory, datasets, 1)
+    yield from reference_run(tmp_path_factory, datasets, 1)
 
 
 @pytest.fixture(scope="module")
 def reference_2(tmp_path_factory, datasets):
-    return reference_run(tmp_path_factory, datasets, 2)
+    yield from reference_run(tmp_path_factory, datasets, 2)
 
 
 # An EMA far from the trained weights (decay 0.5 from the first step), and each step's 2 images in 2 passes.
@@ -109,7 +116,7 @@ EMA_AND_ACCUMULATION = [
 
 @pytest.fixture(scope="module")
 def reference_ema(tmp_path_factory, datasets):
-    return reference_run(tmp_path_factory, datasets, 1, *EMA_AND_ACCUMULATION)
+    yield from reference_run(tmp_path_factory, datasets, 1, *EMA_AND_ACCUMULATION)
 
 
 def metrics(run_dir):
