@@ -282,3 +282,18 @@ def test_each_value_of_an_added_swept_key_is_checked_once(tmp_path):
     check_command_line(
         cfg, [*overrides[:2], f"hydra.sweep.dir={tmp_path}/s"], DEFAULT_MAIN, INJECTED_ARGUMENTS
     )
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_training_from_scratch_over_an_earlier_run_is_refused_before_anything_is_written(tmp_path, sweep):
+    cfg = load_primary_config(ENGINE_TOY)
+    folder = tmp_path / "runs" / "a"
+    run = folder / "0" if sweep else folder
+    run.mkdir(parents=True)
+    (run / "model_final.pth").write_bytes(b"weights")
+    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    overrides = (["-m", "train.max_iter=2,3"] if sweep else []) + [f"{key}={folder}"]
+    with pytest.raises(ConfigError, match=rf"{key}=.*holds .*model_final.pth.*train.resume=true"):
+        check_command_line(cfg, overrides, DEFAULT_MAIN, INJECTED_ARGUMENTS)
+    assert sorted(p.name for p in run.iterdir()) == ["model_final.pth"]
+    check_command_line(cfg, [*overrides, "train.resume=true"], DEFAULT_MAIN, INJECTED_ARGUMENTS)

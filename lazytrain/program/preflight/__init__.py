@@ -45,6 +45,7 @@ from lazytrain.program.preflight.command_line import (
     iter_swept_values,
 )
 from lazytrain.program.preflight.components import find_component_problems
+from lazytrain.program.preflight.existing_runs import check_existing_runs
 from lazytrain.program.preflight.json_data import find_swept_json_dataset_problems
 from lazytrain.program.preflight.processes import find_launch_problems
 
@@ -75,6 +76,7 @@ def check_command_line(
     overridden = apply_plain_overrides(cfg, overrides)
     check_search(overridden, overrides, default_main)
     check_output_dirs(overrides)
+    check_existing_runs(overridden, overrides)
     if INFO_FLAGS.intersection(overrides):
         return
     problems = _find_command_line_json_problems(overridden, overrides)

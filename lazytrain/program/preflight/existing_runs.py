@@ -1,0 +1,58 @@
+"""A new run must not land on an earlier one: checked before Hydra creates or writes any directory.
+
+Training in a directory that holds a run would overwrite its weights, ``config.yaml`` and ``last_checkpoint``
+and append to its ``metrics.json``. Continuing it is ``train.resume=true``; a job its launcher started again (a
+requeued SLURM job, restarted torchrun workers) resumes by itself (`lazytrain.program.job_config`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig
+
+from lazytrain.errors import ConfigError
+from lazytrain.launch.environment import get_restart_count
+
+__all__ = ["check_existing_runs"]
+
+# Files every training run writes early; any of them means a run was there.
+RUN_FILES = ("last_checkpoint", "metrics.json", "model_final.pth")
+
+
+def check_existing_runs(cfg: DictConfig, overrides: list[str]) -> None:
+    """Raise `ConfigError` when ``hydra.run.dir`` (or a job folder of ``hydra.sweep.dir``) on the command line
+    holds an earlier run and this one would train there from scratch.
+
+    Args:
+        cfg: the config with the command line's plain overrides applied.
+        overrides: the command line after CONFIG.
+    """
+    train = cfg.get("train") or {}
+    if train.get("resume", False) or train.get("eval_only", False) or get_restart_count() is not None:
+        return
+    given = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in overrides if "=" in o}
+    sweep = bool({"-m", "--multirun"}.intersection(overrides))
+    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    value = given.get(key)
+    if value is None or "${" in value or not os.path.isdir(value):
+        return  # Hydra's default folders are new for every run (named by the time)
+    found = _find_run_file(value, sweep)
+    if found is not None:
+        what = "the jobs of an earlier sweep" if sweep else "an earlier run"
+        raise ConfigError(
+            f"{key}={value}: holds {what} ({found}); training there from scratch would overwrite its weights "
+            f"and mix its metrics. Continue it with train.resume=true, or choose another {key} (or delete the "
+            "folder to start over)."
+        )
+
+
+def _find_run_file(folder: str, sweep: bool) -> str | None:
+    folders = [folder]
+    if sweep:
+        folders = [os.path.join(folder, name) for name in sorted(os.listdir(folder)) if name.isdigit()]
+    for run in folders:
+        for name in RUN_FILES:
+            if os.path.exists(os.path.join(run, name)):
+                return os.path.join(run, name)
+    return None
