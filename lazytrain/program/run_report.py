@@ -232,9 +232,12 @@ def _has_evaluation(trainer: Any) -> bool:
 
 def _format_done(trainer: Any, seconds: float) -> list[str]:
     """The first line (iterations, wall time, s/it) and the final evaluation's table, if there was one."""
-    per_iteration = _seconds_per_iteration(trainer)
+    iterations = trainer.iter - trainer.start_iter
+    per_iteration = _seconds_per_iteration(trainer) if iterations > 0 else None
     speed = f", {per_iteration:.2f} s/it" if per_iteration else ""
-    done = f"Done: {trainer.iter - trainer.start_iter} iterations in {datetime.timedelta(seconds=round(seconds))}"
+    done = f"Done: {iterations} iterations in {datetime.timedelta(seconds=round(seconds))}"
+    if iterations == 0 and trainer.iter > 0:
+        done = f"Done: no iteration left to train (resumed at {trainer.start_iter}); {datetime.timedelta(seconds=round(seconds))}"
     if not _has_evaluation(trainer):
         return [f"{done} (wall time){speed}; no evaluation (train.hooks has no eval hook)."]
     return [

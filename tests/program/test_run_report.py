@@ -78,3 +78,14 @@ def test_a_wandb_offline_folder_deleted_mid_run_is_one_line_and_reported(
     assert f"\n  WandbTracker  INCOMPLETE, offline run {tracker.run_id}, whose folder " in summary
     assert "metrics of 1 of 3 logged iterations sent, 2 not" in summary
     assert "wandb sync" not in summary + capfd.readouterr().err  # no command pointing at nothing
+
+
+def test_a_resumed_run_with_nothing_left_to_train_gives_no_speed(tmp_path):
+    run_dir = tmp_path / "run"
+    args = (ENGINE_TOY, "~train.hooks.eval", "train.max_iter=2", f"hydra.run.dir={run_dir}")
+    assert lazytrain(*args, cwd=tmp_path).returncode == 0
+    result = lazytrain(*args, "train.resume=true", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "Done: no iteration left to train (resumed at 2)" in output, output[-2000:]
+    assert "s/it" not in output.split("Done:")[-1].splitlines()[0]
