@@ -134,7 +134,7 @@ def repeat_factors_from_category_frequency(
         raise ValueError(
             f"RepeatFactorTrainingSampler(repeat_thresh=) must be a number >= 0 (0 = uniform sampling, "
             f"LVIS uses 0.001); got {repeat_thresh!r}. Set dataloader.train.sampler.repeat_thresh to a value "
-            "in [0, 1]."
+            ">= 0."
         )
     index = (
         dataset_dicts

@@ -90,6 +90,18 @@ def test_bad_value_is_one_line_before_anything_runs(tmp_path, override, fragment
             "lazytrain: model.backbone.model_name=resnet18dd: not a timm model. Did you mean: resnet18d",
             id="timm-model-name",
         ),
+        param(
+            DEMO,
+            ["dataloader.train.sampler.repeat_thresh=-1"],
+            "lazytrain: dataloader.train.sampler.repeat_thresh=-1: must be a number >= 0 (0 = uniform sampling",
+            id="repeat-thresh",
+        ),
+        param(
+            DEMO,
+            ["model.roi_heads.score_thresh=-0.5"],
+            "lazytrain: model.roi_heads.score_thresh=-0.5: must be a number in [0, 1].",
+            id="score-thresh",
+        ),
     ],
 )
 def test_a_value_a_component_would_refuse_is_one_line_before_the_run_directory_exists(

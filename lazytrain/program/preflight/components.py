@@ -1,13 +1,16 @@
 """Values a component of the run would refuse when it is built, checked before the run starts: the EMA's
-settings (``train.ema``), a `WandbTracker` hook's ``mode``, and a `TimmBackbone`'s ``model_name`` (timm's
-registry, with the closest names). Each problem is one line naming the key and the fix."""
+settings (``train.ema``), a `WandbTracker` hook's ``mode``, a `TimmBackbone`'s ``model_name`` (timm's
+registry, with the closest names), RoI heads' thresholds and the repeat-factor sampler's ``repeat_thresh``.
+Each problem is one line naming the key and the fix."""
 
 from __future__ import annotations
 
 import difflib
+import numbers
 from collections.abc import Iterator
 
 from omegaconf import DictConfig
+from torchvision.models.detection.roi_heads import RoIHeads
 
 from lazytrain.config import locate, tree
 from lazytrain.engine.ema import find_setting_problems
@@ -25,7 +28,9 @@ def find_component_problems(cfg: DictConfig) -> list[str]:
             problems += _wandb_mode_problems(path, node)
         elif issubclass(target, TimmBackbone):
             problems += _timm_model_problems(path, node)
-    return problems
+        elif issubclass(target, RoIHeads):
+            problems += _roi_heads_problems(path, node)
+    return problems + _repeat_thresh_problems(cfg)
 
 
 def find_ema_problems(cfg: DictConfig) -> list[str]:
@@ -84,3 +89,33 @@ def _timm_model_problems(path: str, node: DictConfig) -> list[str]:
     except ModuleNotFoundError as e:
         return [f"{path}: {e}"]
     return [f"{path}.model_name={name}: {problem}"] if problem else []
+
+
+def _roi_heads_problems(path: str, node: DictConfig) -> list[str]:
+    """``score_thresh`` and ``nms_thresh`` are scores and IoUs in [0, 1] (a negative score threshold keeps
+    every detection; predict refuses it too)."""
+    problems = []
+    for key in ("score_thresh", "nms_thresh"):
+        value = _literal(node, key)
+        if value is None or tree.is_interpolation(tree.child(node, key)):
+            continue
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value <= 1:
+            problems.append(f"{path}.{key}={value!r}: must be a number in [0, 1].")
+    return problems
+
+
+def _repeat_thresh_problems(cfg: DictConfig) -> list[str]:
+    """Repeat factor sampling's threshold, where a config sets ``dataloader.train.sampler.repeat_thresh``."""
+    sampler = ((cfg.get("dataloader") or {}).get("train") or {}).get("sampler")
+    if not isinstance(sampler, DictConfig) or "repeat_thresh" not in sampler:
+        return []
+    node = tree.child(sampler, "repeat_thresh")
+    value = tree.raw_value(node)
+    if tree.is_interpolation(node) or (
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and value >= 0
+    ):
+        return []
+    return [
+        f"dataloader.train.sampler.repeat_thresh={value!r}: must be a number >= 0 (0 = uniform sampling; LVIS "
+        "uses 0.001)."
+    ]
