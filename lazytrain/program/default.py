@@ -104,6 +104,8 @@ def default_setup(cfg: DictConfig) -> None:
         # that were resolved from train.output_dir (evaluator, writer hook, ...) point at it again.
         _point_at_output_dir(saved, str(output_dir))
         saved.train.output_dir = "./output"
+        if cfg.train.get("resume", False) and os.path.isfile(path):
+            _keep_config_of_resumed_run(path, saved)
         LazyConfig.save(saved, path)
         logger.debug("Config saved to %s", path)
 
@@ -181,6 +183,39 @@ def _wrap_ddp(cfg: DictConfig, model: torch.nn.Module) -> torch.nn.Module:
             broadcast_buffers=ddp.get("broadcast_buffers", False),
             gradient_as_bucket_view=ddp.get("gradient_as_bucket_view", True),
         )
+
+
+def _keep_config_of_resumed_run(path: str, saved: DictConfig) -> None:
+    """A resumed run whose config differs from the one it was started with says which values changed (a
+    changed ``train.max_iter`` changes the schedule from here on) and keeps the earlier file beside the new one,
+    so that ``config.yaml`` never silently stops describing the iterations already trained."""
+    previous = _flat(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
+    current = _flat(OmegaConf.to_container(saved, resolve=False))
+    changed = [
+        f"{key}: {previous.get(key, '(absent)')!r} -> {current.get(key, '(absent)')!r}"
+        for key in sorted(previous.keys() | current.keys())
+        if key != "train.resume" and previous.get(key) != current.get(key)
+    ]
+    if not changed:
+        return
+    number = 1
+    while os.path.exists(os.path.join(os.path.dirname(path), f"config.before_resume_{number}.yaml")):
+        number += 1
+    kept = os.path.join(os.path.dirname(path), f"config.before_resume_{number}.yaml")
+    os.replace(path, kept)
+    shown = "; ".join(changed[:8]) + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
+    logger.warning(
+        "train.resume: this run continues with a config that differs from the one it started with (%s). The "
+        "new values apply from the resumed iteration on; the earlier config is kept as %s.",
+        shown,
+        kept,
+    )
+
+
+def _flat(tree: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
 
 
 def _build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:

@@ -89,3 +89,16 @@ def test_a_resumed_run_with_nothing_left_to_train_gives_no_speed(tmp_path):
     output = result.stdout + result.stderr
     assert "Done: no iteration left to train (resumed at 2)" in output, output[-2000:]
     assert "s/it" not in output.split("Done:")[-1].splitlines()[0]
+
+
+def test_a_resume_with_another_config_says_what_changed_and_keeps_the_earlier_config(tmp_path):
+    run_dir = tmp_path / "run"
+    args = (ENGINE_TOY, "~train.hooks.eval", f"hydra.run.dir={run_dir}")
+    assert lazytrain(*args, "train.max_iter=2", cwd=tmp_path).returncode == 0
+    first = (run_dir / "config.yaml").read_text()
+    result = lazytrain(*args, "train.max_iter=4", "train.resume=true", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "differs from the one it started with" in output and "train.max_iter: 2 -> 4" in output
+    assert (run_dir / "config.before_resume_1.yaml").read_text() == first
+    assert "max_iter: 4" in (run_dir / "config.yaml").read_text()
