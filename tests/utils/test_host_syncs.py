@@ -20,42 +20,31 @@ from lazytrain.utils.host_syncs import (
 from tests.modeling.helpers import CPU_RECIPE, R50_RECIPE, RECIPES, build_model, make_record
 
 # One training step (forward, loss sum, backward, SGD step) of the CPU demo model on the two images of
-# `_batch()`, counted as on a GPU (see _model). Measured with torch 2.14.1, torchvision 0.29.1: 63 (2026-11-25)
-# -> 25 (lazytrain's RegionProposalNetwork) -> 21 (normalisation buffers) -> 6 (2026-11-26, issue 34: the RoI
-# poolers sort RoIs by level, 8 -> 2; the RoI heads' BalancedMaskSampler, foreground first, 9 -> 1; the box
-# loss and the box coder without syncs) = copy device->host 4 (RPN 1, RoI sampling 1, poolers 2),
-# _local_scalar_dense 2 (the loader's host boxes: free on a GPU). docs/benchmarks.md has the tables. Lower these
-# when a change removes syncs; never raise them to let a change through without saying why there.
+# `_batch()`, counted as on a GPU (see _model), with torch 2.14.1 and torchvision 0.29.1: copy device->host 4
+# (RPN 1, RoI sampling 1, poolers 2) and _local_scalar_dense 2 (the loader's host boxes: free on a GPU). These
+# ceilings are what the code does now (docs/benchmarks.md has how they came down): lower them when a change
+# removes syncs; never raise them to let a change through without saying why there.
 MAX_HOST_SYNCS_PER_STEP = 6
-# One eval-mode forward pass on the same batch: 52 -> 23 -> 19 -> 11 -> 6 (2026-11-27: the score threshold
-# and small boxes for the batch at once, one read instead of 2 nonzero per image; the original-size scale
-# copied without blocking) = copy device->host 4 (RPN 1, poolers 2, detection candidates 1), torchvision.nms 2
-# (one per image).
+# One eval-mode forward pass on the same batch: copy device->host 4 (RPN 1, poolers 2, detection candidates 1)
+# and torchvision.nms 2 (one per image).
 MAX_HOST_SYNCS_PER_INFERENCE = 6
 # One eval-mode forward pass of the R50-FPN recipe with LVIS's evaluation settings (1203 classes, score
 # threshold 1e-4, 300 detections per image) on two 256 px images at random init, where every class scores
-# above the threshold, along the GPU code paths: 4,794 with torchvision's batched_nms, which loops over the
-# classes on a device (two syncs per class), 26 with `grouped_batched_nms` (2026-11-27); device operations
-# 17,538 -> 2,157.
+# above the threshold, along the GPU code paths: 26 with `grouped_batched_nms`; torchvision's batched_nms loops
+# over the classes on a device (two syncs per class, thousands here).
 MAX_HOST_SYNCS_PER_LVIS_INFERENCE = 30
 # Operations that launch device work (`HostSyncCounter.operation_total`, about one per kernel launch) in one
-# training step on `_batch()` along the GPU code paths (see the test), by recipe. Measured 2026-11-26, torch
-# 2.14.1, torchvision 0.29.1: demo model 1461 -> 1103 -> 1048 -> 929 -> 924, R50-FPN with 1203 classes 1932
-# -> 1260 -> 1208 -> 1089 -> 1085 (merged optimizer groups, folded frozen batch norms, the RoI heads' sampling
-# and losses; then the batch matched at once and the poolers' RoIs and levels made for all images; then the
-# anchors made once per size, NMS's coordinates prepared once per level, the box coder on column pairs; then
-# the image batch normalised at once, 2026-11-27; docs/benchmarks.md). The ceilings leave 3% for other torch
-# versions' decompositions. Lower them when a change removes operations.
+# training step on `_batch()` along the GPU code paths (see the test), by recipe: demo model 924, R50-FPN with
+# 1203 classes 1085 (torch 2.14.1, torchvision 0.29.1). The ceilings leave 3% for other torch versions'
+# decompositions. Lower them when a change removes operations.
 MAX_DEVICE_OPERATIONS_PER_STEP = {"mask_rcnn_r18_fpn_cpu": 952, "mask_rcnn_fpn": 1118}
-# Bytes those operations read and write in the same step (`HostSyncCounter.memory_traffic_total`), measured
-# 2026-11-27 (torch 2.14.1): demo model 1.175 GB, R50-FPN recipe 5.698 GB, of which the RPN's NMS IoU tiles
-# ~1.0 GB (docs/benchmarks.md, "the RPN's NMS in compiled kernels"). 5% above, for other torch versions.
+# Bytes those operations read and write in the same step (`HostSyncCounter.memory_traffic_total`, torch
+# 2.14.1): demo model 1.175 GB, R50-FPN recipe 5.698 GB, of which the RPN's NMS IoU tiles ~1.0 GB. 5% above,
+# for other torch versions.
 MAX_MEMORY_TRAFFIC_PER_STEP = {"mask_rcnn_r18_fpn_cpu": 1.234e9, "mask_rcnn_fpn": 5.983e9}
-# What each further image adds to a step of the demo model (4 images against 2, halved): 93.5 -> 22.5 (2026-11-27:
-# anchors and RoIs matched for the batch at once, the poolers' RoIs and levels for all images at once) -> 18.5
-# (the image batch normalised at once: one copy per image). The rest is per-image input handling (targets)
-# and the mask targets, cropped from each image's masks. A step at batch 8 grows with this: keep per-image
-# loops out of the step.
+# What each further image adds to a step of the demo model (4 images against 2, halved): 18.5, the per-image
+# input handling (targets) and the mask targets, cropped from each image's masks. A step at batch 8 grows with
+# this: keep per-image loops out of the step.
 MAX_DEVICE_OPERATIONS_PER_EXTRA_IMAGE = 20
 
 pytestmark = pytest.mark.usefixtures("one_thread")
