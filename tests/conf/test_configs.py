@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+from filelock import FileLock
 from torchvision.models import resnet50
 
 from lazytrain.config import LazyConfig, instantiate, validate
@@ -38,11 +39,6 @@ TIMM_PRETRAINED = {
 _TIMM_FORMAT_KEYS = ("head.norm.",)
 # The recipes that train in bf16 autocast on GPUs (recipes/schedules.py's use_vitdet_lvis_schedule).
 BF16_RECIPES = {"maskrcnn_vitdet_b_rfs.py", "cascade_maskrcnn_swin_b_rfs.py"}
-# The GPU recipes' checkpoints (weights and the optimizer's moments) are 0.35-1.6 GB: their smoke runs read
-# model_final.pth as soon as it is written and remove it (_read_then_remove_final_checkpoint), and go to one
-# pytest-xdist worker, one after the other (pyproject.toml's --dist loadgroup), so a suite holds at most one
-# such file, for a moment.
-LARGE_CHECKPOINTS = pytest.mark.xdist_group("large_checkpoints")
 # The bf16 recipes' parts at demo scale, in bf16 autocast: the cascade heads with the federated loss (the Swin
 # recipe's) here, the Swin and ViT backbones with the LayerNorm FPN in TIMM_FAMILIES.
 BF16_AT_DEMO_SCALE = {"cascade_maskrcnn_demo.py": ["train.amp.enabled=true", "losses.use=fed"]}
@@ -131,15 +127,19 @@ def _timm_stand_in(file_server, model_name: str) -> str:
     return file_server.add_weights(stem, model_name)
 
 
-def _read_then_remove_final_checkpoint(monkeypatch, keys: tuple[str, ...]) -> dict:
+def _read_then_remove_final_checkpoint(monkeypatch, lock: str, keys: tuple[str, ...]) -> dict:
     """When the run writes ``model_final.pth``, load it (its model keys and the values of `keys` go into the
-    returned dict) and remove it, before the evaluation and the plots."""
+    returned dict) and remove it, before the evaluation and the plots, holding the file `lock` from the write
+    to the removal. The GPU recipes' checkpoints (weights and the optimizer's moments) are 0.35-1.6 GB: with
+    one lock for all pytest-xdist workers, a suite holds one such file at a time, for seconds."""
     final = {}
     save = Checkpointer.save
 
     def save_then_read(self, name: str, **extra):
-        path = save(self, name, **extra)
-        if name == "model_final" and path is not None:
+        if name != "model_final":
+            return save(self, name, **extra)
+        with FileLock(lock):
+            path = save(self, name, **extra)
             model = torch.load(path, weights_only=True, mmap=True)["model"]
             final.update(path=path, keys=set(model), values={key: model[key].clone() for key in keys})
             os.remove(path)
@@ -164,11 +164,9 @@ def test_gpu_recipes_start_from_imagenet_weights_and_the_demos_from_scratch(name
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=[] if name in RANDOM_INIT else LARGE_CHECKPOINTS) for name in CONFIGS]
-)
+@pytest.mark.parametrize("name", CONFIGS)
 def test_config_loads_validates_and_trains_two_iterations(
-    name, datasets_root, file_server, tmp_path, monkeypatch
+    name, datasets_root, file_server, tmp_path, tmp_path_factory, monkeypatch
 ):
     monkeypatch.setenv("LAZYTRAIN_DATASETS", datasets_root)
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
@@ -189,7 +187,9 @@ def test_config_loads_validates_and_trains_two_iterations(
     # The stem and layer1 are frozen in the R50 recipes: their final weights are the file's.
     frozen = ("conv1.weight", "layer1.2.conv3.weight", "layer1.0.bn1.running_mean") if imagenet else ()
     frozen = tuple(f"backbone.body.{key}" for key in frozen)
-    final = {} if name in RANDOM_INIT else _read_then_remove_final_checkpoint(monkeypatch, frozen)
+    # The lock is in the folder above each worker's base directory, which all workers share.
+    lock = str(tmp_path_factory.getbasetemp().parent / "large_checkpoint.lock")
+    final = {} if name in RANDOM_INIT else _read_then_remove_final_checkpoint(monkeypatch, lock, frozen)
     run(cfg)
     lines = [json.loads(line) for line in open(tmp_path / "metrics.json")]
     losses = [line["total_loss"] for line in lines if "total_loss" in line]
