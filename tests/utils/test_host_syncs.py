@@ -9,7 +9,7 @@ import torchvision
 from pytest import param
 
 from lazytrain.config import LazyConfig, instantiate
-from lazytrain.modeling import nms
+from lazytrain.modeling import nms, suppression
 from lazytrain.utils.host_syncs import (
     FROM_PYTHON_DATA,
     TO_DEVICE,
@@ -265,7 +265,7 @@ def test_training_step_device_operations_and_memory_traffic_stay_at_or_below_tod
 ):
     # As on a GPU: the RPN's NMS in tiles of a device's size (the CPU's are smaller: more, smaller
     # operations), SGD's multi-tensor step (torch's default on CUDA; a loop per parameter on the CPU).
-    monkeypatch.setattr(nms, "_TILE_ELEMENTS", {})
+    monkeypatch.setattr(suppression, "_TILE_ELEMENTS", {})
     torch.manual_seed(0)
     model = _gpu_paths_model(recipe, num_classes).train()
     optimizer = _recipe_optimizer(model, foreach=True)
@@ -281,7 +281,7 @@ def test_training_step_device_operations_and_memory_traffic_stay_at_or_below_tod
 
 
 def test_each_further_image_adds_few_device_operations(monkeypatch):
-    monkeypatch.setattr(nms, "_TILE_ELEMENTS", {})
+    monkeypatch.setattr(suppression, "_TILE_ELEMENTS", {})
     torch.manual_seed(0)
     model = _model().train()
     optimizer = _recipe_optimizer(model, foreach=True)
@@ -319,7 +319,7 @@ def test_lvis_inference_host_syncs_do_not_grow_with_the_classes_and_results_are_
     torch.manual_seed(0)
     model = _gpu_paths_model(R50_RECIPE, 1203, overrides).eval()
     batch = [{"image": make_record(256, 256, seed=seed)["image"]} for seed in range(2)]
-    monkeypatch.setattr(nms, "_TILE_ELEMENTS", {})
+    monkeypatch.setattr(suppression, "_TILE_ELEMENTS", {})
     with torch.no_grad():
         expected = model(batch)  # torchvision's batched_nms on the CPU
         monkeypatch.setattr(nms, "_GROUPED_ABOVE_ELEMENTS", {})  # as on a device
