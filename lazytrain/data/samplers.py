@@ -35,6 +35,7 @@ __all__ = [
     "IterationBasedSampler",
     "RepeatFactorTrainingSampler",
     "TrainingSampler",
+    "resolve_rank",
     "resolve_seed",
 ]
 
@@ -45,7 +46,8 @@ logger = logging.getLogger(__name__)
 _BLOCK = 4096
 
 
-def _resolve_rank(component: str, rank: int | None, world_size: int | None) -> tuple[int, int]:
+def resolve_rank(component: str, rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """`rank` and `world_size`, each defaulting to the live process group's, checked for `component`."""
     from lazytrain.utils import comm
 
     rank = comm.get_rank() if rank is None else int(rank)
@@ -80,7 +82,7 @@ class _InfiniteSampler(Sampler[int]):
     def __init__(self, *, shuffle: bool, seed: int | None, rank: int | None, world_size: int | None) -> None:
         self._shuffle = bool(shuffle)
         self._seed = resolve_seed(seed)
-        self._rank, self._world_size = _resolve_rank(type(self).__name__, rank, world_size)
+        self._rank, self._world_size = resolve_rank(type(self).__name__, rank, world_size)
         self._resume: dict[str, Any] = {"position": 0}  # where the next iteration starts
         self._state: dict[str, Any] = {"position": 0}  # after the items yielded so far
 
@@ -318,7 +320,7 @@ class InferenceSampler(Sampler[int]):
     def __init__(self, size: int, *, rank: int | None = None, world_size: int | None = None) -> None:
         if size < 0:
             raise ValueError(f"InferenceSampler(size=) must be >= 0; got {size}")
-        rank, world_size = _resolve_rank("InferenceSampler", rank, world_size)
+        rank, world_size = resolve_rank("InferenceSampler", rank, world_size)
         shard, extra = divmod(int(size), world_size)
         begin = rank * shard + min(rank, extra)
         self._indices = range(begin, begin + shard + (rank < extra))
@@ -356,7 +358,7 @@ class IterationBasedSampler(Sampler[int]):
         world_size: int | None = None,
     ) -> None:
         self._sampler = sampler
-        self._rank, self._world_size = _resolve_rank("IterationBasedSampler", rank, world_size)
+        self._rank, self._world_size = resolve_rank("IterationBasedSampler", rank, world_size)
         if isinstance(sampler, torch.utils.data.DistributedSampler):
             self._rank, self._world_size = 0, 1
         if hasattr(sampler, "generator") and sampler.generator is None:
