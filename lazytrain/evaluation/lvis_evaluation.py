@@ -12,7 +12,15 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import torch
+
 from lazytrain.evaluation.coco_evaluation import _LVIS_METRICS, TASKS, COCOEvaluator
+from lazytrain.evaluation.fixed_ap import CategoryTopK, evaluate_fixed_ap, take_detections
+from lazytrain.evaluation.predictions import pack_instances
+from lazytrain.utils import comm
+from lazytrain.utils.logger import create_small_table
+from lazytrain.utils.preemption import abandon_on_stop
 
 __all__ = ["LVISEvaluator", "get_frequency_bucket"]
 
@@ -35,12 +43,25 @@ class LVISEvaluator(COCOEvaluator):
     category's ``image_count`` or the metadata's ``class_image_count``. At most `max_dets_per_image`
     top-scoring detections per image are kept, over all categories, as the LVIS API does.
 
+    `ap_fixed` and `ap_pool` add Dave et al.'s metrics (`lazytrain.evaluation.fixed_ap`) to each task's
+    results: ``APfixed`` (and ``APfixed50``, ..., ``APfixed_r``/``_c``/``_f``), LVIS AP on the
+    `max_dets_per_category` best detections of each category over the data set with no per-image cap, and
+    ``APpool`` (``APpool_r``/``_c``/``_f``), one ranking of all categories' detections. They are only as good as
+    the detections the model gives: with the usual 0.05 score threshold or 300 detections per image, few
+    categories get near `max_dets_per_category` (the log says how many do; README, "AP-fixed and AP-pool",
+    has the model keys). Each process holds its running top `max_dets_per_category` per category, the main
+    process merges them; the standard metrics are unchanged.
+
     Args:
         dataset_name: registered data set, used for its metadata (may be None with `json_file`).
         tasks: ``"bbox"`` and/or ``"segm"``.
-        max_dets_per_image: detections kept per image (LVIS: 300).
+        max_dets_per_image: detections kept per image (LVIS: 300) for the standard metrics.
         output_dir: where to write ``lvis_instances_results.json`` and ``lvis_per_category_ap.csv``/``.md``.
         json_file: ground-truth json path; overrides the metadata's.
+        ap_fixed: add the AP-fixed metrics.
+        ap_pool: add the AP-pool metrics.
+        max_dets_per_category: K of AP-fixed and AP-pool, detections kept per category (Dave et al.: 10,000
+            for LVIS).
     """
 
     _prefix = "lvis"
@@ -55,7 +76,15 @@ class LVISEvaluator(COCOEvaluator):
         output_dir: str | None = None,
         *,
         json_file: str | None = None,
+        ap_fixed: bool = False,
+        ap_pool: bool = False,
+        max_dets_per_category: int = 10_000,
     ) -> None:
+        if isinstance(max_dets_per_category, bool) or int(max_dets_per_category) < 1:
+            raise ValueError(
+                f"LVISEvaluator(max_dets_per_category=) must be an int >= 1 (the K of AP-fixed and AP-pool; "
+                f"Dave et al. use 10000 on LVIS); got {max_dets_per_category!r}"
+            )
         super().__init__(
             dataset_name,
             tasks,
@@ -64,6 +93,73 @@ class LVISEvaluator(COCOEvaluator):
             backend="faster_coco_eval",
             json_file=json_file,
         )
+        self.ap_fixed, self.ap_pool = bool(ap_fixed), bool(ap_pool)
+        self.max_dets_per_category = int(max_dets_per_category)
+        self._top_k: CategoryTopK | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        super().reset()
+        self._top_k = CategoryTopK(self.max_dets_per_category) if self.ap_fixed or self.ap_pool else None
+
+    def process(self, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> None:
+        if self._top_k is None:
+            super().process(inputs, outputs)
+            return
+        category_ids = np.asarray(self.get_category_ids(), dtype=np.int64)
+        for record, output in zip(inputs, outputs):
+            instances = output["instances"]
+            scores = torch.as_tensor(instances["scores"]).detach().cpu()
+            classes = torch.as_tensor(instances["classes"]).detach().cpu().long().reshape(-1).numpy()
+            valid = (classes >= 0) & (classes < len(category_ids))
+            may_enter = self._top_k.may_enter(
+                category_ids[np.where(valid, classes, 0)], scores.double().numpy()
+            )
+            # The standard metrics' detections, exactly as `COCOEvaluator.process` keeps them.
+            image_top = torch.arange(len(scores))
+            if len(scores) > self.max_dets_per_image:
+                image_top = scores.topk(self.max_dets_per_image).indices
+            # Mask encoding is most of the cost: only what either set needs is packed (an invalid class too,
+            # for `pack_instances`'s error).
+            kept = may_enter | ~valid
+            kept[image_top.numpy()] = True
+            packed_index = np.cumsum(kept) - 1
+            keep = torch.from_numpy(np.flatnonzero(kept))
+            packed = pack_instances(
+                {k: v[keep] for k, v in instances.items()}, record["image_id"], category_ids
+            )
+            self._predictions.append(take_detections(packed, packed_index[image_top.numpy()]))
+            self._top_k.add(take_detections(packed, packed_index[np.flatnonzero(may_enter)]))
+
+    def evaluate(self) -> dict[str, Any]:
+        if self._top_k is None:
+            return super().evaluate()
+        states = comm.gather(self._top_k.get_state(), dst=0)  # each process's top K per category only
+        results = super().evaluate()
+        if not results:
+            return results
+        with abandon_on_stop():
+            top_k = CategoryTopK.merge(self.max_dets_per_category, states)
+            detections = top_k.get_detections()
+            self._log_detections_per_category(detections)
+            ground_truth = self._load_ground_truth()
+            for task, metrics in results.items():
+                added = evaluate_fixed_ap(
+                    ground_truth, detections, task, sorted(top_k.image_ids), fixed=self.ap_fixed,
+                    pooled=self.ap_pool,
+                )  # fmt: skip
+                logger.info("AP-fixed / AP-pool for %s (lvis):\n%s", task, create_small_table(added))
+                metrics.update(added)
+        return results
+
+    def _log_detections_per_category(self, detections: list[Any]) -> None:
+        found = np.concatenate([p.category_ids for p in detections]) if detections else np.zeros(0, np.int64)
+        full = int(np.sum(np.unique(found, return_counts=True)[1] >= self.max_dets_per_category))
+        logger.info(
+            "AP-fixed / AP-pool: %d of %d categories have K=%d detections, the others fewer (they score lower "
+            "than with K: lower model.roi_heads.score_thresh, raise model.roi_heads.detections_per_img).",
+            full, len(self.get_category_ids()), self.max_dets_per_category,
+        )  # fmt: skip
 
     def _prepare_ground_truth(self, ground_truth: Any) -> None:
         counts = self._train_image_counts()
