@@ -1,32 +1,31 @@
 """Mixture sampling: every batch holds a fixed share of images from each of several data sets (sources).
 
 Detectors trained on a mixture (LVIS + COCO + an Objects365-style set) concatenate the sources
-(``get_detection_dataset_dicts(names)``); sampling the concatenation uniformly gives each batch whatever mix the
-sources' sizes make, and a small source is rarely seen. `MixtureTrainingSampler` fills every batch by per-source
-ratios instead, and samples within each source uniformly or with Repeat Factor Sampling on its own factors.
+(``get_detection_dataset_dicts(names)``); sampling the concatenation uniformly gives each batch whatever mix
+the sources' sizes make, and a small source is rarely seen. `MixtureTrainingSampler` fills every batch by
+per-source ratios instead, and samples inside each source uniformly or with Repeat Factor Sampling.
 
-How it draws:
-
-- **Sources.** Source k holds the dataset indices ``[offset_k, offset_k + size_k)``, in the order of ``names``.
-  Each has its own infinite stream: shuffled epochs (`TrainingSampler`) or RFS (`RepeatFactorTrainingSampler`)
-  with factors computed from that source's records alone. Source k's seed is derived from (seed, k), so adding a
-  source leaves the other sources' streams as they were.
-- **Shares.** Each rank takes ``b = total_batch_size / world_size`` images per step, ``n_k`` of them from source
-  k: the quota ``b * ratio_k / sum(ratios)`` rounded by largest remainder (every quota is floored, then the
-  images left over go one each to the sources with the largest fractional parts, the earlier source on a tie).
-  ``ratios=[2, 1, 1]`` with 16 images per step gives 8/4/4 exactly; ``[1, 1, 1]`` gives 6/5/5 (logged as a
-  warning). Every rank has the same shares, so the global batch holds ``world_size * n_k`` images of source k;
-  a source whose ``n_k`` would be 0 is an error that says which total batch size suffices.
+- **Sources.** Source k holds the dataset indices ``[offset_k, offset_k + size_k)``, in the order of
+  ``names``. Each has its own infinite stream: shuffled epochs (`TrainingSampler`) or RFS
+  (`RepeatFactorTrainingSampler`) with factors from that source's records alone. Source k's seed is derived
+  from (seed, k), so adding a source leaves the other sources' streams as they were.
+- **Shares.** Each rank takes ``b = total_batch_size / world_size`` images per step, ``n_k`` of them from
+  source k: the quota ``b * ratio_k / sum(ratios)`` rounded by largest remainder (every quota is floored, then
+  the images left over go one each to the sources with the largest fractional parts, the earlier source on a
+  tie). ``ratios=[2, 1, 1]`` with 16 images gives 8/4/4; ``[1, 1, 1]`` gives 6/5/5 (logged as a warning).
+  Every rank has the same shares, so the global batch holds ``world_size * n_k`` images of source k. A source
+  whose ``n_k`` would be 0 is an error that names a total batch size that is enough.
 - **Layout and ranks.** A rank's stream is one block of b items per step: ``n_0`` items of source 0, then
-  ``n_1`` of source 1, ... Rank r takes items r, r + W, r + 2W, ... of each source's stream (how the other
+  ``n_1`` of source 1, ... Rank r takes items r, r + W, r + 2W, ... of each source's stream (as the other
   training samplers shard), so within a step the ranks' items never overlap and together they are the next
   ``W * n_k`` items of every source.
-- **Resume.** ``state_dict()`` holds the per-rank ``position`` and each source sampler's state; a state with only
-  ``{"position": k}`` is accepted too (the source positions follow from the block layout).
+- **Resume.** ``state_dict()`` holds the per-rank ``position`` and each source sampler's state; a state with
+  only ``{"position": k}`` is accepted too (the source positions follow from the block layout).
 
-The train loader must form batches from consecutive items of the stream: set
-``dataloader.train.aspect_ratio_grouping=False`` (grouping puts landscape and portrait images in separate
-batches, which breaks the shares) and give the sampler the loader's ``total_batch_size``.
+The train loader must batch consecutive items of the stream, so aspect-ratio grouping is refused: it puts
+landscape and portrait images in separate batches, which would break the shares. Set
+``dataloader.train.aspect_ratio_grouping=False`` and give the sampler the loader's ``total_batch_size``;
+`MixtureTrainingSampler.check_batching` is the check a loader builder runs with its own settings.
 """
 
 from __future__ import annotations
@@ -64,13 +63,17 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0
+
+
 def _check_ratios(ratios: Any, labels: Sequence[str]) -> list[Fraction]:
     """One finite ratio > 0 per source, as exact fractions (float ratios keep their exact binary value)."""
     values = _as_list(ratios)
     if values is None or len(values) != len(labels):
         raise ValueError(
-            f"{_NAME}(ratios=) needs one ratio per source ({len(labels)}: {', '.join(labels)}); got {ratios!r}. "
-            f"Give e.g. ratios={[1] * len(labels)} for equal shares."
+            f"{_NAME}(ratios=) needs one ratio per source ({len(labels)}: {', '.join(labels)}); got "
+            f"{ratios!r}. Give e.g. ratios={[1] * len(labels)} for equal shares."
         )
     if not all(_is_number(value) and value > 0 for value in values):
         raise ValueError(
@@ -95,12 +98,7 @@ def _source_shares(
     ratios: Sequence[Fraction], total_batch_size: Any, world_size: int, labels: Sequence[str]
 ) -> list[int]:
     """Images of each source in every rank's batch; refuses a batch that cannot hold every source."""
-    if (
-        not isinstance(total_batch_size, numbers.Integral)
-        or isinstance(total_batch_size, bool)
-        or total_batch_size <= 0
-        or total_batch_size % world_size
-    ):
+    if not _is_positive_int(total_batch_size) or total_batch_size % world_size:
         raise ValueError(
             f"{_NAME}(total_batch_size=) must be a positive multiple of the world size {world_size}; got "
             f'{total_batch_size!r}. Give it the loader\'s: total_batch_size="${{..total_batch_size}}".'
@@ -111,22 +109,22 @@ def _source_shares(
     if empty:
         enough = next(b for b in itertools.count(per_rank + 1) if min(_largest_remainder(ratios, b)) > 0)
         raise ValueError(
-            f"{_NAME}(ratios=): the ratios {':'.join(f'{float(r):g}' for r in ratios)} give {', '.join(empty)} no image of the "
-            f"{per_rank} each rank takes per step (total_batch_size={total_batch_size}, world_size={world_size}); "
-            f"expected at least one image of every source per rank and step. Set total_batch_size to "
-            f"{enough * world_size} or more, or raise the smallest ratios."
+            f"{_NAME}(ratios=): the ratios {':'.join(f'{float(r):g}' for r in ratios)} give "
+            f"{', '.join(empty)} no image of the {per_rank} each rank takes per step (total_batch_size="
+            f"{total_batch_size}, world_size={world_size}); expected at least one image of every source per "
+            f"rank and step. Set total_batch_size to {enough * world_size} or more, or raise the smallest "
+            "ratios."
         )
     return shares
 
 
 def _check_sizes(sizes: Any) -> list[int]:
     values = _as_list(sizes)
-    if not values or not all(
-        isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in values
-    ):
+    if not values or not all(map(_is_positive_int, values)):
         raise ValueError(
-            f"{_NAME}(sizes=) must be a non-empty list of positive ints, the number of images of each source in "
-            f"the concatenated dataset; got {sizes!r}. Build it with {_NAME}.from_dataset_names(names, ...)."
+            f"{_NAME}(sizes=) must be a non-empty list of positive ints, the number of images of each source "
+            f"in the concatenated dataset; got {sizes!r}. Build it with "
+            f"{_NAME}.from_dataset_names(names, ...)."
         )
     return [int(v) for v in values]
 
@@ -141,9 +139,10 @@ def _check_thresholds(repeat_thresh: Any, labels: Sequence[str]) -> list[float |
         or not all(v is None or (_is_number(v) and v >= 0) for v in values)
     ):
         raise ValueError(
-            f"{_NAME}(repeat_thresh=) must be None, a number >= 0 for every source, or a list with one per source "
-            f"({len(labels)}: {', '.join(labels)}), each None or >= 0 (None or 0: uniform in that source); got "
-            f"{repeat_thresh!r}. E.g. repeat_thresh=[0.001, None] for RFS in the first source only."
+            f"{_NAME}(repeat_thresh=) must be None, a number >= 0 for every source, or a list with one per "
+            f"source ({len(labels)}: {', '.join(labels)}), each None or >= 0 (None or 0: uniform in that "
+            f"source); got {repeat_thresh!r}. E.g. repeat_thresh=[0.001, None] for RFS in the first source "
+            "only."
         )
     return [None if v is None or v == 0 else float(v) for v in values]
 
@@ -159,8 +158,9 @@ def _check_factors(repeat_factors: Any, sizes: Sequence[int]) -> list[torch.Tens
         or any(n not in (None, s) for n, s in zip(lengths, sizes))
     ):
         raise ValueError(
-            f"{_NAME}(repeat_factors=) must hold one entry per source, None (uniform) or that source's per-image "
-            f"factors; expected lengths {list(sizes)}, got {lengths if lengths is not None else repeat_factors!r}."
+            f"{_NAME}(repeat_factors=) must hold one entry per source, None (uniform) or that source's "
+            f"per-image factors; expected lengths {list(sizes)}, got "
+            f"{lengths if lengths is not None else repeat_factors!r}."
         )
     return values
 
@@ -174,13 +174,13 @@ def _source_seed(seed: int, source: int) -> int:
 class MixtureTrainingSampler(Sampler[int]):
     """Infinite stream over concatenated sources in which every batch holds a fixed share of each source.
 
-    See the module docstring for the rounding of the shares, the layout of a rank's stream and resume. Build it
-    in configs with `from_dataset_names` (a data set name per source, the loader's ``names``); this constructor
-    takes the sources' sizes and, for RFS, their factors.
+    The module docstring says how shares are rounded, how a rank's stream is laid out and how it resumes.
+    Configs build it with `from_dataset_names` (a data set name per source, the loader's ``names``); this
+    constructor takes the sources' sizes and, for RFS, their factors.
 
     Args:
         sizes: images per source, in the order the sources are concatenated in the dataset.
-        ratios: share of each source in every batch, finite and > 0 (``[2, 1, 1]``: half, a quarter, a quarter).
+        ratios: share of each source in every batch, finite and > 0 (``[2, 1, 1]``: a half, two quarters).
         total_batch_size: images per step over all ranks, the loader's ``total_batch_size``.
         repeat_factors: per source, None for shuffled epochs or its per-image RFS factors (length = its size).
         shuffle: shuffle each source's epochs.
@@ -206,6 +206,7 @@ class MixtureTrainingSampler(Sampler[int]):
         fractions = _check_ratios(ratios, labels)
         self._rank, self._world_size = resolve_rank(_NAME, rank, world_size)
         self._shares = _source_shares(fractions, total_batch_size, self._world_size, labels)
+        self._total_batch_size = int(total_batch_size)
         factors = _check_factors(repeat_factors, self._sizes)
         self._seed = resolve_seed(seed)
         self._offsets = [0, *itertools.accumulate(self._sizes)][:-1]
@@ -246,6 +247,31 @@ class MixtureTrainingSampler(Sampler[int]):
     def shares(self) -> list[int]:
         """Images of each source in every rank's batch (times world size: in the global batch)."""
         return list(self._shares)
+
+    @property
+    def total_batch_size(self) -> int:
+        """Images per step over all ranks, the batch the shares are for."""
+        return self._total_batch_size
+
+    def check_batching(self, total_batch_size: int, aspect_ratio_grouping: bool) -> None:
+        """Refuse a train loader whose batches would not keep the shares.
+
+        Args:
+            total_batch_size: the loader's images per step over all ranks; must equal the sampler's.
+            aspect_ratio_grouping: whether the loader groups batches by aspect ratio; must be False.
+        """
+        if total_batch_size != self._total_batch_size:
+            raise ValueError(
+                f"{_NAME}: dataloader.train.total_batch_size={total_batch_size} but the sampler's shares are "
+                f"for total_batch_size={self._total_batch_size}; set "
+                'dataloader.train.sampler.total_batch_size="${..total_batch_size}".'
+            )
+        if aspect_ratio_grouping:
+            raise ValueError(
+                f"{_NAME}: dataloader.train.aspect_ratio_grouping=True would form batches of landscape or of "
+                "portrait images only, not of the per-source shares; set "
+                "dataloader.train.aspect_ratio_grouping=False."
+            )
 
     @property
     def sources(self) -> list[TrainingSampler | RepeatFactorTrainingSampler]:
@@ -305,16 +331,8 @@ class MixtureTrainingSampler(Sampler[int]):
             labels, thresholds, filter_empty, sqrt=sqrt, instance_aware=instance_aware
         )
         logger.info("%s: sources %s of %s images.", _NAME, labels, sizes)
-        return cls(
-            sizes,
-            ratios,
-            total_batch_size,
-            repeat_factors=factors,
-            shuffle=shuffle,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-        )
+        common = dict(shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
+        return cls(sizes, ratios, total_batch_size, repeat_factors=factors, **common)
 
     def __iter__(self) -> Iterator[int]:
         position = self._resume_position
@@ -362,8 +380,8 @@ class MixtureTrainingSampler(Sampler[int]):
             self._seed = int(state["seed"])
         if state.get("shares") is not None and list(state["shares"]) != self._shares:
             logger.warning(
-                "%s: resuming a state saved with shares %s per rank into shares %s: the sources continue from "
-                "their positions, but the batches differ from those of an uninterrupted run.",
+                "%s: resuming a state saved with shares %s per rank into shares %s: the sources continue "
+                "from their positions, but the batches differ from those of an uninterrupted run.",
                 _NAME,
                 list(state["shares"]),
                 self._shares,
@@ -393,7 +411,7 @@ def _load_sources(
     sqrt: bool,
     instance_aware: bool,
 ) -> tuple[list[int], list[torch.Tensor | None]]:
-    """Each source's size and RFS factors (None where its threshold is None), one source's records at a time."""
+    """Each source's size and RFS factors (None where its threshold is None), one source at a time."""
     from lazytrain.data.build import get_detection_dataset_dicts
 
     sizes, factors = [], []
@@ -411,20 +429,9 @@ def _load_sources(
     return sizes, factors
 
 
-def _log_shares(
-    ratios: Sequence[Fraction], shares: Sequence[int], world_size: int, labels: Sequence[str]
-) -> None:
-    per_rank = sum(shares)
-    exact = [per_rank * ratio / sum(ratios) for ratio in ratios]
+def _log_shares(ratios: Sequence[Fraction], shares: list[int], world_size: int, labels: list[str]) -> None:
+    exact = [sum(shares) * ratio / sum(ratios) for ratio in ratios]
     text = ", ".join(f"{label} {share}" for label, share in zip(labels, shares))
-    if exact != list(shares):
-        logger.warning(
-            "%s: the ratios give %s images per rank batch of %d, rounded to %s (largest remainder).",
-            _NAME,
-            ", ".join(f"{float(q):.2f}" for q in exact),
-            per_rank,
-            text,
-        )
-    logger.info(
-        "%s: each rank's batch of %d holds %s (x%d ranks per step).", _NAME, per_rank, text, world_size
-    )
+    rounded = f" (rounded from {', '.join(f'{float(q):.2f}' for q in exact)})" if exact != shares else ""
+    log = logger.warning if rounded else logger.info
+    log("%s: each rank's batch of %d holds %s%s, x%d ranks.", _NAME, sum(shares), text, rounded, world_size)

@@ -1,5 +1,5 @@
 """MixtureTrainingSampler: fixed per-source shares in every batch, uniform or RFS sampling inside a source,
-seeding, exact resume, rank shards, argument errors, and a config that uses it with two registered data sets."""
+seeding, exact resume, rank shards, argument errors, and a config using it with two registered data sets."""
 
 import io
 import itertools
@@ -60,7 +60,7 @@ def test_every_batch_holds_the_shares(ratios, total_batch_size, world_size, shar
     with caplog.at_level(logging.WARNING, logger="lazytrain.data.mixture_sampler"):
         sampler = mixture(1, 0, world_size, total_batch_size, ratios)
     assert sampler.shares == shares
-    assert ("rounded to" in caplog.text) == (ratios in ([1, 1, 1], [3, 1, 1], [1, 1, 2]))
+    assert ("rounded from" in caplog.text) == (ratios in ([1, 1, 1], [3, 1, 1], [1, 1, 2]))
     per_rank = total_batch_size // world_size
     stream = take(sampler, 300 * per_rank)
     expected = [k for k, share in enumerate(shares) for _ in range(share)]
@@ -165,6 +165,17 @@ def test_the_train_loader_batches_keep_the_shares_and_resume():
     ]
 
 
+def test_check_batching_refuses_a_loader_that_breaks_the_shares():
+    sampler = mixture(total_batch_size=8)
+    sampler.check_batching(8, aspect_ratio_grouping=False)
+    with pytest.raises(
+        ValueError, match=r"total_batch_size=16 but the sampler's shares are for total_batch_size=8"
+    ):
+        sampler.check_batching(16, aspect_ratio_grouping=False)
+    with pytest.raises(ValueError, match=r"aspect_ratio_grouping=True would form batches .* set dataloader"):
+        sampler.check_batching(8, aspect_ratio_grouping=True)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -177,8 +188,9 @@ def test_the_train_loader_batches_keep_the_shares_and_resume():
         pytest.param(dict(ratios="211"), r"needs one ratio per source", id="string"),
         pytest.param(
             dict(ratios=[10, 1, 1], total_batch_size=8, world_size=2),
-            r"the ratios 10:1:1 give source 1, source 2 no image of the 4 each rank takes per step \(total_batch_size=8, "
-            r"world_size=2\); expected at least one image of every source per rank and step. Set "
+            r"the ratios 10:1:1 give source 1, source 2 no image of the 4 each rank takes per step "
+            r"\(total_batch_size=8, world_size=2\); expected at least one image of every source per rank "
+            r"and step. Set "
             r"total_batch_size to 18 or more",
             id="share-rounds-to-zero",
         ),
