@@ -38,9 +38,10 @@ def nms_in_image(
     limit: int,
     *,
     compiled: bool = False,
+    limit_per_group: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One image's boxes, scores and groups kept by NMS within each group (`lazytrain.modeling.nms.batched_nms`),
-    at most `limit` of them, best first.
+    at most `limit_per_group` of each group (None: no such limit) and `limit` in all, best first.
 
     Args:
         boxes: [K, 4] boxes clipped to `image_shape`.
@@ -50,8 +51,11 @@ def nms_in_image(
         image_shape: (height, width) of the image.
         limit: how many boxes to keep at most.
         compiled: `batched_nms`'s ``compiled``.
+        limit_per_group: how many boxes of one group to keep at most.
     """
     keep = batched_nms(boxes, scores, groups, iou_threshold, image_shape, compiled=compiled)
+    if limit_per_group is not None:
+        keep = keep[_is_among_best_of_group(groups[keep], limit_per_group)]
     keep = keep[:limit]
     return boxes[keep], scores[keep], groups[keep]
 
@@ -66,16 +70,28 @@ def select_detections(
     nms_thresh: float,
     detections_per_img: int,
     compiled_nms: bool = False,
+    detections_per_class: int | None = None,
 ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
     """Per image: boxes, scores and labels (1..K) of the detections kept from every RoI's decoded boxes
     `boxes` [R, K+1, 4] and `scores` [R, K+1] (RoIs of all images in the order of `proposals`): score
     threshold (`score_thresh`, exclusive), small boxes (`DETECTION_MIN_SIZE`), per-class NMS (`nms_thresh`),
     top `detections_per_img` (torchvision's steps and results; column 0, the background, is never a detection).
 
+    `detections_per_class` (None: no such limit) keeps at most that many of each class per image before the
+    `detections_per_img` cut. With a low `score_thresh` and a large `detections_per_img` it gives every class
+    its best few boxes in each image without letting the classes that fire everywhere fill the image's
+    budget, the inference that AP-fixed (`lazytrain.evaluation.fixed_ap`) wants; it costs one host read per
+    image more.
+
     The thresholds run on the whole batch with one host read (torchvision: two ``torch.where`` per image),
     NMS image by image; under tracing and ``torch.export``, everything image by image, which records no
     candidate count.
     """
+    if detections_per_class is not None and detections_per_class < 1:
+        raise ValueError(
+            "select_detections(detections_per_class=) must be >= 1, or None for no limit; got "
+            f"{detections_per_class!r}"
+        )
     if torch.jit.is_tracing() or torch.compiler.is_exporting():
         # shape[0], not len(): a trace (model export) keeps the former dynamic and freezes the latter.
         per_image = [p.shape[0] for p in proposals]
@@ -88,10 +104,27 @@ def select_detections(
     else:
         candidates = zip(*_batch_candidates(boxes, scores, proposals, image_shapes, score_thresh))
     kept = [
-        nms_in_image(*found, nms_thresh, image_shape, detections_per_img, compiled=compiled_nms)
+        nms_in_image(
+            *found,
+            nms_thresh,
+            image_shape,
+            detections_per_img,
+            compiled=compiled_nms,
+            limit_per_group=detections_per_class,
+        )
         for found, image_shape in zip(candidates, image_shapes)
     ]
     return [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept]
+
+
+def _is_among_best_of_group(groups: Tensor, limit: int) -> Tensor:
+    """For boxes in score order (best first), whether each is among the first `limit` of its group."""
+    order = torch.argsort(groups, stable=True)
+    sorted_groups = groups[order]
+    positions = torch.arange(groups.shape[0], device=groups.device)
+    rank = torch.empty_like(positions)
+    rank[order] = positions - torch.searchsorted(sorted_groups, sorted_groups)  # minus the group's first
+    return rank < limit
 
 
 def _is_candidate(boxes: Tensor, scores: Tensor, score_thresh: float) -> Tensor:

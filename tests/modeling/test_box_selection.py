@@ -84,3 +84,39 @@ def test_nms_in_image_keeps_the_best_of_each_group_up_to_the_limit():
     assert kept_scores.tolist() == pytest.approx([0.9, 0.7, 0.6]) and kept_groups.tolist() == [0, 1, 0]
     assert torch.equal(kept_boxes, boxes[[0, 2, 3]])
     assert nms_in_image(boxes, scores, groups, 0.5, (40, 40), 2)[1].tolist() == pytest.approx([0.9, 0.7])
+
+
+def test_nms_in_image_keeps_at_most_limit_per_group_of_each_group():
+    boxes = torch.tensor([[10.0 * i, 0, 10.0 * i + 5, 5] for i in range(6)])  # no two overlap
+    scores = torch.tensor([0.9, 0.8, 0.75, 0.7, 0.6, 0.5])
+    groups = torch.tensor([2, 2, 1, 2, 1, 3])
+    _, kept_scores, kept_groups = nms_in_image(boxes, scores, groups, 0.5, (10, 70), 10, limit_per_group=1)
+    assert kept_scores.tolist() == pytest.approx([0.9, 0.75, 0.5]) and kept_groups.tolist() == [2, 1, 3]
+    # Each group's best 2, then the image's best 3 of those.
+    _, kept_scores, _ = nms_in_image(boxes, scores, groups, 0.5, (10, 70), 3, limit_per_group=2)
+    assert kept_scores.tolist() == pytest.approx([0.9, 0.8, 0.75])
+
+
+@pytest.mark.parametrize("per_class", [1, 2, 1000])
+def test_detections_per_class_limits_each_class_in_each_image(per_class):
+    boxes, scores, proposals = _scored_boxes(seed=2)
+    settings = {**SETTINGS, "detections_per_img": 100, "score_thresh": 0.0}
+    everything = select_detections(boxes, scores, proposals, SHAPES, **settings)
+    limited = select_detections(boxes, scores, proposals, SHAPES, **settings, detections_per_class=per_class)
+    for all_boxes, all_scores, all_labels, got_boxes, got_scores, got_labels in zip(*everything, *limited):
+        keep = [
+            i
+            for i, label in enumerate(all_labels.tolist())
+            if all_labels[:i].tolist().count(label) < per_class
+        ]
+        assert torch.equal(got_boxes, all_boxes[keep]) and torch.equal(got_scores, all_scores[keep])
+        assert torch.equal(got_labels, all_labels[keep])
+    assert sum(len(s) for s in limited[1]) < sum(len(s) for s in everything[1]) or per_class == 1000
+
+
+def test_detections_per_class_must_be_positive():
+    boxes, scores, proposals = _scored_boxes()
+    with pytest.raises(ValueError, match=r"select_detections\(detections_per_class=\) must be >= 1"):
+        select_detections(
+            boxes, scores, proposals, SHAPES, score_thresh=0.0, **SETTINGS, detections_per_class=0
+        )
