@@ -22,10 +22,10 @@ per-source ratios instead, and samples inside each source uniformly or with Repe
 - **Resume.** ``state_dict()`` holds the per-rank ``position`` and each source sampler's state; a state with
   only ``{"position": k}`` is accepted too (the source positions follow from the block layout).
 
-The train loader must batch consecutive items of the stream, so aspect-ratio grouping is refused: it puts
-landscape and portrait images in separate batches, which would break the shares. Set
+The train loader must batch consecutive items of the stream: aspect-ratio grouping puts landscape and
+portrait images in separate batches, which would break the shares, so it is not supported. Set
 ``dataloader.train.aspect_ratio_grouping=False`` and give the sampler the loader's ``total_batch_size``;
-`MixtureTrainingSampler.check_batching` is the check a loader builder runs with its own settings.
+`MixtureTrainingSampler.check_batching` refuses a loader's settings that would break the shares.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _is_positive_int(value: Any) -> bool:
 
 
 def _check_ratios(ratios: Any, labels: Sequence[str]) -> list[Fraction]:
-    """One finite ratio > 0 per source, as exact fractions (float ratios keep their exact binary value)."""
+    """One finite ratio > 0 per source, as exact fractions of the numbers as written (0.1 is 1/10)."""
     values = _as_list(ratios)
     if values is None or len(values) != len(labels):
         raise ValueError(
@@ -80,7 +80,7 @@ def _check_ratios(ratios: Any, labels: Sequence[str]) -> list[Fraction]:
             f"{_NAME}(ratios=) must be finite numbers > 0; got {values}. Leave a source out of the names "
             "rather than give it a ratio of 0."
         )
-    return [Fraction(int(v)) if isinstance(v, numbers.Integral) else Fraction(float(v)) for v in values]
+    return [Fraction(int(v)) if isinstance(v, numbers.Integral) else Fraction(repr(float(v))) for v in values]
 
 
 def _largest_remainder(ratios: Sequence[Fraction], slots: int) -> list[int]:

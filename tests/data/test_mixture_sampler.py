@@ -51,6 +51,7 @@ def round_trip(state):
     [
         pytest.param([2, 1, 1], 16, 1, [8, 4, 4], id="2:1:1-of-16"),
         pytest.param([0.5, 0.25, 0.25], 8, 2, [2, 1, 1], id="fractions-two-ranks"),
+        pytest.param([0.1, 0.2, 0.7], 10, 1, [1, 2, 7], id="decimal-ratios-as-written"),
         pytest.param([1, 1, 1], 16, 1, [6, 5, 5], id="rounded-largest-remainder"),
         pytest.param([3, 1, 1], 6, 1, [4, 1, 1], id="rounded-3.6-1.2-1.2"),
         pytest.param([1, 1, 2], 6, 1, [2, 1, 3], id="tie-goes-to-the-earlier-source"),
