@@ -1,10 +1,11 @@
 """Aspect-ratio grouping: batches formed from landscape or from portrait images only, resumably.
 
 Batching happens on indices in the main process: `GroupedBatchSampler` puts each index into the buffer of its
-image's group (`get_aspect_groups`: w > h or not, read from the record's ``width``/``height``, no image is
-opened) and emits a buffer when it holds a batch; loader workers only map the indices they are given. After
-each emitted batch it snapshots its state (sampler state + group buffers), from which the train loader takes
-the state of exactly the batches consumed (docs/architecture.md, "Resumable data protocol").
+image's group (`get_aspect_groups`: w > h or not, read from the record's ``width``/``height``, or from the
+array a json's `CachedRecords` hold; no image is opened) and emits a buffer when it holds a batch; loader
+workers only map the indices they are given. After each emitted batch it snapshots its state (sampler state +
+group buffers), from which the train loader takes the state of exactly the batches consumed
+(docs/architecture.md, "Resumable data protocol").
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from torch.utils.data import Dataset, Sampler
 
 from lazytrain.data.common import DatasetFromList
+from lazytrain.data.datasets.cached_records import CachedRecords
 from lazytrain.data.workers import sample_seed
 
 __all__ = ["GroupedBatchSampler", "get_aspect_groups"]
@@ -26,8 +28,13 @@ def get_aspect_groups(dataset: Sequence[Any] | Dataset) -> np.ndarray | None:
     """int8 [N]: 1 for landscape (w > h) records, 0 otherwise; None when the records lack the sizes.
 
     Args:
-        dataset: a list or tuple of records, or a `DatasetFromList`; any other dataset gives None.
+        dataset: a list or tuple of records, a `DatasetFromList` or `CachedRecords` (whose arrays hold the
+            groups: no record is read); any other dataset gives None.
     """
+    if isinstance(dataset, DatasetFromList) and dataset.cached_records is not None:
+        dataset = dataset.cached_records
+    if isinstance(dataset, CachedRecords):
+        return dataset.aspect_groups
     if isinstance(dataset, DatasetFromList):
         records: Any = (dataset[i] for i in range(len(dataset)))
     elif isinstance(dataset, (list, tuple)):

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from lazytrain.data.datasets.cached_records import CachedRecords
 from lazytrain.errors import LazytrainError
 
 __all__ = ["DatasetFromList", "MapDataset", "seed_sample_rngs"]
@@ -30,7 +31,8 @@ class DatasetFromList(Dataset):
     """A list of records as a torch Dataset.
 
     Args:
-        lst: the records (any picklable objects).
+        lst: the records (any picklable objects). `CachedRecords` (a json's records in its cache file) are
+            served as they are: they already live in one buffer, which every process maps.
         copy: when not serialized, return a deep copy of the record on access so a mapper may modify it
             (serialized records are always fresh objects).
         serialize: keep the records pickled in one byte buffer (recommended: constant memory per worker).
@@ -39,6 +41,9 @@ class DatasetFromList(Dataset):
     def __init__(self, lst: Sequence[Any], copy: bool = True, serialize: bool = True) -> None:
         self._copy = copy
         self._serialize = serialize
+        self._cached = lst if isinstance(lst, CachedRecords) else None
+        if self._cached is not None:
+            return
         if not serialize:
             self._records = list(lst)
             return
@@ -48,10 +53,19 @@ class DatasetFromList(Dataset):
         self._buffer = np.frombuffer(b"".join(blobs), dtype=np.uint8)
         logger.debug("Serialized %d records into %.2f MiB.", len(blobs), self._buffer.nbytes / 2**20)
 
+    @property
+    def cached_records(self) -> CachedRecords | None:
+        """The `CachedRecords` served, or None when the records were given as a list."""
+        return self._cached
+
     def __len__(self) -> int:
+        if self._cached is not None:
+            return len(self._cached)
         return len(self._offsets) - 1 if self._serialize else len(self._records)
 
     def __getitem__(self, index: int) -> Any:
+        if self._cached is not None:
+            return self._cached[index]
         if self._serialize:
             start, end = int(self._offsets[index]), int(self._offsets[index + 1])
             return pickle.loads(memoryview(self._buffer[start:end]))

@@ -8,19 +8,20 @@ Layout:
     $LAZYTRAIN_DATASETS/lvis/lvis_v1_{train,val}.json (images from coco/)   -> lvis_v1_{train,val}
     $LAZYTRAIN_DATASETS/synthetic_lt/ (generated on first use)              -> synthetic_lt_{train,val}
 
-This module lists them (`get_builtin_datasets`) and the files each needs (`get_required_files`, which the
-checks before a run use) and does not use the catalog, which the loaders use:
-``import lazytrain.data`` hands the list to `lazytrain.data.catalog`, which registers it on first use.
+Their records come from each json's cache file (`lazytrain.data.datasets.cached_records.load_cached_json`),
+written by the first process that loads it. This module lists them (`get_builtin_datasets`) and the files
+each needs (`get_required_files`, which the checks before a run use) and does not use the catalog, which the
+loaders use: ``import lazytrain.data`` hands the list to `lazytrain.data.catalog`, which registers it on
+first use.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from lazytrain.data.datasets.coco import load_coco_json
-from lazytrain.data.datasets.lvis import load_lvis_json
+from lazytrain.data.datasets.cached_records import load_cached_json
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 
 __all__ = [
@@ -58,26 +59,27 @@ def _lvis_files(split: str) -> tuple[str, str]:
     return os.path.join(root, "lvis", f"lvis_v1_{split}.json"), os.path.join(root, "coco")
 
 
-def _coco_loader(split: str) -> Callable[[], list[dict]]:
-    def load() -> list[dict]:
-        return load_coco_json(*_coco_files(split), f"coco_2017_{split}")
+def _coco_loader(split: str) -> Callable[[], Sequence[dict]]:
+    def load() -> Sequence[dict]:
+        return load_cached_json(*_coco_files(split), f"coco_2017_{split}", lvis=False)
 
     return load
 
 
-def _lvis_loader(split: str) -> Callable[[], list[dict]]:
-    def load() -> list[dict]:
-        return load_lvis_json(*_lvis_files(split), f"lvis_v1_{split}")
+def _lvis_loader(split: str) -> Callable[[], Sequence[dict]]:
+    def load() -> Sequence[dict]:
+        return load_cached_json(*_lvis_files(split), f"lvis_v1_{split}", lvis=True)
 
     return load
 
 
-def _synthetic_loader(split: str) -> Callable[[], list[dict]]:
-    def load() -> list[dict]:
+def _synthetic_loader(split: str) -> Callable[[], Sequence[dict]]:
+    def load() -> Sequence[dict]:
         root = generate_synthetic_lt(
             os.path.join(get_datasets_root(), "synthetic_lt"), **SYNTHETIC_LT_OPTIONS
         )
-        return load_lvis_json(os.path.join(root, f"lvis_v1_{split}.json"), root, f"synthetic_lt_{split}")
+        json_file = os.path.join(root, f"lvis_v1_{split}.json")
+        return load_cached_json(json_file, root, f"synthetic_lt_{split}", lvis=True)
 
     return load
 
@@ -98,7 +100,7 @@ class BuiltinDataset(NamedTuple):
     """A built-in data set: its name, the function returning its records and its ``evaluator_type``."""
 
     name: str
-    loader: Callable[[], list[dict]]
+    loader: Callable[[], Sequence[dict]]
     evaluator_type: str
 
 

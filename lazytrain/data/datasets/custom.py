@@ -10,7 +10,8 @@ A config names the files, not a registration made in Python::
 job of a sweep or a Hydra launcher), so the data set travels as config values, not as process state (a
 ``DatasetCatalog.register`` call in a config file would exist only in the process that loaded the file).
 
-Records come from `load_lvis_json`, which reads both formats (LVIS's ``coco_url``, ``neg_category_ids`` and
+Records come from `load_cached_json` (the json's cache file, written by the first process that needs it) as
+`load_lvis_json` gives them, which reads both formats (LVIS's ``coco_url``, ``neg_category_ids`` and
 ``frequency`` are used when present). The metadata adds what the long-tail evaluation needs: each category's
 train image count and r/c/f bucket (`bin_categories`) and the evaluation protocol (``federated`` when the json
 lists ``neg_category_ids``, else ``exhaustive``, COCO's).
@@ -33,8 +34,8 @@ from collections.abc import Sequence
 
 from omegaconf import OmegaConf
 
+from lazytrain.data.datasets.cached_records import load_cached_json
 from lazytrain.data.datasets.json_summary import JsonSummary, summarize_json
-from lazytrain.data.datasets.lvis import load_lvis_json
 from lazytrain.errors import ConfigError
 
 __all__ = [
@@ -126,8 +127,8 @@ def _set_metadata(name: str, spec: tuple) -> None:
     )
 
 
-def _load(name: str, spec: tuple) -> list[dict]:
-    records = load_lvis_json(spec[0], spec[1], name)
+def _load(name: str, spec: tuple) -> Sequence[dict]:
+    records = load_cached_json(spec[0], spec[1], name, lvis=True)
     _set_metadata(name, spec)  # the loader set frequencies from this file's own counts; train's decide
     return records
 

@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterable
+from typing import Any
 
 from lazytrain.data.datasets.coco import log_loaded, read_json, records_from_coco_dict, set_coco_metadata
 
-__all__ = ["frequency_of_image_count", "load_lvis_json"]
+__all__ = [
+    "frequency_of_image_count",
+    "get_class_image_count",
+    "load_lvis_json",
+    "records_from_lvis_dict",
+    "set_lvis_metadata",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -24,14 +32,19 @@ def frequency_of_image_count(image_count: int) -> str:
     return "r" if image_count <= 10 else "c" if image_count <= 100 else "f"
 
 
-def _class_image_count(data: dict, categories: list[dict]) -> list[dict]:
-    """``{"id", "image_count", "frequency"}`` per category (json ids), computed when the file lacks them."""
+def get_class_image_count(categories: list[dict], annotation_pairs: Iterable[tuple[Any, Any]]) -> list[dict]:
+    """``{"id", "image_count", "frequency"}`` per category (json ids), computed when the file lacks them.
+
+    Args:
+        categories: the json's categories sorted by id.
+        annotation_pairs: ``(image_id, category_id)`` of every annotation; read only when a category lacks
+            ``image_count`` or ``frequency``.
+    """
     if all("image_count" in c and "frequency" in c for c in categories):
         return [
             {"id": c["id"], "image_count": c["image_count"], "frequency": c["frequency"]} for c in categories
         ]
-    pairs = {(a["image_id"], a["category_id"]) for a in data.get("annotations") or []}
-    counts = Counter(category for _, category in pairs)
+    counts = Counter(category for _, category in set(annotation_pairs))
     entries = []
     for c in categories:
         count = c.get("image_count", counts.get(c["id"], 0))
@@ -43,6 +56,37 @@ def _class_image_count(data: dict, categories: list[dict]) -> list[dict]:
             }
         )
     return entries
+
+
+def records_from_lvis_dict(data: dict, json_file: str, image_root: str) -> list[dict]:
+    """The records of an already parsed LVIS-format dict (see `load_lvis_json`); fills in the images'
+    ``file_name`` from ``coco_url`` where it is missing."""
+    images = data.get("images") if isinstance(data, dict) else None
+    for image in images if isinstance(images, list) else []:
+        if "file_name" not in image and "coco_url" in image:
+            image["file_name"] = "/".join(image["coco_url"].split("/")[-2:])
+    records = records_from_coco_dict(data, json_file, image_root)
+    categories = sorted(data["categories"], key=lambda c: c["id"])
+    id_map = {c["id"]: i for i, c in enumerate(categories)}
+    for record, image in zip(records, data["images"]):
+        record["neg_category_ids"] = [id_map[c] for c in image.get("neg_category_ids", ()) if c in id_map]
+        record["not_exhaustive_category_ids"] = [
+            id_map[c] for c in image.get("not_exhaustive_category_ids", ()) if c in id_map
+        ]
+    return records
+
+
+def set_lvis_metadata(
+    dataset_name: str, data: dict, json_file: str, image_root: str, class_image_count: list[dict]
+) -> None:
+    """Fill the `MetadataCatalog` entry of `dataset_name` as `load_lvis_json` does."""
+    from lazytrain.data.catalog import MetadataCatalog
+
+    set_coco_metadata(dataset_name, data, json_file, image_root, evaluator_type="lvis")
+    MetadataCatalog.get(dataset_name).set(
+        class_image_count=class_image_count,
+        class_frequency=[entry["frequency"] for entry in class_image_count],
+    )
 
 
 def load_lvis_json(json_file: str, image_root: str, dataset_name: str | None = None) -> list[dict]:
@@ -58,26 +102,10 @@ def load_lvis_json(json_file: str, image_root: str, dataset_name: str | None = N
             ``image_count``/``frequency`` get them computed from their annotations (LVIS thresholds 10/100).
     """
     data = read_json(json_file)
-    images = data.get("images") if isinstance(data, dict) else None
-    for image in images if isinstance(images, list) else []:
-        if "file_name" not in image and "coco_url" in image:
-            image["file_name"] = "/".join(image["coco_url"].split("/")[-2:])
-    records = records_from_coco_dict(data, json_file, image_root)
-    categories = sorted(data["categories"], key=lambda c: c["id"])
-    id_map = {c["id"]: i for i, c in enumerate(categories)}
-    for record, image in zip(records, data["images"]):
-        record["neg_category_ids"] = [id_map[c] for c in image.get("neg_category_ids", ()) if c in id_map]
-        record["not_exhaustive_category_ids"] = [
-            id_map[c] for c in image.get("not_exhaustive_category_ids", ()) if c in id_map
-        ]
+    records = records_from_lvis_dict(data, json_file, image_root)
     if dataset_name is not None:
-        from lazytrain.data.catalog import MetadataCatalog
-
-        set_coco_metadata(dataset_name, data, json_file, image_root, evaluator_type="lvis")
-        class_image_count = _class_image_count(data, categories)
-        MetadataCatalog.get(dataset_name).set(
-            class_image_count=class_image_count,
-            class_frequency=[entry["frequency"] for entry in class_image_count],
-        )
+        categories = sorted(data["categories"], key=lambda c: c["id"])
+        pairs = ((a["image_id"], a["category_id"]) for a in data.get("annotations") or [])
+        set_lvis_metadata(dataset_name, data, json_file, image_root, get_class_image_count(categories, pairs))
     log_loaded(records, json_file)
     return records

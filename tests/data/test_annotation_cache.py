@@ -1,0 +1,330 @@
+"""The annotation cache: records from the cache file equal the plain loaders', one parse shared by processes
+(a lock), a rebuild when the json changes, nothing half-written read after a kill, and the arrays the samplers
+and the aspect grouping read equal to what they computed from the records."""
+
+import copy
+import json
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from lazytrain.data import build
+from lazytrain.data.aspect_grouping import get_aspect_groups
+from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
+from lazytrain.data.common import DatasetFromList
+from lazytrain.data.datasets import annotation_cache, cached_records
+from lazytrain.data.datasets.cached_records import CachedRecords, load_cached_json
+from lazytrain.data.datasets.coco import load_coco_json
+from lazytrain.data.datasets.lvis import load_lvis_json
+from lazytrain.data.datasets.synthetic import generate_synthetic_lt
+from lazytrain.data.repeat_factors import CategoryIndex, repeat_factors_from_category_frequency
+from tests.data.test_coco_lvis import COCO, lvis_data, write
+
+PLAIN = {False: load_coco_json, True: load_lvis_json}
+
+# Crowd RLE (compressed and uncompressed counts), polygons (one dropped: 2 points; one annotation left without
+# any), a degenerate box, float boxes, an annotation without iscrowd or segmentation, an image without any.
+RICH = copy.deepcopy(COCO)
+RICH["images"].append({"id": 4, "file_name": "sub/d.jpg", "width": 20, "height": 60})
+RICH["annotations"] += [
+    {"id": 30, "image_id": 4, "category_id": 3, "bbox": [1.5, 2.25, 4.0, 5.5], "iscrowd": 1,
+     "segmentation": {"size": [60, 20], "counts": [0, 10, 1190]}},
+    {"id": 31, "image_id": 1, "category_id": 3, "bbox": [0, 0, 0, 5], "segmentation": [[0, 0, 1, 1, 0, 2]]},
+    {"id": 32, "image_id": 4, "category_id": 7, "bbox": [1, 1, 2, 2], "segmentation": [[0, 0, 1, 1]]},
+    {"id": 33, "image_id": 4, "category_id": 7, "bbox": [1, 1, 3, 3]},
+    {"id": 34, "image_id": 1, "category_id": 3, "bbox": [2, 3, 4, 5], "iscrowd": 0,
+     "segmentation": [[2, 3, 6, 3, 6, 8, 2, 8], [1, 1, 2, 2, 1, 3]]},
+]  # fmt: skip
+
+
+def _lvis_rich():
+    """RICH as LVIS: one image named by file_name, one without neg_category_ids, one with an unknown one."""
+    data = lvis_data()
+    data["images"].append(
+        {"id": 4, "file_name": "sub/d.jpg", "width": 20, "height": 60, "neg_category_ids": [3]}
+    )
+    del data["images"][1]["neg_category_ids"]
+    data["annotations"] = copy.deepcopy(RICH["annotations"])
+    return data
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("LAZYTRAIN_CACHE", str(folder))
+    return folder
+
+
+@pytest.fixture
+def names():
+    used = []
+    yield used
+    for name in used:
+        MetadataCatalog.remove(name)
+        DatasetCatalog.remove(name)
+
+
+def _metadata(name):
+    return {k: v for k, v in MetadataCatalog.get(name).as_dict().items() if k != "name"}
+
+
+def _check_equal(json_file, image_root, lvis, names):
+    names += ["plain", "cached"]
+    plain = PLAIN[lvis](json_file, image_root, "plain")
+    cached = load_cached_json(json_file, image_root, "cached", lvis=lvis)
+    assert isinstance(cached, CachedRecords) and len(cached) == len(plain)
+    assert list(cached) == plain and cached[-1] == plain[-1] and cached[1:3] == plain[1:3]
+    assert _metadata("cached") == _metadata("plain")
+    again = load_cached_json(json_file, image_root, lvis=lvis)  # warm: read from the file
+    assert list(again) == plain
+    return cached, plain
+
+
+@pytest.mark.parametrize("lvis", [False, True], ids=["coco", "lvis"])
+def test_synthetic_demo_records_equal(tmp_path, lvis, names):
+    root = generate_synthetic_lt(str(tmp_path / "synthetic"), num_train=24, num_val=6)
+    for split in ("train", "val"):
+        _check_equal(os.path.join(root, f"lvis_v1_{split}.json"), root, lvis, names)
+
+
+@pytest.mark.parametrize(
+    "data, lvis",
+    [
+        pytest.param(RICH, False, id="coco"),
+        pytest.param(lvis_data(), True, id="lvis"),
+        pytest.param(_lvis_rich(), True, id="lvis-rich"),
+        pytest.param({**RICH, "annotations": {}}, False, id="no-annotations"),
+        # ids of other types and a missing annotation id: valid for the plain loader, read as it reads them
+        pytest.param(
+            {"images": [{"id": "x", "file_name": "x.jpg", "width": 3, "height": 4}],
+             "categories": [{"id": 5, "name": "a"}],
+             "annotations": [{"image_id": "x", "category_id": 5, "bbox": [0, 0, 1, 1], "iscrowd": None}]},
+            False,
+            id="string-ids",
+        ),
+    ],
+)  # fmt: skip
+def test_hand_built_records_equal(tmp_path, data, lvis, names, caplog):
+    json_file = write(tmp_path, data)
+    with caplog.at_level(logging.WARNING):
+        _check_equal(json_file, "/images", lvis, names)
+    dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(dropped) in (0, 2) and len(set(dropped)) <= 1  # the same warning from both loaders
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        pytest.param(lambda d: d["annotations"][1].update(category_id=99), "category_id 99", id="category"),
+        pytest.param(lambda d: d["annotations"][2].update(image_id=42), "image_id 42", id="image"),
+        pytest.param(lambda d: d["annotations"][2].update(id=10), "duplicate annotation id 10", id="dup"),
+        pytest.param(lambda d: d["annotations"][2].update(bbox=None), "not subscriptable", id="bbox"),
+        pytest.param(lambda d: d["images"][0].pop("file_name"), "has no 'file_name'", id="file-name"),
+    ],
+)
+@pytest.mark.parametrize("lvis", [False, True], ids=["coco", "lvis"])
+def test_bad_files_raise_the_plain_error_and_write_nothing(tmp_path, cache_dir, mutate, message, lvis):
+    data = copy.deepcopy(COCO)
+    mutate(data)
+    json_file = write(tmp_path, data)
+    with pytest.raises((ValueError, TypeError)) as plain:
+        PLAIN[lvis](json_file, "/images")
+    with pytest.raises(type(plain.value)) as cached:
+        load_cached_json(json_file, "/images", lvis=lvis)
+    assert str(cached.value) == str(plain.value) and message in str(cached.value)
+    assert not annotation_cache.list_cache_files() and not list(cache_dir.glob(".*tmp*"))
+
+
+def test_malformed_and_missing_json_errors(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"images": [\n  {"id": 1,, "file_name": "a.jpg"}]}')
+    with pytest.raises(ValueError, match=r"malformed JSON in .*bad\.json, line 2 column 12"):
+        load_cached_json(str(path), "/images", lvis=True)
+    with pytest.raises(FileNotFoundError, match="annotation file not found"):
+        load_cached_json(str(tmp_path / "none.json"), "/images", lvis=True)
+    assert not annotation_cache.list_cache_files()
+
+
+def test_changed_json_rebuilds(tmp_path):
+    json_file = write(tmp_path, COCO)
+    first = load_cached_json(json_file, "/images", lvis=False)
+    data = copy.deepcopy(COCO)
+    data["images"][0]["width"] = 51
+    time.sleep(0.01)
+    write(tmp_path, data)
+    second = load_cached_json(json_file, "/images", lvis=False)
+    assert first[0]["width"] == 50 and second[0]["width"] == 51  # the old map still serves its holder
+    assert len(annotation_cache.list_cache_files()) == 1
+
+
+def test_content_hash_catches_a_same_size_same_time_rewrite(tmp_path):
+    json_file = write(tmp_path, COCO)
+    stat = os.stat(json_file)
+    assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 50
+    text = open(json_file).read().replace('"width": 50', '"width": 51')
+    with open(json_file, "w") as f:  # in place: same inode, same size
+        f.write(text)
+    os.utime(json_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 50  # stale: key unchanged
+    assert load_cached_json(json_file, "/images", lvis=False, content_hash=True)[0]["width"] == 51
+
+
+def _load_and_report(json_file, barrier, results):
+    barrier.wait()
+    records = load_cached_json(json_file, "/images", lvis=True)
+    results.put((os.getpid(), [r["image_id"] for r in records], records.cache_paths))
+
+
+def _counting_build(marker, original):
+    def build(*args, **kwargs):
+        with open(marker, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(0.5)  # the others arrive while this one parses
+        return original(*args, **kwargs)
+
+    return build
+
+
+def test_concurrent_processes_parse_once(tmp_path, monkeypatch):
+    json_file = write(tmp_path, lvis_data())
+    marker = tmp_path / "parses.txt"
+    monkeypatch.setattr(cached_records, "_build", _counting_build(marker, cached_records._build))
+    context = multiprocessing.get_context("fork")  # the patch travels with the fork
+    barrier, results = context.Barrier(4), context.Queue()
+    processes = [
+        context.Process(target=_load_and_report, args=(json_file, barrier, results)) for _ in range(4)
+    ]
+    for process in processes:
+        process.start()
+    reports = [results.get(timeout=60) for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    assert len(marker.read_text().split()) == 1
+    assert all(report[1:] == reports[0][1:] for report in reports) and reports[0][1] == [1, 2, 3]
+
+
+def _write_until_killed(json_file, ready):
+    def stall(records):
+        for index, record in enumerate(records):
+            if index == 2:
+                ready.set()
+                time.sleep(60)
+            yield record
+
+    original = annotation_cache.write_cache_file
+    cached_records.write_cache_file = lambda path, records, *args: original(path, stall(records), *args)
+    load_cached_json(json_file, "/images", lvis=True)
+
+
+def test_kill_during_write_leaves_nothing_read_later(tmp_path, cache_dir):
+    json_file = write(tmp_path, lvis_data())
+    context = multiprocessing.get_context("fork")
+    ready = context.Event()
+    writer = context.Process(target=_write_until_killed, args=(json_file, ready))
+    writer.start()
+    assert ready.wait(timeout=60)
+    path = annotation_cache.get_cache_path(json_file, "/images", lvis=True)
+    assert list(cache_dir.glob(".*.tmp*")) and not os.path.exists(path)  # mid-write: only the temporary
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.join()
+    assert annotation_cache.read_cache_file(path) is None
+    records = load_cached_json(json_file, "/images", lvis=True)  # the lock was released with the process
+    assert list(records) == load_lvis_json(json_file, "/images")
+    assert not list(cache_dir.glob(".*.tmp*"))  # the killed writer's temporary file removed
+
+
+def test_read_only_data_folder_and_unwritable_cache(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    data.mkdir()
+    json_file = write(data, COCO)
+    data.chmod(0o555)
+    try:
+        records = load_cached_json(json_file, str(data), lvis=False)
+        assert isinstance(records, CachedRecords) and os.listdir(data) == ["ann.json"]
+        blocker = tmp_path / "not_a_folder"
+        blocker.write_text("")
+        monkeypatch.setenv("LAZYTRAIN_CACHE", str(blocker / "cache"))
+        fallback = load_cached_json(json_file, str(data), lvis=False)
+        assert isinstance(fallback, list) and fallback == list(records)
+    finally:
+        data.chmod(0o755)
+
+
+def test_cache_location(monkeypatch, tmp_path):
+    monkeypatch.delenv("LAZYTRAIN_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert annotation_cache.get_cache_dir() == str(tmp_path / "xdg" / "lazytrain")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert annotation_cache.get_cache_dir() == str(tmp_path / "home" / ".cache" / "lazytrain")
+    path = annotation_cache.get_cache_path("/data/lvis_v1_train.json", "/coco", lvis=True)
+    assert os.path.basename(path).startswith("lvis_v1_train-") and path.endswith(".records")
+    assert path != annotation_cache.get_cache_path("/data/lvis_v1_train.json", "/coco", lvis=False)
+
+
+def _two_files(tmp_path):
+    first = load_cached_json(write(tmp_path, RICH, "a.json"), "/a", lvis=False)
+    second = load_cached_json(write(tmp_path, lvis_data(), "b.json"), "/b", lvis=True)
+    return first, second
+
+
+@pytest.mark.parametrize("filter_empty", [False, True])
+def test_concatenated_arrays_equal_records(tmp_path, filter_empty):
+    first, second = _two_files(tmp_path)
+    records = CachedRecords.concatenate([first, second], filter_empty)
+    expected = [r for r in [*first, *second] if r["annotations"] or not filter_empty]
+    assert list(records) == expected
+    arrays, reference = CategoryIndex.from_dataset_dicts(records), CategoryIndex.from_dataset_dicts(expected)
+    for name in ("offsets", "categories", "instances"):
+        np.testing.assert_array_equal(getattr(arrays, name), getattr(reference, name))
+    for kwargs in ({"repeat_thresh": 0.9}, {"repeat_thresh": 0.6, "sqrt": False, "instance_aware": True}):
+        factors = repeat_factors_from_category_frequency(records, **kwargs)
+        assert factors.tolist() == repeat_factors_from_category_frequency(expected, **kwargs).tolist()
+        assert len(set(factors.tolist())) > 1
+    groups = get_aspect_groups(records)
+    np.testing.assert_array_equal(groups, get_aspect_groups(expected))
+    np.testing.assert_array_equal(get_aspect_groups(DatasetFromList(records)), groups)
+    assert records.annotation_counts.tolist() == [len(r["annotations"]) for r in expected]
+    assert records.image_sizes.tolist() == [[r["height"], r["width"]] for r in expected]
+
+
+def test_pickled_records_are_paths_and_keys(tmp_path):
+    first, second = _two_files(tmp_path)
+    records = CachedRecords.concatenate([first, second], filter_empty=True)
+    blob = pickle.dumps(records)
+    assert len(blob) < 2000
+    assert list(pickle.loads(blob)) == list(records)
+    os.remove(records.cache_paths[0])
+    with pytest.raises(Exception, match="changed or went away while a run used it"):
+        pickle.loads(blob)
+
+
+def test_get_detection_dataset_dicts_keeps_json_sets_in_their_files(tmp_path, names):
+    first = write(tmp_path, RICH, "a.json")
+    second = write(tmp_path, lvis_data(), "b.json")
+    names += ["cache_a", "cache_b", "in_memory"]
+    DatasetCatalog.register("cache_a", lambda: load_cached_json(first, "/a", "cache_a", lvis=False))
+    DatasetCatalog.register("cache_b", lambda: load_cached_json(second, "/b", "cache_b", lvis=True))
+    DatasetCatalog.register("in_memory", lambda: load_coco_json(first, "/a"))
+    records = build.get_detection_dataset_dicts(["cache_a", "cache_b"])
+    assert isinstance(records, CachedRecords) and len(records) == 5
+    assert list(records) == build.get_detection_dataset_dicts(["in_memory", "cache_b"])
+    assert len(build.get_detection_dataset_dicts("cache_a", filter_empty=False)) == 4
+    loader = build.build_detection_train_loader(records, mapper=None, total_batch_size=2, seed=0)
+    assert loader.dataset.dataset is records  # served from the file, not serialized again
+    batch = next(iter(loader))
+    assert all(record in list(records) for record in batch)
+
+
+def test_record_file_is_compact(tmp_path):
+    json_file = write(tmp_path, json.loads(json.dumps(RICH)))
+    records = load_cached_json(json_file, "/images", lvis=False)
+    path = records.cache_paths[0]
+    assert os.path.getsize(path) < 8192 and annotation_cache.read_cache_file(path).key["size"] > 0
