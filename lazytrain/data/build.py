@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lazytrain.data.aspect_grouping import GroupedBatchSampler, get_aspect_groups
 from lazytrain.data.batch_transport import BatchReceiver, PackingCollate, pin_batch, resolve_pin_memory
 from lazytrain.data.common import DatasetFromList, MapDataset
+from lazytrain.data.datasets.cached_records import CachedRecords
 from lazytrain.data.samplers import InferenceSampler, IterationBasedSampler, TrainingSampler, resolve_seed
 from lazytrain.data.workers import WorkerSeeder, make_base_seed_generator, start_workers, worker_context
 from lazytrain.errors import LazytrainError
@@ -49,8 +50,14 @@ def _identity(record: Any) -> Any:
     return record
 
 
-def get_detection_dataset_dicts(names: str | Sequence[str], filter_empty: bool = True) -> list[dict]:
+def get_detection_dataset_dicts(
+    names: str | Sequence[str], filter_empty: bool = True
+) -> list[dict] | CachedRecords:
     """Records of one or several registered data sets, concatenated in order.
+
+    When every data set comes from a COCO/LVIS json (`CachedRecords`, the built-in and `register_json_dataset`
+    ones), the result is `CachedRecords` over their cache files: the records stay in the files every process
+    maps; otherwise a list of the records.
 
     Args:
         names: a registered name or a list of them (see `DatasetCatalog`; an unknown name is an error that
@@ -62,15 +69,17 @@ def get_detection_dataset_dicts(names: str | Sequence[str], filter_empty: bool =
     names = [names] if isinstance(names, str) else list(names)
     if not names:
         raise ValueError("get_detection_dataset_dicts(names=) needs at least one data set name; got []")
-    records = list(itertools.chain.from_iterable(DatasetCatalog.get(name) for name in names))
-    if filter_empty:
-        before = len(records)
-        records = [record for record in records if record.get("annotations")]
-        if before != len(records):
-            logger.info(
-                "Removed %d images without annotations; %d left.", before - len(records), len(records)
-            )
-    if not records:
+    parts = [DatasetCatalog.get(name) for name in names]
+    before = sum(len(part) for part in parts)
+    if all(isinstance(part, CachedRecords) for part in parts):
+        records: list[dict] | CachedRecords = CachedRecords.concatenate(parts, filter_empty)
+    else:
+        records = list(itertools.chain.from_iterable(parts))
+        if filter_empty:
+            records = [record for record in records if record.get("annotations")]
+    if before != len(records):
+        logger.info("Removed %d images without annotations; %d left.", before - len(records), len(records))
+    if not len(records):
         raise ValueError(
             f"get_detection_dataset_dicts: no images in {names}"
             + (" with annotations (filter_empty=True)" if filter_empty else "")

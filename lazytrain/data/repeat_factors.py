@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lazytrain.data.datasets.cached_records import CachedRecords
+
 __all__ = ["CategoryIndex", "repeat_factors_from_category_frequency"]
 
 
@@ -64,8 +66,10 @@ class CategoryIndex:
 
         Args:
             dataset_dicts: records as in docs/architecture.md; a record without ``annotations`` has no
-                categories.
+                categories. `CachedRecords` give the table from their arrays, without reading a record.
         """
+        if isinstance(dataset_dicts, CachedRecords):
+            return cls(*dataset_dicts.get_category_csr())
         num_images = len(dataset_dicts)
         annotations = operator.methodcaller("get", "annotations", ())
         per_image = np.fromiter(map(len, map(annotations, dataset_dicts)), np.int64, count=num_images)
