@@ -193,8 +193,7 @@ def test_check_batching_refuses_a_loader_that_breaks_the_shares():
             dict(ratios=[10, 1, 1], total_batch_size=8, world_size=2),
             r"the ratios 10:1:1 give source 1, source 2 no image of the 4 each rank takes per step "
             r"\(total_batch_size=8, world_size=2\); expected at least one image of every source per rank "
-            r"and step. Set "
-            r"total_batch_size to 18 or more",
+            r"and step. Set total_batch_size to 18 or more",
             id="share-rounds-to-zero",
         ),
         pytest.param(
