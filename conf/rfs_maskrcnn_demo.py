@@ -3,6 +3,8 @@
 Command:   python -m lazytrain conf/rfs_maskrcnn_demo.py
 Sweep:     python -m lazytrain conf/rfs_maskrcnn_demo.py -m dataloader.train.sampler.repeat_thresh=0,0.3 hydra/launcher=joblib
            (RFS against uniform sampling, the two jobs side by side with one core each)
+Copy-Paste: dataloader.train.mapper.copy_paste.mode=none|uniform|rare (off by default; lazytrain/data/copy_paste.py);
+           -m ...copy_paste.mode=none,uniform,rare dataloader.train.sampler.repeat_thresh=0,0.3 is the README's sweep.
 Hardware:  2 CPU cores, no GPU.
 Runtime:   about 3-5 min on 2 CPU cores (start-up and data generation a few seconds, 400 training iterations,
            inference on 250 val images); the machine's own speed varies (scripts/machine_speed.py shows it),
@@ -20,6 +22,9 @@ repeat factors of 5.5-17, the common ones 1.7-5.2 (epoch 2018 samples for 1000 i
 lower mean APr over the same two seeds (docs/results.md).
 """
 
+from lazytrain.config import LazyCall as L
+from lazytrain.data.copy_paste import CopyPaste
+
 from ..recipes.data.synthetic_lt import dataloader
 from ..recipes.models.mask_rcnn_r18_fpn_cpu import model
 from ..recipes.schedules import cosine_lr_multiplier as lr_multiplier
@@ -29,6 +34,9 @@ model.num_classes = 30
 model.roi_heads.box_predictor.loss = "${losses.${losses.use}}"  # losses.use=ce|fed|eqlv2|seesaw
 
 dataloader.train.sampler.repeat_thresh = 0.3
+# Off ("none") unless mode=uniform or rare. The rare-aware weights r_c take their own threshold, the sampler's
+# t=0.3, written out so that they stay rare-aware when the sampler is uniform (repeat_thresh=0).
+dataloader.train.mapper.copy_paste = L(CopyPaste)(mode="none", prob=1.0, max_objects=20, repeat_thresh=0.3)
 # LVIS evaluates up to 300 detections per image, so low-scoring ones still count toward AP (0.01 -> 0.001:
 # +0.4 box AP, +1.7 box APr on the same weights; docs/results.md).
 model.roi_heads.score_thresh = 0.001

@@ -213,7 +213,9 @@ def build_detection_train_loader(
 
     Args:
         dataset: records (list of dicts) or a torch Dataset of records.
-        mapper: record -> model input (e.g. `DatasetMapper`); None yields the records.
+        mapper: record -> model input (e.g. `DatasetMapper`); None yields the records. A mapper with an
+            ``attach_dataset`` method is first given the dataset of records (`DatasetMapper` with copy-paste
+            draws its source images from it).
         sampler: a lazytrain training sampler; any finite torch Sampler (Random, WeightedRandom, SubsetRandom,
             Distributed), which is iterated again and again; or None for a shuffled `TrainingSampler`.
         total_batch_size: images per step over all processes; each takes total_batch_size // world size.
@@ -246,6 +248,8 @@ def build_detection_train_loader(
         )
     if isinstance(dataset, (list, tuple)):
         dataset = DatasetFromList(dataset, copy=False)
+    if hasattr(mapper, "attach_dataset"):  # copy-paste reads its source images from the loader's own records
+        mapper.attach_dataset(dataset)
     dataset = MapDataset(dataset, mapper if mapper is not None else _identity)
     sampler = _infinite_sampler(sampler, len(dataset), seed)
     batch_sampler = GroupedBatchSampler(

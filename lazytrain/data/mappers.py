@@ -30,6 +30,7 @@ from PIL import Image, ImageOps
 from pycocotools import mask as mask_util
 from torchvision import tv_tensors
 
+from lazytrain.data.copy_paste import CopyPaste
 from lazytrain.data.transforms import Augmentation
 from lazytrain.utils.file_io import PathManager
 
@@ -247,6 +248,19 @@ def _runs(owners: list[int]) -> Iterator[tuple[int, int]]:
             first = k
 
 
+def _read_record_image(record: dict) -> torch.Tensor:
+    """The record's image as uint8 [3, H, W] RGB, checked against the record's ``height``/``width``."""
+    file_name = record["file_name"]
+    array = read_image(file_name, "RGB")
+    height, width = array.shape[:2]
+    if (record.get("height", height), record.get("width", width)) != (height, width):
+        raise ValueError(
+            f"image {file_name} is {width}x{height} (after EXIF orientation) but its record says "
+            f"{record['width']}x{record['height']}; fix the annotation file"
+        )
+    return torch.from_numpy(array).permute(2, 0, 1)
+
+
 class DatasetMapper:
     """Read the image, augment image and annotations consistently, and build the model input.
 
@@ -260,6 +274,9 @@ class DatasetMapper:
             instances; the default moves polygon vertices and rasterizes once at the output size).
         recompute_boxes: replace each box by the extent of its mask after augmentation; use it with crops or
             rotations (torchvision transforms), which leave the transformed box looser than the object.
+        copy_paste: paste objects of another training image, mapped with the same augmentations, onto each
+            image (`lazytrain.data.copy_paste`); it draws them from the dataset the train loader attaches
+            (`attach_dataset`).
 
     Raises (when called):
         FileNotFoundError / OSError: the image is missing or unreadable (the message names the file).
@@ -275,6 +292,7 @@ class DatasetMapper:
         *,
         rasterize_first: bool = False,
         recompute_boxes: bool = False,
+        copy_paste: CopyPaste | None = None,
     ) -> None:
         if image_format not in ("RGB", "BGR"):
             raise ValueError(f"DatasetMapper(image_format=) must be 'RGB' or 'BGR'; got {image_format!r}")
@@ -294,32 +312,53 @@ class DatasetMapper:
                 "DatasetMapper(recompute_boxes=True) needs use_instance_mask=True (boxes come from masks)"
             )
         self.recompute_boxes = recompute_boxes
+        if copy_paste is not None and not (is_train and use_instance_mask):
+            raise ValueError(
+                "DatasetMapper(copy_paste=) pastes objects with their masks in training: it needs is_train=True "
+                f"and use_instance_mask=True; got is_train={is_train}, use_instance_mask={use_instance_mask}"
+            )
+        self.copy_paste = copy_paste
+
+    def attach_dataset(self, dataset: Sequence[dict]) -> None:
+        """Give copy-paste the records to draw its source images from (`build_detection_train_loader` passes
+        its own dataset); nothing to do without ``copy_paste``."""
+        if self.copy_paste is not None:
+            self.copy_paste.attach_dataset(dataset)
 
     def __call__(self, record: dict) -> dict:
         """Map one record (see docs/architecture.md) to the model input dict."""
-        file_name = record["file_name"]
-        array = read_image(file_name, "RGB")
-        height, width = array.shape[:2]
-        if (record.get("height", height), record.get("width", width)) != (height, width):
-            raise ValueError(
-                f"image {file_name} is {width}x{height} (after EXIF orientation) but its record says "
-                f"{record['width']}x{record['height']}; fix the annotation file"
-            )
-        image = torch.from_numpy(array).permute(2, 0, 1)
+        image = _read_record_image(record)
+        height, width = image.shape[-2:]
         instances = None
-        if self.is_train:
-            annotations = [a for a in record.get("annotations", []) if not a.get("iscrowd", 0)]
-            instances = _Instances(annotations, height, width, self.use_instance_mask, self.rasterize_first)
+        if not self.is_train:
+            image = self._finish(self._augment(image, None))
+        elif self.copy_paste is None:
+            image, instances = self._map_annotated(record, image)
+        else:
+            image, instances = self.copy_paste(
+                *self._map_annotated(record, image),
+                lambda source: self._map_annotated(source, _read_record_image(source)),
+            )
         output = {
-            "image": self._finish(self._augment(image, instances)),
+            "image": image,
             "height": record.get("height", height),
             "width": record.get("width", width),
             "image_id": record.get("image_id"),
-            "file_name": file_name,
+            "file_name": record["file_name"],
         }
         if instances is not None:
-            output["instances"] = instances.output(self.recompute_boxes)
+            output["instances"] = instances
         return output
+
+    def _map_annotated(
+        self, record: dict, image: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The augmented image and instances of a training record whose image is `image` (uint8 [3, H, W])."""
+        annotations = [a for a in record.get("annotations", []) if not a.get("iscrowd", 0)]
+        height, width = image.shape[-2:]
+        instances = _Instances(annotations, height, width, self.use_instance_mask, self.rasterize_first)
+        image = self._finish(self._augment(image, instances))
+        return image, instances.output(self.recompute_boxes)
 
     def map_image(self, image: torch.Tensor) -> torch.Tensor:
         """The model input image of an image that has no record: what `__call__` gives as ``image``.

@@ -21,7 +21,7 @@ import torch
 
 from lazytrain.data.datasets.cached_records import CachedRecords
 
-__all__ = ["CategoryIndex", "repeat_factors_from_category_frequency"]
+__all__ = ["CategoryIndex", "category_repeat_factors", "repeat_factors_from_category_frequency"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,26 @@ def _category_frequencies(index: CategoryIndex, instance_aware: bool) -> np.ndar
     return np.sqrt(image_frequency * (instance_counts / index.instances.sum(dtype=np.int64)))
 
 
+def category_repeat_factors(
+    index: CategoryIndex, repeat_thresh: float, sqrt: bool = True, instance_aware: bool = False
+) -> np.ndarray:
+    """r_c = max(1, sqrt(t / f_c)) of each category id 0..C-1, C the largest id + 1 (float32 [C]).
+
+    The factors `repeat_factors_from_category_frequency` takes its per-image maximum of; a category that
+    appears in no image gets 1. The arguments are those of `repeat_factors_from_category_frequency` (t >= 0
+    is the caller's to check).
+    """
+    num_categories = int(index.categories.max()) + 1 if len(index.categories) else 0
+    if not num_categories or repeat_thresh == 0:
+        return np.ones(num_categories, dtype=np.float32)
+    frequency = _category_frequencies(index, instance_aware)
+    with np.errstate(divide="ignore"):
+        ratio = repeat_thresh / frequency  # inf for absent categories, set to 1 below
+    factors = np.maximum(1.0, np.sqrt(ratio) if sqrt else ratio).astype(np.float32)
+    factors[frequency == 0] = 1.0
+    return factors
+
+
 def repeat_factors_from_category_frequency(
     dataset_dicts: Sequence[dict] | CategoryIndex,
     repeat_thresh: float,
@@ -147,12 +167,9 @@ def repeat_factors_from_category_frequency(
     )
     if not len(index.categories) or repeat_thresh == 0:
         return torch.ones(index.num_images, dtype=torch.float32)
-    frequency = _category_frequencies(index, instance_aware)
-    with np.errstate(divide="ignore"):
-        ratio = repeat_thresh / frequency  # inf for absent categories, never looked up
     # Rounding to float32 is monotone, so rounding before the per-image max gives the same result as the
     # reference's max in float64 then rounding, with half the memory traffic.
-    category_factor = np.maximum(1.0, np.sqrt(ratio) if sqrt else ratio).astype(np.float32)
+    category_factor = category_repeat_factors(index, repeat_thresh, sqrt, instance_aware)
     per_entry = torch.index_select(torch.from_numpy(category_factor), 0, torch.from_numpy(index.categories))
     # Max over each image's CSR segment (faster than numpy's reduceat); no categories -> `initial`.
     return torch.segment_reduce(per_entry, "max", offsets=torch.from_numpy(index.offsets), initial=1.0)

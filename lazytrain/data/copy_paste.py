@@ -1,0 +1,273 @@
+"""Simple Copy-Paste (Ghiasi et al., CVPR 2021) for the train mapper, and a rare-aware variant of it.
+
+``DatasetMapper(copy_paste=CopyPaste(...))`` maps a training image as usual, then, with probability `prob`,
+draws a source image from the very dataset the train loader reads (the loader hands its dataset to the mapper,
+`DatasetMapper.attach_dataset`; no second copy of the records), maps it with the same augmentations (its own
+random resize, flip and crop: large-scale jitter on both images with the LSJ recipe), and pastes a random
+subset of its objects (`paste_objects`):
+
+- their pixels replace the image's, and their masks join the image's instances;
+- the image's own masks lose the pasted pixels, and an instance left with fewer than `min_area` pixels (a
+  fully covered one among them) is dropped;
+- the boxes of the pasted objects and of the instances that lost pixels become the extents of their masks.
+
+``mode`` says how the pasted objects are chosen:
+
+- ``"uniform"`` (the paper's): the source image uniformly among the records, then k objects of it uniformly.
+- ``"rare"``: every object weighs r_c, the repeat factor of its category (repeat factor sampling's
+  max(1, sqrt(t / f_c)), with this option's own threshold `repeat_thresh`): the source image is drawn with
+  probability proportional to the summed weights of its objects (one object drawn in proportion to its weight,
+  its image taken), and its k objects in proportion to theirs, without replacement. Rare categories get more
+  pasted instances, not only more images, whatever the sampler.
+- ``"none"``: nothing is pasted and no random number is drawn, so the mapper's output equals that of a mapper
+  without copy-paste; one key then compares the three settings in a sweep.
+
+k is uniform in [1, min(objects in the source, `max_objects`)]. Both images keep the sizes their augmentations
+gave them; the source is laid on the image from the top-left corner, where the mapper's resizing, cropping
+and padding anchor every image, and what falls outside the image is cut (as the paper's padded 1024 x 1024
+canvases do, without growing the image). Objects are pasted as they are, without blending the edges (the paper
+found blending made no difference).
+
+All randomness comes from Python's global `random`, which the train loader seeds per sample, so the pasted
+objects are a function of the sample: resumed runs and any number of workers see the same images. Polygon and
+RLE annotations reach this step as bitmaps at the output size (the mapper rasterizes them).
+"""
+
+from __future__ import annotations
+
+import numbers
+import random
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torchvision.ops import masks_to_boxes
+
+from lazytrain.data.repeat_factors import CategoryIndex, category_repeat_factors
+
+__all__ = ["CopyPaste", "paste_objects"]
+
+MODES = ("none", "uniform", "rare")
+
+Instances = dict[str, torch.Tensor]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+class CopyPaste:
+    """Paste objects of another training image onto each mapped training image (see the module docstring).
+
+    Args:
+        mode: "uniform", "rare" (objects weighted by their category's repeat factor) or "none" (off).
+        prob: probability of pasting onto an image.
+        max_objects: the most objects pasted onto one image (it bounds the cost per image too).
+        min_area: instances of the image left with fewer visible pixels than this are dropped.
+        repeat_thresh: t of the repeat factors r_c that weigh the objects in "rare" mode (LVIS's RFS uses
+            0.001; any t >= 0, independent of the sampler's, so uniform sampling can paste rare-aware too).
+
+    Raises:
+        ValueError: an argument out of its range (the message names it).
+    """
+
+    def __init__(
+        self,
+        mode: str = "uniform",
+        *,
+        prob: float = 1.0,
+        max_objects: int = 20,
+        min_area: int = 16,
+        repeat_thresh: float = 0.001,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"CopyPaste(mode=) must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+        if not (_is_number(prob) and 0 <= prob <= 1):
+            raise ValueError(f"CopyPaste(prob=) must be a number in [0, 1]; got {prob!r}")
+        if not (isinstance(max_objects, int) and not isinstance(max_objects, bool) and max_objects >= 1):
+            raise ValueError(f"CopyPaste(max_objects=) must be an integer >= 1; got {max_objects!r}")
+        if not (_is_number(min_area) and min_area >= 0):
+            raise ValueError(f"CopyPaste(min_area=) must be a number of pixels >= 0; got {min_area!r}")
+        if not (_is_number(repeat_thresh) and repeat_thresh >= 0):
+            raise ValueError(
+                f"CopyPaste(repeat_thresh=) must be a number >= 0 (0 weighs every category alike); "
+                f"got {repeat_thresh!r}"
+            )
+        self.mode, self.prob, self.max_objects = mode, prob, max_objects
+        self.min_area, self.repeat_thresh = min_area, repeat_thresh
+        self._dataset: Sequence[dict] | None = None
+        # "rare" mode: one entry per (image, category) pair of the records, in CSR order (`CategoryIndex`)
+        self._entry_image = np.zeros(0, dtype=np.int64)  # the image of each entry
+        self._entry_cumulative = np.zeros(0, dtype=np.float64)  # running sum of instances * r_c
+        self._category_weights = np.zeros(0, dtype=np.float32)  # r_c by category id
+
+    def __repr__(self) -> str:
+        return (
+            f"CopyPaste(mode={self.mode!r}, prob={self.prob}, max_objects={self.max_objects}, "
+            f"min_area={self.min_area}, repeat_thresh={self.repeat_thresh})"
+        )
+
+    def attach_dataset(self, dataset: Sequence[dict]) -> None:
+        """Draw source images from `dataset` (records, e.g. the loader's `DatasetFromList`).
+
+        In "rare" mode this reads every record once, for its categories, and keeps a few arrays of one entry
+        per (image, category) pair.
+
+        Raises:
+            ValueError: "rare" mode and no record has an annotation that is not a crowd region.
+        """
+        self._dataset = dataset
+        if self.mode != "rare":
+            return
+        index = _category_index(dataset)
+        if not len(index.categories):
+            raise ValueError(
+                "CopyPaste(mode='rare'): the dataset has no annotations outside crowd regions, nothing to paste"
+            )
+        self._category_weights = category_repeat_factors(index, self.repeat_thresh)
+        weights = index.instances * self._category_weights[index.categories].astype(np.float64)
+        self._entry_cumulative = np.cumsum(weights)
+        self._entry_image = np.repeat(np.arange(index.num_images, dtype=np.int64), np.diff(index.offsets))
+
+    def source_probabilities(self) -> np.ndarray:
+        """float64 [N]: the probability that each record of the attached dataset is the source image."""
+        size = len(self._attached())
+        if self.mode == "none":
+            return np.zeros(size)
+        if self.mode == "uniform":
+            return np.full(size, 1 / size)
+        weights = np.diff(self._entry_cumulative, prepend=0.0)
+        return np.bincount(self._entry_image, weights=weights, minlength=size) / self._entry_cumulative[-1]
+
+    def object_weights(self, classes: torch.Tensor) -> np.ndarray:
+        """float64 [K]: the weight of each object of a source image (of categories `classes`) in the choice of
+        the pasted ones: 1 in "uniform" mode, r_c of its category in "rare" mode."""
+        if self.mode != "rare":
+            return np.ones(len(classes))
+        return self._category_weights[classes.numpy()].astype(np.float64)
+
+    def __call__(
+        self,
+        image: torch.Tensor,
+        instances: Instances,
+        map_record: Callable[[dict], tuple[torch.Tensor, Instances]],
+    ) -> tuple[torch.Tensor, Instances]:
+        """Paste objects of a source image onto `image` (uint8 [C, H, W]) and its `instances` (boxes, classes,
+        masks), with probability `prob`. `map_record` maps the source record as the image was mapped."""
+        if self.mode == "none" or random.random() >= self.prob:
+            return image, instances
+        record = self._attached()[self._draw_source()]
+        source_image, source = map_record(record)
+        if not len(source["classes"]):
+            return image, instances
+        chosen = torch.tensor(self._draw_objects(source["classes"]), dtype=torch.int64)
+        source = {key: value[chosen] for key, value in source.items()}
+        return paste_objects(image, instances, source_image, source, self.min_area)
+
+    def _attached(self) -> Sequence[dict]:
+        if self._dataset is None:
+            raise ValueError(
+                "CopyPaste: no dataset to draw source images from; build_detection_train_loader attaches its "
+                "dataset to the mapper, or call DatasetMapper.attach_dataset(records) before mapping"
+            )
+        return self._dataset
+
+    def _draw_source(self) -> int:
+        """Index of the source record (uniform, or by the summed weights of its objects)."""
+        if self.mode == "uniform":
+            return random.randrange(len(self._attached()))
+        total = self._entry_cumulative[-1]
+        entry = int(np.searchsorted(self._entry_cumulative, random.random() * total, side="right"))
+        return int(self._entry_image[min(entry, len(self._entry_image) - 1)])
+
+    def _draw_objects(self, classes: torch.Tensor) -> list[int]:
+        """Indices (ascending) of k objects drawn without replacement in proportion to their weights."""
+        count = random.randint(1, min(len(classes), self.max_objects))
+        if self.mode == "uniform":
+            return sorted(random.sample(range(len(classes)), count))
+        # Efraimidis-Spirakis: the k largest u ** (1 / w) are distributed as k successive weighted draws
+        keys = [random.random() ** (1.0 / weight) for weight in self.object_weights(classes).tolist()]
+        return sorted(sorted(range(len(keys)), key=keys.__getitem__, reverse=True)[:count])
+
+
+def _category_index(dataset: Sequence[dict]) -> CategoryIndex:
+    """The categories of every record's annotations outside crowd regions (those are never pasted)."""
+    shared: dict[int, dict] = {}  # one small dict per category, so the table costs a pointer per annotation
+
+    def categories(record: dict) -> dict:
+        ids = (a["category_id"] for a in record.get("annotations", ()) if not a.get("iscrowd", 0))
+        return {"annotations": [shared.get(c) or shared.setdefault(c, {"category_id": c}) for c in ids]}
+
+    return CategoryIndex.from_dataset_dicts([categories(dataset[i]) for i in range(len(dataset))])
+
+
+def paste_objects(
+    image: torch.Tensor,
+    instances: Instances,
+    source_image: torch.Tensor,
+    source_instances: Instances,
+    min_area: float = 1,
+) -> tuple[torch.Tensor, Instances]:
+    """Paste the objects of `source_instances` (their pixels of `source_image`) onto `image` and `instances`.
+
+    The source is laid on the image from the top-left corner; objects that fall outside the image are left
+    out. The image's instances lose the pasted pixels; those left with fewer than `min_area` pixels (at least
+    1) are dropped, and those that lost pixels get the extents of their masks as boxes. The inputs are not
+    modified.
+
+    Args:
+        image: uint8 [C, H, W].
+        instances: ``boxes`` float32 [N, 4] XYXY, ``classes`` int64 [N], ``masks`` uint8 [N, H, W].
+        source_image: uint8 [C, Hs, Ws].
+        source_instances: the objects to paste, as `instances` at the source's size.
+        min_area: the fewest visible pixels an instance of the image keeps after the paste.
+
+    Returns:
+        The image and its instances: those of the image that stay, then the pasted ones (boxes from masks).
+    """
+    height, width = image.shape[-2:]
+    h, w = min(height, source_image.shape[-2]), min(width, source_image.shape[-1])
+    pasted = source_instances["masks"][:, :h, :w]
+    on_image = pasted.flatten(1).amax(1) > 0 if len(pasted) else torch.zeros(0, dtype=torch.bool)
+    pasted = pasted[on_image]
+    if not len(pasted):
+        return image, instances
+    union = pasted.amax(0) > 0  # [h, w]
+    image = image.clone()
+    image[:, :h, :w] = torch.where(union, source_image[:, :h, :w], image[:, :h, :w])
+    kept = _occlude(instances, union, max(min_area, 1))
+    masks = torch.zeros((len(pasted), height, width), dtype=torch.uint8)
+    masks[:, :h, :w] = pasted
+    output = {
+        "boxes": torch.cat([kept["boxes"], _mask_boxes(pasted)]),
+        "classes": torch.cat([kept["classes"], source_instances["classes"][on_image]]),
+        "masks": torch.cat([kept["masks"], masks]),
+    }
+    return image, output
+
+
+def _occlude(instances: Instances, union: torch.Tensor, min_area: float) -> Instances:
+    """`instances` without the pixels of `union` (bool [h, w], from the top-left corner): those left with
+    fewer than `min_area` pixels dropped, the boxes of those that lost pixels recomputed."""
+    rows, cols = union.any(1).nonzero()[:, 0], union.any(0).nonzero()[:, 0]
+    y0, y1, x0, x1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+    window = union[y0:y1, x0:x1]  # only pixels inside the pasted objects' extent can be covered
+    masks = instances["masks"]
+    occluded = (masks[:, y0:y1, x0:x1].bool() & window).flatten(1).any(1)
+    if not occluded.any():
+        return instances
+    masks = masks.clone()
+    masks[:, y0:y1, x0:x1].masked_fill_(window, 0)
+    keep = torch.ones(len(masks), dtype=torch.bool)
+    keep[occluded] = masks[occluded].flatten(1).sum(1) >= min_area
+    boxes = instances["boxes"].clone()
+    changed = occluded & keep
+    boxes[changed] = _mask_boxes(masks[changed])
+    return {"boxes": boxes[keep], "classes": instances["classes"][keep], "masks": masks[keep]}
+
+
+def _mask_boxes(masks: torch.Tensor) -> torch.Tensor:
+    """XYXY float32 [K, 4] extents of non-empty bitmaps [K, H, W], the far edges one past the last pixel."""
+    if not len(masks):
+        return torch.zeros((0, 4), dtype=torch.float32)
+    return masks_to_boxes(masks).float() + torch.tensor([0.0, 0.0, 1.0, 1.0])
