@@ -52,6 +52,7 @@ model.backbone = L(TimmBackbone)(
     # img_size: window 7 and its shift in every stage at 1024 px (at 224 the last stage's 7 x 7 map would get no
     # shift); strict_img_size=False: other sizes (test images, the smoke run's 96 px) work too.
     model_kwargs=dict(img_size=1024, strict_img_size=False, drop_path_rate=0.3),
+    grad_checkpointing=False,  # true: each block's activations recomputed in backward (less memory)
 )
 train.init_checkpoint = ""  # the backbone's weights come with it (model.backbone.pretrained)
 

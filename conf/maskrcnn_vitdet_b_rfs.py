@@ -40,6 +40,7 @@ model.backbone = L(TimmBackbone)(
     # dynamic_img_size: the position embedding follows each batch's size (images are padded to a multiple of
     # model.size_divisible=32, itself a multiple of the patch size 16).
     model_kwargs=dict(img_size=1024, dynamic_img_size=True, drop_path_rate=0.1),
+    grad_checkpointing=False,  # true: each block's activations recomputed in backward (less memory)
 )
 train.init_checkpoint = ""  # the backbone's weights come with it (model.backbone.pretrained)
 

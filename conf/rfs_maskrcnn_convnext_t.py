@@ -28,6 +28,7 @@ model.backbone = L(TimmBackbone)(
     frozen_stages=-1,  # LayerNorm everywhere: nothing to freeze for small batches
     out_channels=256,
     model_kwargs=dict(drop_path_rate=0.4),  # mmdetection's ConvNeXt-T Mask R-CNN value
+    grad_checkpointing=False,  # true: each block's activations recomputed in backward (less memory)
 )
 train.init_checkpoint = ""  # the backbone's weights come with it (model.backbone.pretrained)
 

@@ -31,4 +31,5 @@ model.backbone = L(TimmBackbone)(
     freeze_bn=False,
     out_channels=64,
     model_kwargs={},  # timm.create_model's other arguments, e.g. {drop_path_rate: 0.1}
+    grad_checkpointing=False,  # true: recompute block activations in backward (less memory, same gradients)
 )

@@ -15,6 +15,11 @@ from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 from torchvision.ops.misc import FrozenBatchNorm2d
 
+from lazytrain.modeling.checkpointing import (
+    check_grad_checkpointing,
+    checkpoint_blocks,
+    has_trainable_parameters,
+)
 from lazytrain.modeling.frozen_batch_norm import fold_frozen_batch_norm
 
 __all__ = ["NORMS", "build_resnet_fpn_backbone", "get_feature_map_names", "freeze_batch_norm"]
@@ -89,6 +94,7 @@ def build_resnet_fpn_backbone(
     returned_layers: Sequence[int] = (1, 2, 3, 4),
     fpn_norm: str | None = None,
     fold_frozen_bn: bool = True,
+    grad_checkpointing: bool = False,
 ) -> BackboneWithFPN:
     """A randomly initialised ResNet with an FPN on top (torchvision's `BackboneWithFPN`).
 
@@ -110,13 +116,23 @@ def build_resnet_fpn_backbone(
             of a trainable norm) into the conv before it (`fold_frozen_batch_norm`): under bf16 autocast the
             conv outputs stay bf16 and two activation-sized kernels per norm disappear. State-dict keys and
             results are unchanged (up to float rounding). False keeps torchvision's modules.
+        grad_checkpointing: recompute the activations of the trainable stages' residual blocks in the backward
+            pass instead of keeping them, one block at a time (`lazytrain.modeling.checkpointing`), in training
+            mode only: the same gradients for less memory and about one more ResNet forward. The stages become
+            `CheckpointedSequential` with the same blocks and state-dict keys; the stem and the FPN are not
+            checkpointed.
     """
     _check_choices(depth, norm, fpn_norm, trainable_layers)
+    check_grad_checkpointing("build_resnet_fpn_backbone", grad_checkpointing)
     returned_layers = _checked_returned_layers(returned_layers)
     body = _RESNETS[depth](weights=None, norm_layer=NORMS[norm])
     _freeze_stages(body, trainable_layers)
     if fold_frozen_bn:
         fold_frozen_batch_norm(body)
+    if grad_checkpointing:
+        # After freezing and folding: the blocks move into the new stages as they are, fold sites included.
+        stages = [f"layer{k}" for k in (1, 2, 3, 4)]
+        checkpoint_blocks(body, [s for s in stages if has_trainable_parameters(getattr(body, s))])
     # After construction `inplanes` is the width of layer4; each earlier stage has half the channels.
     stage_channels = {k: body.inplanes // 2 ** (4 - k) for k in (1, 2, 3, 4)}
     return BackboneWithFPN(

@@ -39,6 +39,12 @@ from torch import Tensor, nn
 from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork, LastLevelMaxPool
 
 from lazytrain.errors import ConfigError
+from lazytrain.modeling.checkpointing import (
+    check_grad_checkpointing,
+    find_timm_checkpoint_problem,
+    prepare_timm_checkpointing,
+    set_timm_checkpointing,
+)
 from lazytrain.modeling.download import download_to_cache, is_url
 from lazytrain.utils.optional_imports import import_optional
 
@@ -160,6 +166,9 @@ class TimmBackbone(nn.Module):
         fpn_norm: None (torchvision's plain FPN convs) or ``"LN"``; the ViT pyramid uses ``"LN"`` when None.
         model_kwargs: more ``timm.create_model`` arguments (``drop_path_rate``, ``img_size``,
             ``dynamic_img_size``, ``strict_img_size``...).
+        grad_checkpointing: recompute the trainable blocks' activations in the backward pass instead of keeping
+            them (`lazytrain.modeling.checkpointing`: one block at a time, timm's own switches where timm has
+            them), in training mode only; same gradients, less memory, about one more backbone forward.
     """
 
     def __init__(
@@ -173,9 +182,11 @@ class TimmBackbone(nn.Module):
         out_channels: int = 256,
         fpn_norm: str | None = None,
         model_kwargs: Mapping[str, Any] | None = None,
+        grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         _check_arguments(model_name, pretrained, frozen_stages, fpn_norm)
+        check_grad_checkpointing("TimmBackbone", grad_checkpointing)
         self.body = _create_features(model_name, pretrained, out_indices, dict(model_kwargs or {}))
         info = self.body.feature_info
         self.strides, self.channels = list(info.reduction()), list(info.channels())
@@ -188,6 +199,9 @@ class TimmBackbone(nn.Module):
                 f"{self.strides[0]}), must be -1 or 0 (its patch embedding); got {frozen_stages}"
             )
         _freeze(self.body, frozen_stages, freeze_bn)
+        self.grad_checkpointing = grad_checkpointing
+        self._checkpointed = _prepare_checkpointing(self.body, model_name) if grad_checkpointing else []
+        set_timm_checkpointing(self.body, self._checkpointed, self.training)
         if self.is_plain:
             self.fpn = SimpleFeaturePyramid(self.channels[-1], out_channels, norm=fpn_norm or "LN")
         else:
@@ -207,6 +221,12 @@ class TimmBackbone(nn.Module):
         if self.is_plain:
             return self.fpn(maps[-1])
         return self.fpn(OrderedDict((str(i), m) for i, m in enumerate(maps)))
+
+    def train(self, mode: bool = True) -> TimmBackbone:
+        """Training or evaluation mode; timm's checkpoint switches follow it (no recompute in evaluation)."""
+        super().train(mode)
+        set_timm_checkpointing(self.body, self._checkpointed, mode)
+        return self
 
     def get_feature_map_names(self) -> list[str]:
         """Names of the returned maps, the RoI poolers' ``featmap_names`` and then ``"pool"``."""
@@ -356,6 +376,21 @@ def _load_report(model_name: str, source: str, records: list[logging.LogRecord])
 
 def _is_classifier(key: str) -> bool:
     return key.startswith(("fc.", "head.", "classifier.", "head_dist."))
+
+
+def _prepare_checkpointing(body: nn.Module, model_name: str) -> list[str]:
+    """The checkpointed modules of `body` (`prepare_timm_checkpointing`), refusing a setup that cannot work."""
+    problem = find_timm_checkpoint_problem(_import_timm())
+    if problem:
+        raise ValueError(f"TimmBackbone(grad_checkpointing=True) needs non-reentrant checkpoints: {problem}.")
+    checkpointed = prepare_timm_checkpointing(body, _get_trunk(body))
+    if not checkpointed:
+        raise ValueError(
+            f"TimmBackbone(model_name={model_name!r}, grad_checkpointing=True): no trainable stage of blocks to "
+            "checkpoint (every stage is frozen, or timm gives this model's stages no checkpoint switch); set "
+            "grad_checkpointing=False."
+        )
+    return checkpointed
 
 
 def _get_trunk(body: nn.Module) -> nn.Module:

@@ -89,3 +89,5 @@ model = L(RCNN)(
     channels_last=None,  # channels-last on a GPU (faster tensor-core convolutions), NCHW on the CPU
     pad_to_sizes=None,  # [[H, W], ...]: training batches padded to fixed sizes (for train.compile)
 )
+# true: the trainable stages' blocks recompute their activations in backward (less memory, same gradients)
+model.backbone.grad_checkpointing = False

@@ -1,0 +1,168 @@
+"""Activation checkpointing for backbones: blocks whose activations are recomputed in the backward pass instead
+of kept from the forward, which trades about one more forward of the backbone for most of its activation memory.
+
+`CheckpointedSequential` is an ``nn.Sequential`` (the same children under the same names, so the same state-dict
+keys) that runs each of its blocks under ``torch.utils.checkpoint`` in training steps; `checkpoint_blocks` swaps
+it in for named stages (torchvision's ResNet layers, timm's plain ``nn.Sequential`` stages).
+`prepare_timm_checkpointing` uses timm's own switches where timm checkpoints one block at a time, and
+`set_timm_checkpointing` turns them on for training and off for evaluation.
+
+Granularity: one block (a residual block, a transformer block) per checkpoint. A checkpoint keeps its input and
+recomputes everything inside it during the backward pass, so the backward's peak is the kept block inputs plus
+the inside of one block. A checkpoint per stage would keep fewer inputs but bring a whole stage back at once,
+and one stage holds most blocks of the large backbones (ResNet-101's layer3, Swin-B's third stage), so little
+would be saved; finer than a block (one per conv) saves nothing, since a layer's input is what it keeps anyway.
+Stems and other single layers are left alone for the same reason (and they end in in-place ReLUs, which would
+overwrite a kept input).
+
+Every checkpoint is torch's non-reentrant kind (``use_reentrant=False``), because it
+- gets gradients to the parameters of a block whose input needs none (the first trainable stage after frozen
+  ones); the reentrant kind returns none there;
+- needs neither DDP's ``static_graph`` nor ``find_unused_parameters``: the reentrant kind runs a backward of its
+  own inside DDP's and marks parameters ready twice unless the graph is declared static;
+- recomputes under the forward's autocast state (bf16 stays bf16) and can be captured by ``torch.compile``.
+The RNG state is saved before each block and restored for its recompute (torch's ``preserve_rng_state``
+default), so dropout and drop-path draw the same masks twice and the gradients are those of the plain run.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = [
+    "CheckpointedSequential",
+    "check_grad_checkpointing",
+    "checkpoint_blocks",
+    "find_timm_checkpoint_problem",
+    "has_trainable_parameters",
+    "prepare_timm_checkpointing",
+    "set_timm_checkpointing",
+]
+
+_TIMM_SWITCH = "grad_checkpointing"  # the boolean attribute timm's models and stages read in their forward
+
+
+class CheckpointedSequential(nn.Sequential):
+    """An ``nn.Sequential`` of blocks, each run under activation checkpointing in training steps.
+
+    It checkpoints only in training mode while autograd records (``torch.is_grad_enabled()``): evaluation and
+    ``torch.no_grad`` run the blocks as a plain ``nn.Sequential`` does, with no recompute and no RNG bookkeeping.
+    Make one from a stage with `checkpoint_blocks`, which keeps the children and their names.
+    """
+
+    def forward(self, input: Tensor) -> Tensor:
+        if not (self.training and torch.is_grad_enabled()):
+            return super().forward(input)
+        for block in self:
+            input = checkpoint(block, input, use_reentrant=False)
+        return input
+
+
+def check_grad_checkpointing(component: str, value: object) -> None:
+    """Refuse a `grad_checkpointing=` argument of `component` that is not a bool (a config's "yes", 1)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{component}(grad_checkpointing=) must be True or False; got {value!r}")
+
+
+def has_trainable_parameters(module: nn.Module) -> bool:
+    """Whether any parameter of `module` gets gradients (frozen stages have nothing to checkpoint)."""
+    return any(p.requires_grad for p in module.parameters())
+
+
+def checkpoint_blocks(parent: nn.Module, names: Iterable[str]) -> None:
+    """Replace each named child of `parent`, an ``nn.Sequential`` of blocks, by a `CheckpointedSequential` that
+    holds the same block modules under the same names (state-dict keys, frozen parameters and folded frozen
+    batch norms are unchanged: the blocks are the same objects).
+
+    Raises:
+        TypeError: a named child is not an ``nn.Sequential``.
+    """
+    for name in names:
+        stage = getattr(parent, name)
+        if not isinstance(stage, nn.Sequential):
+            raise TypeError(
+                f"checkpoint_blocks(names=): {name!r} must be an nn.Sequential of blocks; got {type(stage).__name__}"
+            )
+        checkpointed = CheckpointedSequential(OrderedDict(stage.named_children()))
+        checkpointed.train(stage.training)
+        setattr(parent, name, checkpointed)
+
+
+def _is_block_sequence(module: nn.Module) -> bool:
+    """An ``nn.Sequential`` whose every child is a block (has children of its own), not a run of single layers
+    such as a deep stem's conv-norm-act."""
+    children = list(module.children())
+    return isinstance(module, nn.Sequential) and bool(children) and all(any(c.children()) for c in children)
+
+
+def prepare_timm_checkpointing(body: nn.Module, trunk: nn.Module) -> list[str]:
+    """Set up one-block-at-a-time checkpointing in a timm ``features_only`` model.
+
+    - A model behind timm's feature getter (`trunk` is not `body`: plain ViTs) has its own switch
+      (``set_grad_checkpointing``), which checkpoints each transformer block.
+    - Flattened stages (`trunk` is `body`: ResNet, ConvNeXt, Swin, RegNet...): each trainable stage with timm's
+      own switch (ConvNeXt's, Swin's, RegNet's stages checkpoint their blocks one by one) is listed; each
+      trainable plain ``nn.Sequential`` of blocks (timm's ResNet layers) becomes a `CheckpointedSequential`.
+      The feature net's own switch is not used: it checkpoints whole stages.
+
+    Args:
+        body: timm's ``features_only`` model.
+        trunk: the module whose children are the network's parts (``body.model`` behind a feature getter).
+
+    Returns:
+        The names, relative to `body`, of the checkpointed modules (timm's switches, which
+        `set_timm_checkpointing` turns, and the new `CheckpointedSequential` stages); empty when nothing
+        trainable could be checkpointed.
+    """
+    if trunk is not body:
+        name = next(name for name, module in body.named_modules() if module is trunk)
+        usable = callable(getattr(trunk, "set_grad_checkpointing", None)) and has_trainable_parameters(trunk)
+        return [name] if usable else []
+    switches, sequences = [], []
+    for name, stage in body.named_children():
+        if not has_trainable_parameters(stage):
+            continue
+        if isinstance(getattr(stage, _TIMM_SWITCH, None), bool):
+            switches.append(name)
+        elif _is_block_sequence(stage):
+            sequences.append(name)
+    checkpoint_blocks(body, sequences)
+    return switches + sequences
+
+
+def set_timm_checkpointing(body: nn.Module, switches: Iterable[str], enable: bool) -> None:
+    """Turn timm's checkpoint switches among `switches` (from `prepare_timm_checkpointing`) on or off; a
+    `CheckpointedSequential` among them follows the training mode by itself."""
+    for name in switches:
+        module = body.get_submodule(name)
+        if isinstance(module, CheckpointedSequential):
+            continue
+        if callable(getattr(module, "set_grad_checkpointing", None)):
+            module.set_grad_checkpointing(enable)
+        else:
+            setattr(module, _TIMM_SWITCH, enable)
+
+
+def find_timm_checkpoint_problem(timm: object) -> str | None:
+    """Why timm's own checkpoints would be the reentrant kind (module docstring), or None when they are not.
+
+    Args:
+        timm: the imported ``timm`` package.
+    """
+    use_reentrant = getattr(timm.layers, "use_reentrant_ckpt", None)
+    if use_reentrant is None:
+        return (
+            f"timm {timm.__version__} checkpoints with torch's reentrant default; upgrade timm "
+            "(pip install -U timm) to a release with timm.layers.use_reentrant_ckpt"
+        )
+    if use_reentrant():
+        return (
+            "timm is set to reentrant checkpoints (the TIMM_REENTRANT_CKPT environment variable or "
+            "timm.layers.set_reentrant_ckpt(True)); unset it"
+        )
+    return None
