@@ -47,6 +47,8 @@ class LongTailEvaluator(DatasetEvaluator):
         tasks: ``"bbox"`` and/or ``"segm"``.
         max_dets_per_image: detections per image; None: the protocol's own (LVIS 300, COCO 100).
         output_dir: where the evaluator writes predictions and the per-category AP table.
+        ap_fixed, ap_pool, max_dets_per_category: AP-fixed and AP-pool (`LVISEvaluator`'s), federated
+            protocol only.
     """
 
     def __init__(
@@ -55,6 +57,10 @@ class LongTailEvaluator(DatasetEvaluator):
         tasks: Sequence[str] = TASKS,
         max_dets_per_image: int | None = None,
         output_dir: str | None = None,
+        *,
+        ap_fixed: bool = False,
+        ap_pool: bool = False,
+        max_dets_per_category: int = 10_000,
     ) -> None:
         from lazytrain.data.catalog import MetadataCatalog
 
@@ -64,9 +70,16 @@ class LongTailEvaluator(DatasetEvaluator):
         )
         if self.protocol == "federated":
             self.evaluator: COCOEvaluator = LVISEvaluator(
-                dataset_name, tasks, max_dets_per_image or 300, output_dir
-            )
+                dataset_name, tasks, max_dets_per_image or 300, output_dir, ap_fixed=ap_fixed, ap_pool=ap_pool,
+                max_dets_per_category=max_dets_per_category,
+            )  # fmt: skip
         else:
+            if ap_fixed or ap_pool:
+                raise ValueError(
+                    f"LongTailEvaluator(ap_fixed=, ap_pool=): AP-fixed and AP-pool follow LVIS's federated "
+                    f"protocol, and {metadata.get('json_file')} lists no neg_category_ids (exhaustive "
+                    "protocol); evaluate without them."
+                )
             self.evaluator = COCOEvaluator(dataset_name, tasks, max_dets_per_image or 100, output_dir)
         description = _DESCRIPTIONS[self.protocol].format(json=self.evaluator.json_file)
         rule = metadata.get("frequency_rule")

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from lazytrain.evaluation import LVISEvaluator
+from lazytrain.data.catalog import MetadataCatalog
+from lazytrain.evaluation import LongTailEvaluator, LVISEvaluator
 from lazytrain.evaluation.fixed_ap import CategoryTopK
 from lazytrain.evaluation.predictions import pack_instances
 from lazytrain.utils import comm
@@ -288,3 +289,22 @@ def test_pool_alone_adds_only_pool_metrics(capped):
 def test_max_dets_per_category_must_be_positive(capped, value):
     with pytest.raises(ValueError, match=r"LVISEvaluator\(max_dets_per_category=\) must be an int >= 1"):
         LVISEvaluator(json_file=capped[0], ap_fixed=True, max_dets_per_category=value)
+
+
+@pytest.mark.parametrize("protocol", ["federated", "exhaustive"])
+def test_long_tail_evaluator_passes_the_options_on_under_the_federated_protocol(capped, protocol):
+    json_file, inputs, outputs = capped
+    name = f"test_fixed_ap_{protocol}"
+    MetadataCatalog.get(name).set(json_file=json_file, evaluation_protocol=protocol)
+    try:
+        if protocol == "exhaustive":
+            with pytest.raises(ValueError, match=r"AP-fixed and AP-pool follow LVIS's federated protocol"):
+                LongTailEvaluator(name, tasks=("bbox",), ap_pool=True)
+            return
+        evaluator = LongTailEvaluator(name, tasks=("bbox",), ap_fixed=True, max_dets_per_category=2)
+        evaluator.reset()
+        evaluator.process(inputs, outputs)
+        results = evaluator.evaluate()["bbox"]
+    finally:
+        MetadataCatalog.remove(name)
+    assert results["APfixed"] == pytest.approx((reference_ap([T, F], 2) + reference_ap([F, T], 1)) / 2)
