@@ -25,11 +25,12 @@ import tempfile
 __all__ = ["CONFIG_NAME", "SUBCOMMANDS", "main"]
 
 CONFIG_NAME = "lazytrain_config"
-SUBCOMMANDS = ("predict", "export")
+SUBCOMMANDS = ("predict", "export", "cache")
 _USAGE = (
     "usage: python -m lazytrain CONFIG.py|CONFIG.yaml [-m] [key=value ...] [Hydra flags]\n"
     "       python -m lazytrain predict RUN_DIR IMAGE... [key=value ...]   (--help for more)\n"
-    "       python -m lazytrain export RUN_DIR [key=value ...]              (--help for more)"
+    "       python -m lazytrain export RUN_DIR [key=value ...]              (--help for more)\n"
+    "       python -m lazytrain cache [DATASET|JSON ...] [--clear]           (--help for more)"
 )
 
 
@@ -47,15 +48,20 @@ def _fail(message: str) -> None:
 
 
 def _run_subcommand(name: str, argv: list[str]) -> None:
-    """``python -m lazytrain predict|export ...``: what to do with a trained run."""
+    """``python -m lazytrain predict|export ...``: what to do with a trained run; ``cache``: the annotation
+    cache files."""
     if name == "predict":
         from lazytrain.program import predict_command
 
         predict_command.main(argv)
-    else:
+    elif name == "export":
         from lazytrain.program import export_command
 
         export_command.main(argv)
+    else:
+        from lazytrain.program import cache_command
+
+        cache_command.main(argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,7 +26,9 @@ from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 
 __all__ = [
     "SYNTHETIC_LT_OPTIONS",
+    "AnnotationSource",
     "BuiltinDataset",
+    "get_annotation_source",
     "get_builtin_datasets",
     "get_datasets_root",
     "get_required_files",
@@ -94,6 +96,32 @@ def get_required_files(name: str) -> list[str]:
         json_file, coco = _lvis_files(split)
         return [json_file, os.path.join(coco, "train2017"), os.path.join(coco, "val2017")]
     return []
+
+
+class AnnotationSource(NamedTuple):
+    """What a json-backed data set reads: the json, the folder its images are under, and its format."""
+
+    json_file: str
+    image_root: str
+    lvis: bool
+
+
+def get_annotation_source(name: str) -> AnnotationSource | None:
+    """The json, image root and format of built-in data set `name` (None for names that are not built in).
+
+    The files need not exist (``synthetic_lt_*`` is generated on first use).
+    """
+    split = name.rsplit("_", 1)[-1]
+    if split not in _SPLITS:
+        return None
+    if name == f"coco_2017_{split}":
+        return AnnotationSource(*_coco_files(split), lvis=False)
+    if name == f"lvis_v1_{split}":
+        return AnnotationSource(*_lvis_files(split), lvis=True)
+    if name == f"synthetic_lt_{split}":
+        root = os.path.join(get_datasets_root(), "synthetic_lt")
+        return AnnotationSource(os.path.join(root, f"lvis_v1_{split}.json"), root, lvis=True)
+    return None
 
 
 class BuiltinDataset(NamedTuple):

@@ -1,0 +1,73 @@
+"""``python -m lazytrain cache``: where a data set's annotation cache file is, its state, and clearing it."""
+
+import os
+import time
+
+import pytest
+
+from lazytrain.data.datasets.annotation_cache import list_cache_files
+from lazytrain.data.datasets.cached_records import load_cached_json
+from lazytrain.program.entrypoint import main as lazytrain_main
+from tests.data.test_coco_lvis import COCO, lvis_data, write
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    """A built-in lvis_v1_val under $LAZYTRAIN_DATASETS and a user's COCO json, both loaded once."""
+    monkeypatch.setenv("LAZYTRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", str(tmp_path / "datasets"))
+    (tmp_path / "datasets" / "lvis").mkdir(parents=True)
+    lvis = write(tmp_path / "datasets" / "lvis", lvis_data(), "lvis_v1_val.json")
+    coco = write(tmp_path, COCO, "custom.json")
+    load_cached_json(lvis, str(tmp_path / "datasets" / "coco"), lvis=True)
+    load_cached_json(coco, "/images", lvis=False)
+    return {"lvis": lvis, "coco": coco, "cache": str(tmp_path / "cache")}
+
+
+def _cache(capsys, *argv):
+    lazytrain_main(["cache", *argv])
+    return capsys.readouterr().out
+
+
+def test_lists_every_cache_file_with_its_json_and_state(files, capsys):
+    out = _cache(capsys)
+    assert out.splitlines()[0] == f"cache folder: {files['cache']}"
+    lines = out.splitlines()[1:]
+    assert len(lines) == 2 and all(line.endswith("current") for line in lines)
+    assert any(f"json={files['lvis']}" in line and "  lvis  " in line for line in lines)
+    assert any(f"json={files['coco']}" in line and "3 images  coco" in line for line in lines)
+
+
+def test_by_name_or_json_and_stale_after_a_change(files, capsys):
+    (line,) = _cache(capsys, "lvis_v1_val").splitlines()[1:]
+    assert f"json={files['lvis']}" in line and line.endswith("current")
+    time.sleep(0.01)
+    with open(files["coco"], "a") as f:
+        f.write(" ")
+    (line,) = _cache(capsys, files["coco"]).splitlines()[1:]
+    assert f"json={files['coco']}" in line and line.endswith("stale")
+    (line,) = _cache(capsys, "lvis_v1_train").splitlines()[1:]
+    assert line.startswith("lvis_v1_train: no cache file yet (it will be ") and files["cache"] in line
+
+
+def test_clear_one_then_all(files, capsys):
+    out = _cache(capsys, "lvis_v1_val", "--clear")
+    assert "removed " in out and len(list_cache_files()) == 1
+    assert "json=" + files["coco"] in _cache(capsys, files["coco"])
+    _cache(capsys, "--clear")
+    assert list_cache_files() == [] and _cache(capsys).splitlines()[1:] == ["no cache files"]
+
+
+def test_errors_are_one_line(files, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        lazytrain_main(["cache", "my_registered_set"])
+    assert exit_info.value.code == 1
+    error = capsys.readouterr().err
+    assert error.startswith("lazytrain cache: 'my_registered_set' is neither a built-in data set name")
+    assert "give its json_file" in error and len(error.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):
+        lazytrain_main(["cache", "--wipe"])
+    assert "unknown option --wipe" in capsys.readouterr().err
+    lazytrain_main(["cache", "--help"])
+    assert "python -m lazytrain cache lvis_v1_train --clear" in capsys.readouterr().out
+    assert os.path.isdir(files["cache"])
