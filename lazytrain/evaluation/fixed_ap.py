@@ -242,7 +242,8 @@ def _match_all(
     matched, ignored = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
     outside = _outside_area_ranges(_detection_areas(table, scored, task))
     image_of, category_of = table.image_ids[scored], table.category_ids[scored]
-    pair_starts = np.flatnonzero(np.r_[True, (np.diff(image_of) != 0) | (np.diff(category_of) != 0)])
+    changes = (np.diff(image_of) != 0) | (np.diff(category_of) != 0)
+    pair_starts = np.flatnonzero(np.r_[len(scored) > 0, changes])
     for start, end in zip(pair_starts.tolist(), [*pair_starts[1:].tolist(), len(scored)]):
         image_id, category_id = int(image_of[start]), int(category_of[start])
         # Unmatched detections are ignored outside the area range, and where the category's annotation is

@@ -308,3 +308,16 @@ def test_long_tail_evaluator_passes_the_options_on_under_the_federated_protocol(
     finally:
         MetadataCatalog.remove(name)
     assert results["APfixed"] == pytest.approx((reference_ap([T, F], 2) + reference_ap([F, T], 1)) / 2)
+
+
+def test_a_model_that_detects_nothing_scores_zero(capped):
+    json_file, inputs, _ = capped
+    nothing = {
+        "boxes": torch.zeros(0, 4),
+        "scores": torch.zeros(0),
+        "classes": torch.zeros(0, dtype=torch.int64),
+    }
+    results = _evaluate(
+        json_file, inputs, [{"instances": dict(nothing)} for _ in inputs], ap_fixed=True, ap_pool=True
+    )
+    assert results["APfixed"] == results["APpool"] == results["APfixed_r"] == 0.0
