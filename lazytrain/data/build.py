@@ -220,7 +220,8 @@ def build_detection_train_loader(
             Distributed), which is iterated again and again; or None for a shuffled `TrainingSampler`.
         total_batch_size: images per step over all processes; each takes total_batch_size // world size.
         aspect_ratio_grouping: form each batch from landscape or from portrait images only (needs ``width``
-            and ``height`` in the records).
+            and ``height`` in the records). A sampler with ``check_batching`` (`MixtureTrainingSampler`, whose
+            batches hold fixed shares) is asked first and refuses it.
         num_workers: data-loader worker processes.
         seed: base of the per-sample augmentation seeds (and of the default sampler); None draws a random seed
             shared by all ranks (the resumed state carries it).
@@ -239,6 +240,8 @@ def build_detection_train_loader(
             f"world size {world_size}; set dataloader.train.total_batch_size to a multiple of {world_size} "
             f"(e.g. {max(1, total_batch_size // world_size) * world_size})."
         )
+    if hasattr(sampler, "check_batching"):  # it fills whole batches (MixtureTrainingSampler's shares)
+        sampler.check_batching(total_batch_size, aspect_ratio_grouping)
     seed = resolve_seed(seed)
     groups = get_aspect_groups(dataset) if aspect_ratio_grouping else None
     if aspect_ratio_grouping and groups is None:

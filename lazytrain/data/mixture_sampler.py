@@ -25,7 +25,7 @@ per-source ratios instead, and samples inside each source uniformly or with Repe
 The train loader must batch consecutive items of the stream: aspect-ratio grouping puts landscape and
 portrait images in separate batches, which would break the shares, so it is not supported. Set
 ``dataloader.train.aspect_ratio_grouping=False`` and give the sampler the loader's ``total_batch_size``;
-`MixtureTrainingSampler.check_batching` refuses a loader's settings that would break the shares.
+`build_detection_train_loader` refuses other settings through `MixtureTrainingSampler.check_batching`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """MixtureTrainingSampler: fixed per-source shares in every batch, uniform or RFS sampling inside a source,
 seeding, exact resume, rank shards, argument errors, and a config using it with two registered data sets."""
 
+import functools
 import io
 import itertools
 import logging
@@ -166,6 +167,16 @@ def test_the_train_loader_batches_keep_the_shares_and_resume():
     assert [[r["image_id"] for r in b] for b in itertools.islice(iter(resumed), 5)] == [
         [r["image_id"] for r in b] for b in itertools.islice(iter(first), 5)
     ]
+
+
+def test_the_train_loader_refuses_settings_that_break_the_shares():
+    records = [{"image_id": i, "width": 2, "height": 1} for i in range(sum(SIZES))]
+    build = functools.partial(build_detection_train_loader, records, mapper=None, seed=0)
+    with pytest.raises(ValueError, match=r"aspect_ratio_grouping=True would form batches of landscape or"):
+        build(sampler=mixture(total_batch_size=8), total_batch_size=8, aspect_ratio_grouping=True)
+    with pytest.raises(ValueError, match=r"dataloader.train.total_batch_size=16 but the sampler's shares"):
+        build(sampler=mixture(total_batch_size=8), total_batch_size=16, aspect_ratio_grouping=False)
+    build(sampler=mixture(total_batch_size=8), total_batch_size=8, aspect_ratio_grouping=False)
 
 
 def test_check_batching_refuses_a_loader_that_breaks_the_shares():
