@@ -51,7 +51,9 @@ def take_detections(prediction: ImagePredictions, indices: np.ndarray) -> ImageP
     )
 
 
-def _order_by_category_and_score(categories: np.ndarray, scores: np.ndarray, *tie_breaks: np.ndarray):
+def _order_by_category_and_score(
+    categories: np.ndarray, scores: np.ndarray, *tie_breaks: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(order sorting by category, then score from high to low, then `tie_breaks` in turn; each detection's
     rank within its category in that order)."""
     order = np.lexsort((*reversed(tie_breaks), -scores.astype(np.float64), categories))
