@@ -14,7 +14,9 @@ from omegaconf import OmegaConf
 from lazytrain.config import LazyCall as L
 from lazytrain.config import LazyConfig, instantiate, validate
 from lazytrain.data.build import build_detection_train_loader, get_detection_dataset_dicts
-from lazytrain.data.catalog import DatasetCatalog
+from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
+from lazytrain.data.datasets.cached_records import CachedRecords
+from lazytrain.data.datasets.custom import register_json_dataset
 from lazytrain.data.datasets.lvis import load_lvis_json
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.data.mixture_sampler import MixtureTrainingSampler, _source_seed
@@ -238,7 +240,8 @@ def test_bad_sizes_and_states_are_value_errors():
 
 @pytest.fixture
 def two_sources(tmp_path):
-    """The demo's tiny synthetic set registered as two sources: its 24 train and its 12 val images."""
+    """The demo's tiny synthetic set registered as two sources (its 24 train and its 12 val images) with a
+    loader that records each load."""
     root = generate_synthetic_lt(
         str(tmp_path / "synthetic"), num_train=24, num_val=12, size_range=(64, 96), val_images_per_category=2
     )
@@ -252,6 +255,21 @@ def two_sources(tmp_path):
     yield loads
     for split in ("train", "val"):
         DatasetCatalog.remove(f"_mixture_{split}")
+
+
+@pytest.fixture
+def two_cached_sources(two_sources, tmp_path, monkeypatch):
+    """The same two sources registered as a user's json files, read through the annotation cache."""
+    monkeypatch.setenv("LAZYTRAIN_CACHE", str(tmp_path / "cache"))
+    root = str(tmp_path / "synthetic")
+    train_json = os.path.join(root, "lvis_v1_train.json")
+    for split in ("train", "val"):
+        DatasetCatalog.remove(f"_mixture_{split}")
+        json_file = os.path.join(root, f"lvis_v1_{split}.json")
+        register_json_dataset(f"_mixture_{split}", json_file, root, train_json_file=train_json)
+    yield
+    for split in ("train", "val"):
+        MetadataCatalog.remove(f"_mixture_{split}")
 
 
 def test_from_dataset_names_checks_arguments_before_loading(two_sources):
@@ -268,7 +286,9 @@ def test_from_dataset_names_checks_arguments_before_loading(two_sources):
     assert two_sources == []
 
 
-def test_a_config_mixes_two_registered_data_sets(two_sources):
+@pytest.mark.parametrize("sources", ["two_sources", "two_cached_sources"])
+def test_a_config_mixes_two_registered_data_sets(sources, request):
+    request.getfixturevalue(sources)
     cfg = OmegaConf.create(
         {
             "train": L(build_detection_train_loader)(
@@ -293,6 +313,7 @@ def test_a_config_mixes_two_registered_data_sets(two_sources):
     sampler = loader.batch_sampler.sampler
     assert sampler.sizes == [24, 12] and sampler.shares == [3, 1]
     train_records = get_detection_dataset_dicts("_mixture_train")
+    assert isinstance(train_records, CachedRecords) == (sources == "two_cached_sources")
     assert torch.equal(
         sampler.sources[0].repeat_factors, repeat_factors_from_category_frequency(train_records, 0.3)
     )
