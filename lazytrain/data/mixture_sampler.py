@@ -303,8 +303,9 @@ class MixtureTrainingSampler(Sampler[int]):
                 repeat_thresh=[0.001, None], seed="${train.seed}"),
             aspect_ratio_grouping=False,
 
-        Every argument is checked before any data set is loaded. Each source is loaded once here, one at a
-        time, besides the loader's own load (the catalog does not cache records).
+        Every argument is checked before any data set is loaded. Each source is then loaded here, one at a
+        time, besides the loader's own load: cheap for json-backed data sets, which map their annotation
+        cache, while one registered as a plain function runs that function again.
 
         Args:
             names: the registered data sets, in the loader's order.
