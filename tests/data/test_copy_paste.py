@@ -381,3 +381,12 @@ def test_the_demo_config_with_copy_paste_maps_batches(tmp_path, monkeypatch):
         masks = sample["instances"]["masks"]
         assert masks.shape[1:] == sample["image"].shape[1:] and all(mask.any() for mask in masks)
     assert any(len(s["instances"]["classes"]) > annotated[s["image_id"]] for s in samples)  # pasted objects
+
+
+def test_a_misspelled_mode_in_the_demo_config_names_the_key():
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
+    LazyConfig.apply_overrides(cfg, ["dataloader.train.mapper.copy_paste.mode=rar"])
+    with pytest.raises(
+        Exception, match=r"dataloader\.train\.mapper\.copy_paste.*must be one of 'none', 'uniform', 'rare'"
+    ):
+        instantiate(cfg.dataloader.train.mapper)
