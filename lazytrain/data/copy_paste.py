@@ -41,11 +41,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from torchvision.ops import masks_to_boxes
 
 from lazytrain.data.repeat_factors import CategoryIndex, category_repeat_factors
 
-__all__ = ["CopyPaste", "paste_objects"]
+__all__ = ["CopyPaste", "mask_extents", "paste_objects"]
 
 MODES = ("none", "uniform", "rare")
 
@@ -228,7 +227,7 @@ def paste_objects(
     height, width = image.shape[-2:]
     h, w = min(height, source_image.shape[-2]), min(width, source_image.shape[-1])
     pasted = source_instances["masks"][:, :h, :w]
-    on_image = pasted.flatten(1).amax(1) > 0 if len(pasted) else torch.zeros(0, dtype=torch.bool)
+    on_image = pasted.flatten(1).amax(1) > 0
     pasted = pasted[on_image]
     if not len(pasted):
         return image, instances
@@ -239,7 +238,7 @@ def paste_objects(
     masks = torch.zeros((len(pasted), height, width), dtype=torch.uint8)
     masks[:, :h, :w] = pasted
     output = {
-        "boxes": torch.cat([kept["boxes"], _mask_boxes(pasted)]),
+        "boxes": torch.cat([kept["boxes"], mask_extents(pasted)]),
         "classes": torch.cat([kept["classes"], source_instances["classes"][on_image]]),
         "masks": torch.cat([kept["masks"], masks]),
     }
@@ -262,12 +261,25 @@ def _occlude(instances: Instances, union: torch.Tensor, min_area: float) -> Inst
     keep[occluded] = masks[occluded].flatten(1).sum(1) >= min_area
     boxes = instances["boxes"].clone()
     changed = occluded & keep
-    boxes[changed] = _mask_boxes(masks[changed])
+    boxes[changed] = mask_extents(masks[changed])
     return {"boxes": boxes[keep], "classes": instances["classes"][keep], "masks": masks[keep]}
 
 
-def _mask_boxes(masks: torch.Tensor) -> torch.Tensor:
-    """XYXY float32 [K, 4] extents of non-empty bitmaps [K, H, W], the far edges one past the last pixel."""
-    if not len(masks):
-        return torch.zeros((0, 4), dtype=torch.float32)
-    return masks_to_boxes(masks).float() + torch.tensor([0.0, 0.0, 1.0, 1.0])
+def mask_extents(masks: torch.Tensor) -> torch.Tensor:
+    """XYXY float32 extent [N, 4] of each bitmap [N, H, W], the far edges one past the last pixel (all zeros
+    for an empty bitmap): the boxes of pasted and occluded objects, and of the mapper's ``recompute_boxes``."""
+    rows, cols = masks.amax(dim=2) > 0, masks.amax(dim=1) > 0  # [N, H], [N, W]
+    y_index = torch.arange(masks.shape[1]).expand_as(rows)
+    x_index = torch.arange(masks.shape[2]).expand_as(cols)
+    big = max(masks.shape[1:])
+    boxes = torch.stack(
+        [
+            torch.where(cols, x_index, big).amin(1) if masks.shape[2] else torch.zeros(len(masks)),
+            torch.where(rows, y_index, big).amin(1) if masks.shape[1] else torch.zeros(len(masks)),
+            torch.where(cols, x_index + 1, 0).amax(1) if masks.shape[2] else torch.zeros(len(masks)),
+            torch.where(rows, y_index + 1, 0).amax(1) if masks.shape[1] else torch.zeros(len(masks)),
+        ],
+        dim=1,
+    ).float()
+    boxes[~cols.any(1)] = 0
+    return boxes

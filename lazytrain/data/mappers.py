@@ -30,7 +30,7 @@ from PIL import Image, ImageOps
 from pycocotools import mask as mask_util
 from torchvision import tv_tensors
 
-from lazytrain.data.copy_paste import CopyPaste
+from lazytrain.data.copy_paste import CopyPaste, mask_extents
 from lazytrain.data.transforms import Augmentation
 from lazytrain.utils.file_io import PathManager
 
@@ -146,7 +146,7 @@ class _Instances:
         if self.with_masks:
             output["masks"], keep = self.masks()
             if recompute_boxes:
-                output["boxes"] = _mask_extents(output["masks"])
+                output["boxes"] = mask_extents(output["masks"])
                 boxes = output["boxes"].numpy()
         np.clip(boxes[:, 0::2], 0, width, out=boxes[:, 0::2])
         np.clip(boxes[:, 1::2], 0, height, out=boxes[:, 1::2])
@@ -161,25 +161,6 @@ def _contiguous(image: torch.Tensor) -> torch.Tensor:
     """`image` in contiguous memory. Resizing leaves [C, H, W] images with channels-last strides; numpy moves
     them back faster than torch's uint8 copy."""
     return image if image.is_contiguous() else torch.from_numpy(np.ascontiguousarray(image.numpy()))
-
-
-def _mask_extents(masks: torch.Tensor) -> torch.Tensor:
-    """XYXY extent [N, 4] of each bitmap [N, H, W] (all zeros for an empty one)."""
-    rows, cols = masks.amax(dim=2) > 0, masks.amax(dim=1) > 0  # [N, H], [N, W]
-    y_index = torch.arange(masks.shape[1]).expand_as(rows)
-    x_index = torch.arange(masks.shape[2]).expand_as(cols)
-    big = max(masks.shape[1:])
-    boxes = torch.stack(
-        [
-            torch.where(cols, x_index, big).amin(1) if masks.shape[2] else torch.zeros(len(masks)),
-            torch.where(rows, y_index, big).amin(1) if masks.shape[1] else torch.zeros(len(masks)),
-            torch.where(cols, x_index + 1, 0).amax(1) if masks.shape[2] else torch.zeros(len(masks)),
-            torch.where(rows, y_index + 1, 0).amax(1) if masks.shape[1] else torch.zeros(len(masks)),
-        ],
-        dim=1,
-    ).float()
-    boxes[~cols.any(1)] = 0
-    return boxes
 
 
 def _vertex_arrays(
