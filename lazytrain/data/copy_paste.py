@@ -234,35 +234,36 @@ def paste_objects(
     union = pasted.amax(0) > 0  # [h, w]
     image = image.clone()
     image[:, :h, :w] = torch.where(union, source_image[:, :h, :w], image[:, :h, :w])
-    kept = _occlude(instances, union, max(min_area, 1))
-    masks = torch.zeros((len(pasted), height, width), dtype=torch.uint8)
-    masks[:, :h, :w] = pasted
+    rows, cols = union.any(1).nonzero()[:, 0], union.any(0).nonzero()[:, 0]
+    window = slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1)
+    keep, occluded = _visible(instances["masks"], window, union[window], max(min_area, 1))
+    count = int(keep.sum())
+    masks = torch.zeros((count + len(pasted), height, width), dtype=torch.uint8)  # the output, written once
+    masks[:count] = instances["masks"][keep]
+    masks[(slice(0, count), *window)].masked_fill_(union[window], 0)
+    masks[count:, :h, :w] = pasted
+    boxes = instances["boxes"][keep]
+    changed = occluded[keep]
+    boxes[changed] = mask_extents(masks[:count][changed])
     output = {
-        "boxes": torch.cat([kept["boxes"], mask_extents(pasted)]),
-        "classes": torch.cat([kept["classes"], source_instances["classes"][on_image]]),
-        "masks": torch.cat([kept["masks"], masks]),
+        "boxes": torch.cat([boxes, mask_extents(pasted)]),
+        "classes": torch.cat([instances["classes"][keep], source_instances["classes"][on_image]]),
+        "masks": masks,
     }
     return image, output
 
 
-def _occlude(instances: Instances, union: torch.Tensor, min_area: float) -> Instances:
-    """`instances` without the pixels of `union` (bool [h, w], from the top-left corner): those left with
-    fewer than `min_area` pixels dropped, the boxes of those that lost pixels recomputed."""
-    rows, cols = union.any(1).nonzero()[:, 0], union.any(0).nonzero()[:, 0]
-    y0, y1, x0, x1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
-    window = union[y0:y1, x0:x1]  # only pixels inside the pasted objects' extent can be covered
-    masks = instances["masks"]
-    occluded = (masks[:, y0:y1, x0:x1].bool() & window).flatten(1).any(1)
-    if not occluded.any():
-        return instances
-    masks = masks.clone()
-    masks[:, y0:y1, x0:x1].masked_fill_(window, 0)
+def _visible(
+    masks: torch.Tensor, window: tuple[slice, slice], covered: torch.Tensor, min_area: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which of `masks` [N, H, W] keep at least `min_area` pixels outside `covered` (bool, the pixels of
+    `window`, the extent of the pasted objects, that they cover), and which lose pixels to it."""
+    lost = (masks[(slice(None), *window)].bool() & covered).flatten(1).count_nonzero(1)
+    occluded = lost > 0
     keep = torch.ones(len(masks), dtype=torch.bool)
-    keep[occluded] = masks[occluded].flatten(1).sum(1) >= min_area
-    boxes = instances["boxes"].clone()
-    changed = occluded & keep
-    boxes[changed] = mask_extents(masks[changed])
-    return {"boxes": boxes[keep], "classes": instances["classes"][keep], "masks": masks[keep]}
+    if occluded.any():
+        keep[occluded] = masks[occluded].flatten(1).count_nonzero(1) - lost[occluded] >= min_area
+    return keep, occluded
 
 
 def mask_extents(masks: torch.Tensor) -> torch.Tensor:
