@@ -83,6 +83,8 @@ def _check_equal(json_file, image_root, lvis, names):
     assert _metadata("cached") == _metadata("plain")
     again = load_cached_json(json_file, image_root, lvis=lvis)  # warm: read from the file
     assert list(again) == plain
+    factors = repeat_factors_from_category_frequency(again, 0.5)  # from the arrays, without a warning
+    assert factors.tolist() == repeat_factors_from_category_frequency(plain, 0.5).tolist()
     return cached, plain
 
 
@@ -284,6 +286,7 @@ def test_concatenated_arrays_equal_records(tmp_path, filter_empty):
     arrays, reference = CategoryIndex.from_dataset_dicts(records), CategoryIndex.from_dataset_dicts(expected)
     for name in ("offsets", "categories", "instances"):
         np.testing.assert_array_equal(getattr(arrays, name), getattr(reference, name))
+        assert getattr(arrays, name).flags.writeable  # torch.from_numpy warns about read-only arrays
     for kwargs in ({"repeat_thresh": 0.9}, {"repeat_thresh": 0.6, "sqrt": False, "instance_aware": True}):
         factors = repeat_factors_from_category_frequency(records, **kwargs)
         assert factors.tolist() == repeat_factors_from_category_frequency(expected, **kwargs).tolist()

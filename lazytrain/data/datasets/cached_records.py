@@ -269,7 +269,7 @@ class CachedRecords(Sequence):
 
     def get_category_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(offsets int64 [N + 1], categories int32 [M], instances int32 [M]): each image's distinct
-        categories, ascending, and its annotation count of each (`CategoryIndex`'s arrays)."""
+        categories, ascending, and its annotation count of each (`CategoryIndex`'s arrays; writable copies)."""
         offsets, categories, instances = [], [], []
         base = 0
         for f in self._files:
@@ -278,8 +278,8 @@ class CachedRecords(Sequence):
             categories.append(f.arrays["categories"])
             instances.append(f.arrays["instances"])
         starts = np.concatenate([*offsets, [base]])
-        categories_all = categories[0] if len(categories) == 1 else np.concatenate(categories)
-        instances_all = instances[0] if len(instances) == 1 else np.concatenate(instances)
+        # Copies (a few MB at LVIS size): torch takes these arrays as tensors, which must be writable.
+        categories_all, instances_all = np.concatenate(categories), np.concatenate(instances)
         if self._kept is None:
             return starts.astype(np.int64), categories_all, instances_all
         lengths = np.diff(starts)[self._kept]
