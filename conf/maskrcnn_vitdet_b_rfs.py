@@ -3,8 +3,9 @@ Sampling, large-scale jitter at 1024 px on LVIS v1 (after detectron2's projects/
 
 Command:   python -m lazytrain conf/maskrcnn_vitdet_b_rfs.py
 Hardware:  8 GPUs (total batch 64: 8 images of 1024 x 1024 per GPU, bf16 autocast); data as conf/rfs_maskrcnn.py.
-           detectron2 reports 14.4 GB per GPU for its windowed ViTDet-B; global attention here needs more (not
-           measured: train.images_per_forward=4 halves the activations).
+           detectron2 reports 14.4 GB per GPU for its windowed ViTDet-B; global attention here needs more
+           (docs/benchmarks.md has a step's peak): model.backbone.grad_checkpointing=true recomputes the blocks'
+           activations in backward instead, train.images_per_forward=4 halves the activations.
 Runtime:   not measured. detectron2's ViTDet-B LVIS recipe reports 0.317 s per image to train (156,250 iterations
            of 64 images, 100 epochs).
 Expected:  detectron2's ViTDet, ViT-B Mask R-CNN on LVIS v1 (IN1K MAE): box AP 40.2, mask AP 38.2 (detectron2
