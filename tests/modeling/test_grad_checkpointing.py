@@ -10,8 +10,10 @@ import os
 
 import pytest
 import torch
+import torch.distributed as dist
 from pytest import param
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from lazytrain.config import ConfigError, LazyConfig, instantiate, validate
 from lazytrain.modeling.backbone import build_resnet_fpn_backbone
@@ -263,3 +265,57 @@ def test_a_misspelled_key_is_refused():
     )  # added on purpose: validation
     with pytest.raises(ConfigError, match=r"model\.backbone.*grad_checkpointng.*grad_checkpointing"):
         validate(cfg, INJECTED_ARGUMENTS)
+
+
+def _toy_stage(grad_checkpointing: bool) -> nn.Module:
+    """Three conv blocks with dropout (whose masks the recompute must draw again) as a stage of a parent."""
+    torch.manual_seed(0)
+    parent = nn.Module()
+    parent.stage = nn.Sequential(
+        *[nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.Dropout(0.3)) for _ in range(3)]
+    )
+    if grad_checkpointing:
+        checkpoint_blocks(parent, ["stage"])
+    return parent.stage
+
+
+def _toy_step(stage: nn.Module, run: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(1)
+    loss = (run(torch.randn(2, 4, 8, 8)) ** 2).sum()
+    loss.backward()
+    return loss.detach(), [p.grad for p in stage.parameters()]
+
+
+def test_under_torch_compile_the_gradients_equal_the_eager_plain_run():
+    """``train.compile`` captures the checkpoints (aot_eager: the same capture as inductor, no code generated)."""
+    plain = _toy_stage(False)
+    plain_loss, plain_grads = _toy_step(plain, plain)
+    stage = _toy_stage(True)
+    loss, grads = _toy_step(stage, torch.compile(stage, backend="aot_eager", dynamic=False))
+    assert torch.equal(loss, plain_loss)
+    assert all(torch.equal(g, p) for g, p in zip(grads, plain_grads))
+
+
+@pytest.mark.parametrize("find_unused_parameters", [False, True])
+def test_under_ddp_without_static_graph_the_gradients_equal_the_plain_run(find_unused_parameters, tmp_path):
+    """One process: DDP's reducer still hooks every parameter, and would see one marked ready twice."""
+    plain = _toy_stage(False)
+    plain_loss, plain_grads = _toy_step(plain, plain)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        stage = _toy_stage(True)
+        ddp = DistributedDataParallel(stage, find_unused_parameters=find_unused_parameters)
+        loss, grads = _toy_step(stage, ddp)
+    finally:
+        dist.destroy_process_group()
+    assert torch.equal(loss, plain_loss)
+    assert all(torch.equal(g, p) for g, p in zip(grads, plain_grads))
+
+
+@pytest.mark.parametrize(
+    "name", sorted(f for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith(".py"))
+)
+def test_every_runnable_config_takes_the_one_key(name):
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", name))
+    LazyConfig.apply_overrides(cfg, ["model.backbone.grad_checkpointing=true"])
+    assert cfg.model.backbone.grad_checkpointing is True
