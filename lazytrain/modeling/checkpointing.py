@@ -12,14 +12,15 @@ recomputes everything inside it during the backward pass, so the backward's peak
 the inside of one block. A checkpoint per stage would keep fewer inputs but bring a whole stage back at once,
 and one stage holds most blocks of the large backbones (ResNet-101's layer3, Swin-B's third stage), so little
 would be saved; finer than a block (one per conv) saves nothing, since a layer's input is what it keeps anyway.
-Stems and other single layers are left alone for the same reason (and they end in in-place ReLUs, which would
-overwrite a kept input).
+Stems and other runs of single layers are left alone for the same reason: each layer would be its own
+checkpoint, keeping the input it keeps anyway.
 
 Every checkpoint is torch's non-reentrant kind (``use_reentrant=False``), because it
 - gets gradients to the parameters of a block whose input needs none (the first trainable stage after frozen
   ones); the reentrant kind returns none there;
-- needs neither DDP's ``static_graph`` nor ``find_unused_parameters``: the reentrant kind runs a backward of its
-  own inside DDP's and marks parameters ready twice unless the graph is declared static;
+- works under DDP whatever ``find_unused_parameters`` and ``static_graph`` are (DistributedDataParallel's
+  documentation: the reentrant kind is unsupported with unused parameters or ``find_unused_parameters=True``,
+  and where a layer is checkpointed more than once);
 - recomputes under the forward's autocast state (bf16 stays bf16) and can be captured by ``torch.compile``.
 The RNG state is saved before each block and restored for its recompute (torch's ``preserve_rng_state``
 default), so dropout and drop-path draw the same masks twice and the gradients are those of the plain run.
