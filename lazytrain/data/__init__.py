@@ -1,8 +1,8 @@
 """Data: catalogs and dataset loaders (records as plain dicts), mappers, samplers and loader builders.
 
 Import from the modules: `lazytrain.data.catalog`, `lazytrain.data.datasets.*`, `lazytrain.data.mappers`,
-`lazytrain.data.transforms`, `lazytrain.data.samplers`, `lazytrain.data.repeat_factors`, `lazytrain.data.common`,
-`lazytrain.data.build` (and the train loader's parts: `aspect_grouping`, `workers`, `batch_transport`).
+`lazytrain.data.transforms`, `lazytrain.data.samplers`, `lazytrain.data.mixture_sampler`,
+`lazytrain.data.repeat_factors`, `lazytrain.data.common`, `lazytrain.data.build` (and the train loader's parts: `aspect_grouping`, `workers`, `batch_transport`).
 
 Importing any of them runs this file first, which makes the package ready to use without further imports:
 

@@ -89,6 +89,12 @@ def _describe_sampler(cfg: DictConfig, data_loader: Any) -> tuple[str, float | N
             f"{type(sampler).__name__}: t={threshold}, {int((factors > 1).sum())} of {len(factors)} images "
             f"repeated (max x{float(factors.max()):.1f}), expected epoch {epoch:.0f} images"
         ), epoch
+    shares = getattr(sampler, "shares", None)
+    if shares is not None:
+        return (
+            f"{type(sampler).__name__}: {'/'.join(map(str, shares))} images per rank batch from sources of "
+            f"{'/'.join(map(str, sampler.sizes))} images"
+        ), None
     size = getattr(sampler, "size", None)
     name = type(sampler).__name__ if sampler is not None else "unknown sampler"
     return (f"{name}: epoch {size} images" if size else name), size

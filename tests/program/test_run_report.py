@@ -102,3 +102,16 @@ def test_a_resume_with_another_config_says_what_changed_and_keeps_the_earlier_co
     assert "differs from the one it started with" in output and "train.max_iter: 2 -> 4" in output
     assert (run_dir / "config.before_resume_1.yaml").read_text() == first
     assert "max_iter: 4" in (run_dir / "config.yaml").read_text()
+
+
+def test_the_header_gives_a_mixture_samplers_shares_per_source():
+    from types import SimpleNamespace
+
+    from lazytrain.data.mixture_sampler import MixtureTrainingSampler
+    from lazytrain.program.run_report import _describe_sampler
+
+    sampler = MixtureTrainingSampler([10, 30], ratios=[1, 3], total_batch_size=8, rank=0, world_size=1)
+    loader = SimpleNamespace(batch_sampler=SimpleNamespace(sampler=sampler))
+    line, epoch = _describe_sampler(OmegaConf.create({}), loader)
+    assert line == "MixtureTrainingSampler: 2/6 images per rank batch from sources of 10/30 images"
+    assert epoch is None

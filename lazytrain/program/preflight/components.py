@@ -9,7 +9,7 @@ import difflib
 import numbers
 from collections.abc import Iterator
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from torchvision.models.detection.roi_heads import RoIHeads
 
 from lazytrain.config import locate, tree
@@ -104,6 +104,10 @@ def _roi_heads_problems(path: str, node: DictConfig) -> list[str]:
     return problems
 
 
+def _is_threshold(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value >= 0
+
+
 def _repeat_thresh_problems(cfg: DictConfig) -> list[str]:
     """Repeat factor sampling's threshold, where a config sets ``dataloader.train.sampler.repeat_thresh``."""
     sampler = ((cfg.get("dataloader") or {}).get("train") or {}).get("sampler")
@@ -111,11 +115,11 @@ def _repeat_thresh_problems(cfg: DictConfig) -> list[str]:
         return []
     node = tree.child(sampler, "repeat_thresh")
     value = tree.raw_value(node)
-    if tree.is_interpolation(node) or (
-        isinstance(value, numbers.Real) and not isinstance(value, bool) and value >= 0
-    ):
+    if tree.is_interpolation(node) or _is_threshold(value):
         return []
+    if isinstance(value, ListConfig) and all(v is None or _is_threshold(v) for v in value):
+        return []  # one per source (MixtureTrainingSampler), None = uniform sampling in that source
     return [
         f"dataloader.train.sampler.repeat_thresh={value!r}: must be a number >= 0 (0 = uniform sampling; LVIS "
-        "uses 0.001)."
+        "uses 0.001), or for MixtureTrainingSampler a list with one per source, each null or >= 0."
     ]

@@ -1,0 +1,23 @@
+"""`find_component_problems`: the repeat-factor threshold a config sets, checked before a run starts."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from lazytrain.program.preflight.components import find_component_problems
+
+
+def _config(repeat_thresh):
+    return OmegaConf.create({"dataloader": {"train": {"sampler": {"repeat_thresh": repeat_thresh}}}})
+
+
+@pytest.mark.parametrize("value", [0, 0.001, 1, [0.3, None], [0, 0.01], "${oc.env:T,0.1}"])
+def test_a_threshold_or_one_per_source_is_accepted(value):
+    assert find_component_problems(_config(value)) == []
+
+
+@pytest.mark.parametrize("value", [-1, True, "high", [0.3, -0.1], [0.3, "x"]])
+def test_anything_else_is_one_line_naming_the_key(value):
+    problems = find_component_problems(_config(value))
+    assert len(problems) == 1
+    assert problems[0].startswith("dataloader.train.sampler.repeat_thresh=")
+    assert "one per source" in problems[0]
