@@ -224,63 +224,74 @@ def paste_objects(
     Returns:
         The image and its instances: those of the image that stay, then the pasted ones (boxes from masks).
     """
+    # numpy views of the tensors: its uint8 reductions and masked copies cost a fraction of torch's on the CPU
     height, width = image.shape[-2:]
     h, w = min(height, source_image.shape[-2]), min(width, source_image.shape[-1])
-    pasted = source_instances["masks"][:, :h, :w]
-    on_image = pasted.flatten(1).amax(1) > 0
+    pasted = source_instances["masks"].numpy()[:, :h, :w]
+    on_image = pasted.max(axis=(1, 2), initial=0) > 0
     pasted = pasted[on_image]
     if not len(pasted):
         return image, instances
-    union = pasted.amax(0) > 0  # [h, w]
-    image = image.clone()
-    image[:, :h, :w] = torch.where(union, source_image[:, :h, :w], image[:, :h, :w])
-    rows, cols = union.any(1).nonzero()[:, 0], union.any(0).nonzero()[:, 0]
-    window = slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1)
-    keep, occluded = _visible(instances["masks"], window, union[window], max(min_area, 1))
+    union = pasted.max(axis=0) > 0  # [h, w]
+    pixels = image.numpy().copy()
+    np.copyto(pixels[:, :h, :w], source_image.numpy()[:, :h, :w], where=union)
+    rows, cols = np.flatnonzero(union.any(axis=1)), np.flatnonzero(union.any(axis=0))
+    window = slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1)
+    own = instances["masks"].numpy()
+    keep, occluded = _visible(own, window, union[window], max(min_area, 1))
     count = int(keep.sum())
-    masks = torch.zeros((count + len(pasted), height, width), dtype=torch.uint8)  # the output, written once
-    masks[:count] = instances["masks"][keep]
-    masks[(slice(0, count), *window)].masked_fill_(union[window], 0)
+    masks = np.zeros((count + len(pasted), height, width), dtype=np.uint8)  # the output, written once
+    np.compress(keep, own, axis=0, out=masks[:count])
+    np.copyto(masks[:count, window[0], window[1]], 0, where=union[window])
     masks[count:, :h, :w] = pasted
-    boxes = instances["boxes"][keep]
-    changed = occluded[keep]
-    boxes[changed] = mask_extents(masks[:count][changed])
+    output_masks = torch.from_numpy(masks)
+    boxes = instances["boxes"][torch.from_numpy(keep)]
+    changed = torch.from_numpy(occluded[keep])
+    boxes[changed] = mask_extents(output_masks[:count][changed])
     output = {
-        "boxes": torch.cat([boxes, mask_extents(pasted)]),
-        "classes": torch.cat([instances["classes"][keep], source_instances["classes"][on_image]]),
-        "masks": masks,
+        "boxes": torch.cat([boxes, mask_extents(torch.from_numpy(np.ascontiguousarray(pasted)))]),
+        "classes": torch.cat(
+            [
+                instances["classes"][torch.from_numpy(keep)],
+                source_instances["classes"][torch.from_numpy(on_image)],
+            ]
+        ),
+        "masks": output_masks,
     }
-    return image, output
+    return torch.from_numpy(pixels), output
 
 
 def _visible(
-    masks: torch.Tensor, window: tuple[slice, slice], covered: torch.Tensor, min_area: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+    masks: np.ndarray, window: tuple[slice, slice], covered: np.ndarray, min_area: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Which of `masks` [N, H, W] keep at least `min_area` pixels outside `covered` (bool, the pixels of
     `window`, the extent of the pasted objects, that they cover), and which lose pixels to it."""
-    lost = (masks[(slice(None), *window)].bool() & covered).flatten(1).count_nonzero(1)
+    # one mask at a time: numpy counts a whole array far faster than along axes
+    parts = masks[:, window[0], window[1]]
+    lost = np.array([np.count_nonzero(np.logical_and(part, covered)) for part in parts], dtype=np.int64)
     occluded = lost > 0
-    keep = torch.ones(len(masks), dtype=torch.bool)
-    if occluded.any():
-        keep[occluded] = masks[occluded].flatten(1).count_nonzero(1) - lost[occluded] >= min_area
+    keep = np.ones(len(masks), dtype=bool)
+    for i in np.flatnonzero(occluded):
+        keep[i] = np.count_nonzero(masks[i]) - lost[i] >= min_area
     return keep, occluded
 
 
 def mask_extents(masks: torch.Tensor) -> torch.Tensor:
     """XYXY float32 extent [N, 4] of each bitmap [N, H, W], the far edges one past the last pixel (all zeros
     for an empty bitmap): the boxes of pasted and occluded objects, and of the mapper's ``recompute_boxes``."""
-    rows, cols = masks.amax(dim=2) > 0, masks.amax(dim=1) > 0  # [N, H], [N, W]
-    y_index = torch.arange(masks.shape[1]).expand_as(rows)
-    x_index = torch.arange(masks.shape[2]).expand_as(cols)
-    big = max(masks.shape[1:])
-    boxes = torch.stack(
+    if 0 in masks.shape[1:]:
+        return torch.zeros((len(masks), 4), dtype=torch.float32)
+    bitmaps = masks.numpy()
+    rows, cols = bitmaps.max(axis=2) > 0, bitmaps.max(axis=1) > 0  # [N, H], [N, W]
+    height, width = bitmaps.shape[1:]
+    boxes = np.stack(
         [
-            torch.where(cols, x_index, big).amin(1) if masks.shape[2] else torch.zeros(len(masks)),
-            torch.where(rows, y_index, big).amin(1) if masks.shape[1] else torch.zeros(len(masks)),
-            torch.where(cols, x_index + 1, 0).amax(1) if masks.shape[2] else torch.zeros(len(masks)),
-            torch.where(rows, y_index + 1, 0).amax(1) if masks.shape[1] else torch.zeros(len(masks)),
+            cols.argmax(axis=1),
+            rows.argmax(axis=1),
+            width - cols[:, ::-1].argmax(axis=1),
+            height - rows[:, ::-1].argmax(axis=1),
         ],
-        dim=1,
-    ).float()
-    boxes[~cols.any(1)] = 0
-    return boxes
+        axis=1,
+    ).astype(np.float32)
+    boxes[~cols.any(axis=1)] = 0
+    return torch.from_numpy(boxes)
