@@ -239,26 +239,36 @@ def paste_objects(
     window = slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1)
     own = instances["masks"].numpy()
     keep, occluded = _visible(own, window, union[window], max(min_area, 1))
-    count = int(keep.sum())
-    masks = np.zeros((count + len(pasted), height, width), dtype=np.uint8)  # the output, written once
-    np.compress(keep, own, axis=0, out=masks[:count])
-    np.copyto(masks[:count, window[0], window[1]], 0, where=union[window])
-    masks[count:, :h, :w] = pasted
-    output_masks = torch.from_numpy(masks)
-    boxes = instances["boxes"][torch.from_numpy(keep)]
+    masks = torch.from_numpy(_compose_masks(own, keep, window, union[window], pasted, (height, width)))
+    kept = torch.from_numpy(keep)
+    boxes = instances["boxes"][kept]
     changed = torch.from_numpy(occluded[keep])
-    boxes[changed] = mask_extents(output_masks[:count][changed])
+    boxes[changed] = mask_extents(masks[: len(boxes)][changed])
+    classes = source_instances["classes"][torch.from_numpy(on_image)]
     output = {
-        "boxes": torch.cat([boxes, mask_extents(torch.from_numpy(np.ascontiguousarray(pasted)))]),
-        "classes": torch.cat(
-            [
-                instances["classes"][torch.from_numpy(keep)],
-                source_instances["classes"][torch.from_numpy(on_image)],
-            ]
-        ),
-        "masks": output_masks,
+        "boxes": torch.cat([boxes, mask_extents(torch.from_numpy(pasted))]),
+        "classes": torch.cat([instances["classes"][kept], classes]),
+        "masks": masks,
     }
     return torch.from_numpy(pixels), output
+
+
+def _compose_masks(
+    own: np.ndarray,
+    keep: np.ndarray,
+    window: tuple[slice, slice],
+    covered: np.ndarray,
+    pasted: np.ndarray,
+    size: tuple[int, int],
+) -> np.ndarray:
+    """The output masks, written once: the kept `own` masks without the `covered` pixels of `window`, then
+    the `pasted` ones [K, h, w] from the top-left corner of an image of `size`."""
+    count = int(keep.sum())
+    masks = np.zeros((count + len(pasted), *size), dtype=np.uint8)
+    np.compress(keep, own, axis=0, out=masks[:count])
+    np.copyto(masks[:count, window[0], window[1]], 0, where=covered)
+    masks[count:, : pasted.shape[1], : pasted.shape[2]] = pasted
+    return masks
 
 
 def _visible(
