@@ -390,3 +390,16 @@ def test_a_misspelled_mode_in_the_demo_config_names_the_key():
         Exception, match=r"dataloader\.train\.mapper\.copy_paste.*must be one of 'none', 'uniform', 'rare'"
     ):
         instantiate(cfg.dataloader.train.mapper)
+
+
+def test_a_recipe_without_the_key_gets_copy_paste_from_the_command_line():
+    """README's form for the LVIS recipes, which have no copy_paste key."""
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", "maskrcnn_vitdet_b_rfs.py"))
+    override = "+dataloader.train.mapper.copy_paste={_target_:lazytrain.data.copy_paste.CopyPaste,mode:rare}"
+    LazyConfig.apply_overrides(cfg, [override])
+    mapper = instantiate(cfg.dataloader.train.mapper)
+    assert (mapper.copy_paste.mode, mapper.copy_paste.repeat_thresh, mapper.recompute_boxes) == (
+        "rare",
+        0.001,
+        True,
+    )
