@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from lazytrain.data.datasets.cached_records import CachedRecords
 from lazytrain.data.repeat_factors import CategoryIndex, category_repeat_factors
 
 __all__ = ["CopyPaste", "mask_extents", "paste_objects"]
@@ -190,7 +191,11 @@ class CopyPaste:
 
 
 def _category_index(dataset: Sequence[dict]) -> CategoryIndex:
-    """The categories of every record's annotations outside crowd regions (those are never pasted)."""
+    """The categories of every record's annotations outside crowd regions (those are never pasted); for data
+    sets served from their annotation cache, its arrays (no record read; they count crowd regions too, which
+    LVIS has none of)."""
+    if isinstance(dataset, CachedRecords):
+        return CategoryIndex.from_dataset_dicts(dataset)
     shared: dict[int, dict] = {}  # one small dict per category, so the table costs a pointer per annotation
 
     def categories(record: dict) -> dict:

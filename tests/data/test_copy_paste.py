@@ -14,6 +14,7 @@ from lazytrain.config import LazyConfig, instantiate
 from lazytrain.data.build import build_detection_train_loader
 from lazytrain.data.common import DatasetFromList, MapDataset
 from lazytrain.data.copy_paste import CopyPaste, paste_objects
+from lazytrain.data.datasets.cached_records import CachedRecords
 from lazytrain.data.mappers import DatasetMapper
 from lazytrain.data.repeat_factors import (
     CategoryIndex,
@@ -371,8 +372,14 @@ def test_the_demo_config_with_copy_paste_maps_batches(tmp_path, monkeypatch):
         ["dataloader.train.mapper.copy_paste.mode=rare", "dataloader.train.num_workers=0", "train.seed=0"],
     )
     loader = instantiate(cfg.dataloader.train)
-    assert loader.dataset._map_func.copy_paste.mode == "rare"
+    copy_paste = loader.dataset._map_func.copy_paste
     records = loader.dataset.dataset
+    assert isinstance(records, CachedRecords)  # the weights come from the annotation cache's arrays
+    from_records = CopyPaste("rare", repeat_thresh=0.3)
+    from_records.attach_dataset([records[i] for i in range(len(records))])
+    np.testing.assert_allclose(
+        copy_paste.source_probabilities(), from_records.source_probabilities(), rtol=1e-12
+    )
     annotated = {records[i]["image_id"]: len(records[i]["annotations"]) for i in range(len(records))}
     batches = take(loader, 2)
     assert [len(b) for b in batches] == [4, 4]
