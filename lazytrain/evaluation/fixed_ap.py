@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-import pycocotools.mask as mask_util
+from faster_coco_eval.core import mask as mask_util
 
 from lazytrain.evaluation.coco_evaluation import _find, _is_scored_by_federated_protocol
 from lazytrain.evaluation.predictions import DetectionTable, ImagePredictions
@@ -338,20 +338,38 @@ def _match(ious: np.ndarray, gt_ignored: np.ndarray, crowd: np.ndarray) -> tuple
     """
     num_areas, num_gt = gt_ignored.shape
     thresholds = np.minimum(IOU_THRESHOLDS, 1 - 1e-10)[None, :, None]
+    if num_gt == 1:
+        return _match_one_instance(ious[:, 0], gt_ignored[:, 0], bool(crowd[0]), thresholds[0, :, 0])
     preference = np.where(gt_ignored, 0.0, 2.0)[:, None, :]  # IoU is at most 1: counted instances come first
     taken = np.zeros((num_areas, len(IOU_THRESHOLDS), num_gt), dtype=bool)
     shape = (num_areas, len(IOU_THRESHOLDS), len(ious))
     matched, on_ignored = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
-    for detection, row in enumerate(ious):
-        free = (row[None, None, :] >= thresholds) & (~taken | crowd)
-        key = np.where(free, row + preference, -1.0)
+    # A detection below the lowest threshold with every instance matches nothing and takes nothing.
+    for detection in np.flatnonzero(ious.max(axis=1) >= thresholds.min()).tolist():
+        free = ~taken | crowd
+        if not free.any():  # every instance taken at every threshold: nothing left to match
+            break
+        row = ious[detection]
+        key = np.where((row >= thresholds) & free, row + preference, -1.0)
         best = num_gt - 1 - np.argmax(key[..., ::-1], axis=-1)  # the last of equal keys
-        areas, levels = np.nonzero(np.take_along_axis(key, best[..., None], axis=-1)[..., 0] >= 0)
+        areas, levels = np.nonzero(key.max(axis=-1) >= 0)
         chosen = best[areas, levels]
         taken[areas, levels, chosen] = True
         matched[areas, levels, detection] = True
         on_ignored[areas, levels, detection] = gt_ignored[areas, chosen]
     return matched, on_ignored
+
+
+def _match_one_instance(
+    ious: np.ndarray, ignored: np.ndarray, crowd: bool, thresholds: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`_match` with one instance, for all detections at once: at each threshold the best-scoring detection
+    reaching it takes it (a crowd region: every detection reaching it). `ious` [D], `ignored` [A]."""
+    reaches = ious[None, :] >= thresholds[:, None]  # [T, D]
+    if not crowd:
+        reaches &= np.cumsum(reaches, axis=1) == 1
+    matched = np.broadcast_to(reaches, (len(ignored), *reaches.shape)).copy()
+    return matched, matched & ignored[:, None, None]
 
 
 def _precision_at_recalls(true_positive: np.ndarray, false_positive: np.ndarray, num_gt: int) -> np.ndarray:

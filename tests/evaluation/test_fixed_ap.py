@@ -55,6 +55,11 @@ def _box(x: float, y: float) -> list[float]:
     return [x, y, 10.0, 10.0]
 
 
+def _square(box: list[float]) -> list[float]:
+    x, y, w, h = box
+    return [x, y, x + w, y, x + w, y + h, x, y + h]
+
+
 def _write_lvis(tmp_path, images: list[dict], instances: list[tuple], frequencies: dict[int, str]) -> str:
     """An LVIS json of 100 x 100 images; `instances` are (image id, category id, XYWH box)."""
     annotations = [
@@ -64,6 +69,7 @@ def _write_lvis(tmp_path, images: list[dict], instances: list[tuple], frequencie
             "category_id": category,
             "bbox": box,
             "area": box[2] * box[3],
+            "segmentation": [_square(box)],
             "iscrowd": 0,
         }
         for i, (image, category, box) in enumerate(instances, start=1)
@@ -321,3 +327,25 @@ def test_a_model_that_detects_nothing_scores_zero(capped):
         json_file, inputs, [{"instances": dict(nothing)} for _ in inputs], ap_fixed=True, ap_pool=True
     )
     assert results["APfixed"] == results["APpool"] == results["APfixed_r"] == 0.0
+
+
+def test_hundreds_of_masks_in_an_image_equal_lvis_ap(tmp_path):
+    # More detections than pycocotools' mask area takes in one call (255), boxes and masks.
+    json_file = _write_lvis(tmp_path, [{"id": 1}], [(1, 1, _box(0, 0)), (1, 1, _box(30, 30))], {1: "f"})
+    rng = np.random.default_rng(0)
+    corners = rng.integers(0, 90, (300, 2))
+    corners[5], corners[17] = (0, 0), (30, 30)
+    masks = torch.zeros(300, 100, 100, dtype=torch.uint8)
+    for index, (x, y) in enumerate(corners.tolist()):
+        masks[index, y : y + 10, x : x + 10] = 1
+    instances = {
+        "boxes": torch.from_numpy(np.hstack([corners, corners + 10])).float(),
+        "scores": torch.from_numpy(rng.uniform(0, 1, 300)).float(),
+        "classes": torch.zeros(300, dtype=torch.int64),
+        "masks": masks,
+    }
+    evaluator = LVISEvaluator(json_file=json_file, ap_fixed=True)
+    evaluator.process([{"image_id": 1, "height": 100, "width": 100}], [{"instances": instances}])
+    results = evaluator.evaluate()
+    for task in ("bbox", "segm"):
+        assert results[task]["APfixed"] == pytest.approx(results[task]["AP"]) and results[task]["AP"] > 0
