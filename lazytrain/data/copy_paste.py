@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import numbers
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,7 +46,7 @@ import torch
 from lazytrain.data.datasets.cached_records import CachedRecords
 from lazytrain.data.repeat_factors import CategoryIndex, category_repeat_factors
 
-__all__ = ["CopyPaste", "mask_extents", "paste_objects"]
+__all__ = ["CopyPaste", "find_copy_paste_problems", "mask_extents", "paste_objects"]
 
 MODES = ("none", "uniform", "rare")
 
@@ -54,6 +55,29 @@ Instances = dict[str, torch.Tensor]
 
 def _is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def find_copy_paste_problems(settings: Mapping[str, Any]) -> dict[str, str]:
+    """What is wrong with the `CopyPaste` settings given (absent ones are not checked): the argument's name ->
+    what it must be and what it got. `CopyPaste` raises the first; checks before a run can report each."""
+    checks = {
+        "mode": (lambda v: v in MODES, f"must be one of {', '.join(map(repr, MODES))}"),
+        "prob": (lambda v: _is_number(v) and 0 <= v <= 1, "must be a number in [0, 1]"),
+        "max_objects": (
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "must be an integer >= 1",
+        ),
+        "min_area": (lambda v: _is_number(v) and v >= 0, "must be a number of pixels >= 0"),
+        "repeat_thresh": (
+            lambda v: _is_number(v) and v >= 0,
+            "must be a number >= 0 (0 weighs every category alike; LVIS's RFS uses 0.001)",
+        ),
+    }
+    return {
+        name: f"{expected}; got {settings[name]!r}"
+        for name, (is_valid, expected) in checks.items()
+        if name in settings and not is_valid(settings[name])
+    }
 
 
 class CopyPaste:
@@ -80,19 +104,11 @@ class CopyPaste:
         min_area: int = 16,
         repeat_thresh: float = 0.001,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"CopyPaste(mode=) must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
-        if not (_is_number(prob) and 0 <= prob <= 1):
-            raise ValueError(f"CopyPaste(prob=) must be a number in [0, 1]; got {prob!r}")
-        if not (isinstance(max_objects, int) and not isinstance(max_objects, bool) and max_objects >= 1):
-            raise ValueError(f"CopyPaste(max_objects=) must be an integer >= 1; got {max_objects!r}")
-        if not (_is_number(min_area) and min_area >= 0):
-            raise ValueError(f"CopyPaste(min_area=) must be a number of pixels >= 0; got {min_area!r}")
-        if not (_is_number(repeat_thresh) and repeat_thresh >= 0):
-            raise ValueError(
-                f"CopyPaste(repeat_thresh=) must be a number >= 0 (0 weighs every category alike); "
-                f"got {repeat_thresh!r}"
-            )
+        settings = dict(
+            mode=mode, prob=prob, max_objects=max_objects, min_area=min_area, repeat_thresh=repeat_thresh
+        )
+        for name, problem in find_copy_paste_problems(settings).items():
+            raise ValueError(f"CopyPaste({name}=) {problem}")
         self.mode, self.prob, self.max_objects = mode, prob, max_objects
         self.min_area, self.repeat_thresh = min_area, repeat_thresh
         self._dataset: Sequence[dict] | None = None

@@ -13,7 +13,7 @@ from PIL import Image
 from lazytrain.config import LazyConfig, instantiate
 from lazytrain.data.build import build_detection_train_loader
 from lazytrain.data.common import DatasetFromList, MapDataset
-from lazytrain.data.copy_paste import CopyPaste, paste_objects
+from lazytrain.data.copy_paste import CopyPaste, find_copy_paste_problems, paste_objects
 from lazytrain.data.datasets.cached_records import CachedRecords
 from lazytrain.data.mappers import DatasetMapper
 from lazytrain.data.repeat_factors import (
@@ -256,6 +256,11 @@ def test_bad_settings_name_the_argument(record):
         CopyPaste(prob=1.5)
     with pytest.raises(ValueError, match=r"CopyPaste\(max_objects=\)"):
         CopyPaste(max_objects=0)
+    problems = find_copy_paste_problems({"mode": "rare", "prob": -0.5, "min_area": 3, "repeat_thresh": "x"})
+    assert problems == {
+        "prob": "must be a number in [0, 1]; got -0.5",
+        "repeat_thresh": "must be a number >= 0 (0 weighs every category alike; LVIS's RFS uses 0.001); got 'x'",
+    }
     with pytest.raises(ValueError, match=r"needs is_train=True and use_instance_mask=True"):
         DatasetMapper(False, copy_paste=CopyPaste())
     with pytest.raises(ValueError, match="no dataset to draw source images from"):
