@@ -2,9 +2,10 @@
 
 ``DatasetMapper(copy_paste=CopyPaste(...))`` maps a training image as usual, then, with probability `prob`,
 draws a source image from the very dataset the train loader reads (the loader hands its dataset to the mapper,
-`DatasetMapper.attach_dataset`; no second copy of the records), maps it with the same augmentations (its own
-random resize, flip and crop: large-scale jitter on both images with the LSJ recipe), and pastes a random
-subset of its objects (`paste_objects`):
+`DatasetMapper.attach_dataset`; no second copy of the records) and a random subset of its objects, maps the
+source with those objects only (so a crowded source costs what its pasted objects cost) through the same
+augmentations (its own random resize, flip and crop: large-scale jitter on both images with the LSJ recipe),
+and pastes the chosen objects that its jitter keeps (`paste_objects`):
 
 - their pixels replace the image's, and their masks join the image's instances;
 - the image's own masks lose the pasted pixels, and an instance left with fewer than `min_area` pixels (a
@@ -22,7 +23,7 @@ subset of its objects (`paste_objects`):
 - ``"none"``: nothing is pasted and no random number is drawn, so the mapper's output equals that of a mapper
   without copy-paste; one key then compares the three settings in a sweep.
 
-k is uniform in [1, min(objects in the source, `max_objects`)]. Both images keep the sizes their augmentations
+k is uniform in [1, min(objects in the source, `max_objects`)]; crowd regions are never pasted. Both images keep the sizes their augmentations
 gave them; the source is laid on the image from the top-left corner, where the mapper's resizing, cropping
 and padding anchor every image, and what falls outside the image is cut (as the paper's padded 1024 x 1024
 canvases do, without growing the image). Objects are pasted as they are, without blending the edges (the paper
@@ -173,11 +174,11 @@ class CopyPaste:
         if self.mode == "none" or random.random() >= self.prob:
             return image, instances
         record = self._attached()[self._draw_source()]
-        source_image, source = map_record(record)
-        if not len(source["classes"]):
+        annotations = [a for a in record.get("annotations", ()) if not a.get("iscrowd", 0)]
+        if not annotations:
             return image, instances
-        chosen = torch.tensor(self._draw_objects(source["classes"]), dtype=torch.int64)
-        source = {key: value[chosen] for key, value in source.items()}
+        chosen = self._draw_objects(torch.tensor([a["category_id"] for a in annotations]))
+        source_image, source = map_record({**record, "annotations": [annotations[i] for i in chosen]})
         return paste_objects(image, instances, source_image, source, self.min_area)
 
     def _attached(self) -> Sequence[dict]:
