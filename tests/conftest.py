@@ -52,6 +52,24 @@ def _no_downloads(tmp_path_factory):
         yield
 
 
+# Files whose tests run first: the longest single tests of the suite (README's command lanes).
+_FIRST = ("tests/test_readme.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with slow tests first (README's lanes before all), each module's tests kept together (module
+    fixtures are built once): with pytest-xdist handing out one test at a time (``--maxschedchunk=1``, in
+    pyproject.toml), the long tests start early and the quick ones fill the workers at the end, instead of a
+    long test starting last while the other worker has nothing left."""
+    modules_with_slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> int:
+        module = item.nodeid.split("::")[0]
+        return 0 if module in _FIRST else 1 if module in modules_with_slow else 2
+
+    items.sort(key=rank)  # stable: pytest's order within each group
+
+
 class _CountingHandler(http.server.SimpleHTTPRequestHandler):
     def do_GET(self) -> None:
         with self.server.lock:

@@ -2,7 +2,6 @@
 and each ``python -m lazytrain`` / ``python scripts/...`` command is run here as written, in README order, with
 smoke overrides appended (2 iterations, tiny images, a tiny stand-in of the embedded data set)."""
 
-import concurrent.futures
 import glob
 import json
 import math
@@ -113,36 +112,46 @@ def run_command(command: str, cwd, env) -> subprocess.CompletedProcess:
     return subprocess.run(smoke_argv(command), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow
-def test_every_readme_command_runs(datasets_root, tmp_path):
-    env = dict(os.environ, LAZYTRAIN_DATASETS=datasets_root, OMP_NUM_THREADS="1")
-    # The tracker commands write local files only, whatever this machine's tracker settings are.
-    env.update(WANDB_MODE="offline", MLFLOW_DISABLE_TELEMETRY="true", WANDB_ERROR_REPORTING="false")
-    env.pop("MLFLOW_TRACKING_URI", None)
+def readme_lanes() -> list[list[str]]:
+    """README's ``python -m lazytrain`` / ``python scripts/`` commands in README order, each distinct run once,
+    in lanes that can run side by side: the commands that build on runs/a in two lanes, every other command
+    alone, the longest first."""
     commands = [c.split(" && ")[-1] for c in readme_commands()]
     commands = [c for c in commands if c.startswith(("python -m lazytrain", "python scripts/"))]
     assert len(commands) >= 8, commands  # the tour, the sweep, resume, eval-only, the benchmark
-    # README order, each distinct run once: the smoke overrides replace all of `train.max_iter=100
-    # model.roi_heads.detections_per_img=50`, which then is the quickstart's run.
+    # The smoke overrides replace all of `train.max_iter=100 model.roi_heads.detections_per_img=50`, which
+    # then is the quickstart's run.
     runs = {}
     for command in commands:
         runs.setdefault(tuple(smoke_argv(command)), command)
     commands = list(runs.values())
-    # Two at a time (most commands keep one core busy), each in its own directory (Hydra names run directories
-    # by the second): the commands that build on runs/a in README order as one job, every other command alone,
-    # the 16-job loss sweep first (the longest).
     chain = [c for c in commands if "runs/a" in c]
+    # The chain in two lanes that each train runs/a first: evaluation and resume; prediction and export.
+    deployment = [
+        c for c in chain[1:] if c.startswith(("python -m lazytrain predict", "python -m lazytrain export"))
+    ]
+    evaluation = [c for c in chain[1:] if c not in deployment]
     alone = sorted((c for c in commands if "runs/a" not in c), key=lambda c: "losses.use=" not in c)
-    jobs = [alone[0], chain, *alone[1:]]
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        results = [
-            pool.submit(
-                run_lane, [job] if isinstance(job, str) else job, tmp_path / f"job{i}", env, datasets_root
-            )
-            for i, job in enumerate(jobs)
-        ]
-        for result in results:
-            result.result()  # re-raises a job's failure
+    return [[chain[0], *deployment], [alone[0]], [chain[0], *evaluation], *[[c] for c in alone[1:]]]
+
+
+def _lane_id(lane: list[str]) -> str:
+    words = [w for w in shlex.split(lane[0])[1:] if w not in ("-m", "lazytrain")][:3]
+    return re.sub(r"[^A-Za-z0-9_.=/,-]+", "_", " ".join(words))[:60] + (
+        f"+{len(lane) - 1}" if len(lane) > 1 else ""
+    )
+
+
+# Each lane is its own test, so pytest-xdist spreads them over its workers (one core each): the runs/a chain,
+# the loss sweep and the other commands no longer share one worker.
+@pytest.mark.slow
+@pytest.mark.parametrize("lane", readme_lanes(), ids=_lane_id)
+def test_readme_commands_run(lane, datasets_root, tmp_path):
+    env = dict(os.environ, LAZYTRAIN_DATASETS=datasets_root, OMP_NUM_THREADS="1")
+    # The tracker commands write local files only, whatever this machine's tracker settings are.
+    env.update(WANDB_MODE="offline", MLFLOW_DISABLE_TELEMETRY="true", WANDB_ERROR_REPORTING="false")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    run_lane(lane, tmp_path / "lane", env, datasets_root)
 
 
 def run_lane(commands: list[str], cwd, env, datasets_root: str) -> None:
@@ -155,9 +164,7 @@ def run_lane(commands: list[str], cwd, env, datasets_root: str) -> None:
         check_outputs(command, result, cwd)
         if "runs/a/config.yaml" in command:  # a new run from the saved config leaves runs/a as it was
             assert snapshot(cwd / "runs" / "a") == before
-    shutil.rmtree(
-        cwd
-    )  # checked: its runs' checkpoints need not wait for the other lanes (a failure keeps them)
+    shutil.rmtree(cwd)  # checked: its runs' checkpoints need not wait for the end of the test
 
 
 def failure_report(command: str, result: subprocess.CompletedProcess) -> str:
