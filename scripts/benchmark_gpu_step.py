@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import statistics
 import time
@@ -400,6 +401,15 @@ def _options(args: argparse.Namespace, name: str) -> str:
     return ", ".join(chosen) or "-"
 
 
+def significant(value: float, digits: int = 3) -> str:
+    """`value` with `digits` significant digits and no exponent (0.0434, 5.27, 123, 4567): a slow CPU smoke
+    run's images/s stays positive in the table instead of rounding to 0.0."""
+    if value == 0 or not math.isfinite(value):
+        return str(value)
+    decimals = max(digits - 1 - math.floor(math.log10(abs(value))), 0)
+    return f"{value:.{decimals}f}"
+
+
 def _cell(value) -> str:
     return "n/a" if value is None else str(value)
 
@@ -412,7 +422,7 @@ def format_table(rows: list[dict]) -> str:
     for row in rows:
         cells = dict(row)
         cells["s/it"] = f"{row['s/it']:.4f}"
-        cells["images/s"] = f"{row['images/s']:.1f}"
+        cells["images/s"] = significant(row["images/s"])
         cells["GPU busy"] = "n/a" if row["GPU busy"] is None else f"{row['GPU busy']:.0%}"
         memory = row["peak memory GiB"]
         cells["peak memory GiB"] = "n/a" if memory is None else f"{memory:.2f}"

@@ -1,13 +1,17 @@
-"""scripts/benchmark_gpu_step.py, smoke-run on the CPU with the smallest settings (the GPU columns say n/a)."""
+"""scripts/benchmark_gpu_step.py, smoke-run on the CPU with the smallest settings (the GPU columns say n/a).
+lazytrain's rows build the CPU recipe's R18-FPN (``--recipe``): the same code paths as the default R50-FPN
+at a fraction of the cost; torchvision's model is always R50-FPN."""
 
 import pytest
 import torch
 
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
+from tests.modeling.helpers import CPU_RECIPE
 from tests.scripts.loading import load_script
 
 SMALLEST = ["--device", "cpu", "--iters", "1", "--warmup", "1", "--batch-sizes", "1", "--precisions", "fp32"]
 SMALLEST += ["--size", "64", "--max-size", "64", "--num-classes", "30", "--num-images", "1", "--threads", "1"]
+SMALLEST += ["--recipe", CPU_RECIPE]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +40,9 @@ def test_cpu_run_prints_one_row_per_model(script, data_root, capsys):
     for line, row in zip(table[1:], rows):
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         assert cells[:4] == [row["model"], "1", "fp32", "-"]
-        assert float(cells[4]) > 0 and float(cells[5]) > 0  # s/it, images/s
+        # s/it and images/s: positive however slow the step (3 significant digits, not rounded to 0.0)
+        assert float(cells[4]) == pytest.approx(row["s/it"], abs=1e-4) and float(cells[4]) > 0
+        assert float(cells[5]) == pytest.approx(row["images/s"], rel=1e-2) and float(cells[5]) > 0
         assert cells[6:8] == ["n/a", "n/a"]  # GPU busy and peak memory: no GPU
         assert int(cells[8]) > 0 and cells[9] == "n/a" and int(cells[10]) > 0  # host syncs
         assert int(cells[11]) > 0 and float(cells[12]) > 0  # device ops, GB moved per step
@@ -72,6 +78,16 @@ def test_variants_run_in_one_process_and_name_their_options(script, data_root, c
 def test_bad_options_are_named(script, data_root, argv, message):
     with pytest.raises(ValueError, match=message):
         script.main([*SMALLEST, "--data-root", data_root, *argv])
+
+
+def test_images_per_second_keep_three_significant_digits(script):
+    assert [script.significant(value) for value in (0.043478, 5.2731, 123.46, 4567.8)] == [
+        "0.0435",
+        "5.27",
+        "123",
+        "4568",
+    ]
+    assert script.significant(0.0) == "0.0"
 
 
 def test_gpu_busy_time_counts_overlapping_intervals_once(script):
