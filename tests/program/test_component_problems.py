@@ -21,3 +21,28 @@ def test_anything_else_is_one_line_naming_the_key(value):
     assert len(problems) == 1
     assert problems[0].startswith("dataloader.train.sampler.repeat_thresh=")
     assert "one per source" in problems[0]
+
+
+def _demo_with_copy_paste(**settings):
+    cfg = OmegaConf.create(
+        {
+            "dataloader": {
+                "train": {"mapper": {"copy_paste": {"_target_": "lazytrain.data.copy_paste.CopyPaste"}}}
+            }
+        }
+    )
+    cfg.dataloader.train.mapper.copy_paste.update(settings)
+    return cfg
+
+
+def test_copy_paste_settings_it_would_refuse_are_one_line_each():
+    problems = find_component_problems(_demo_with_copy_paste(mode="rar", prob=1.5, max_objects=20))
+    assert len(problems) == 2
+    assert problems[0].startswith("dataloader.train.mapper.copy_paste.mode='rar': must be one of 'none'")
+    assert problems[1].startswith("dataloader.train.mapper.copy_paste.prob=1.5: must be a number in [0, 1]")
+
+
+def test_copy_paste_settings_it_takes_pass():
+    assert (
+        find_component_problems(_demo_with_copy_paste(mode="rare", prob=0.5, min_area="${oc.env:X,4}")) == []
+    )

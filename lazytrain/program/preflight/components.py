@@ -13,6 +13,7 @@ from omegaconf import DictConfig, ListConfig
 from torchvision.models.detection.roi_heads import RoIHeads
 
 from lazytrain.config import locate, tree
+from lazytrain.data.copy_paste import CopyPaste, find_copy_paste_problems
 from lazytrain.engine.ema import find_setting_problems
 from lazytrain.engine.trackers.wandb import WANDB_MODES, WandbTracker
 from lazytrain.modeling.timm_backbone import TimmBackbone, find_model_name_problem
@@ -21,7 +22,8 @@ __all__ = ["find_component_problems"]
 
 
 def find_component_problems(cfg: DictConfig) -> list[str]:
-    """One line per value of the EMA, a W&B tracker or a timm backbone that its constructor would refuse."""
+    """One line per value of the EMA, a W&B tracker, a timm backbone, RoI heads, Copy-Paste or the sampler's
+    repeat-factor threshold that its constructor would refuse."""
     problems = find_ema_problems(cfg)
     for path, node, target in _iter_calls(cfg):
         if issubclass(target, WandbTracker):
@@ -30,6 +32,8 @@ def find_component_problems(cfg: DictConfig) -> list[str]:
             problems += _timm_model_problems(path, node)
         elif issubclass(target, RoIHeads):
             problems += _roi_heads_problems(path, node)
+        elif issubclass(target, CopyPaste):
+            problems += _copy_paste_problems(path, node)
     return problems + _repeat_thresh_problems(cfg)
 
 
@@ -102,6 +106,20 @@ def _roi_heads_problems(path: str, node: DictConfig) -> list[str]:
         if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value <= 1:
             problems.append(f"{path}.{key}={value!r}: must be a number in [0, 1].")
     return problems
+
+
+def _copy_paste_problems(path: str, node: DictConfig) -> list[str]:
+    """Each literal `CopyPaste` setting it would refuse (a sweep's every job would fail on it when its train
+    loader is built)."""
+    written = {
+        key: _literal(node, key)
+        for key in node
+        if key != "_target_" and not tree.is_interpolation(tree.child(node, key))
+    }
+    return [
+        f"{path}.{name}={written[name]!r}: {problem}."
+        for name, problem in find_copy_paste_problems(written).items()
+    ]
 
 
 def _is_threshold(value: object) -> bool:
