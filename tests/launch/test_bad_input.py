@@ -139,6 +139,7 @@ def test_init_checkpoint_that_is_not_a_checkpoint(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "text"])
 def test_resume_over_a_damaged_checkpoint_names_it_and_keeps_the_files(tmp_path, damage):
     run_dir = tmp_path / "run"
