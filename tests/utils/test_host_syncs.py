@@ -256,23 +256,43 @@ def test_inference_host_syncs_stay_at_or_below_today_and_results_are_unchanged()
             assert torch.equal(output["instances"][key], value), key
 
 
+def _device_step_counter(model, batch) -> HostSyncCounter:
+    """One counted training step of `model` on `batch` after a first one, with the recipe's optimizer as on
+    a GPU (see the test below)."""
+    optimizer = _recipe_optimizer(model, foreach=True)
+    _training_step(model, optimizer, batch)  # the first step also sets up the RoI poolers' scales
+    with HostSyncCounter(record_sites=True) as counter:
+        _training_step(model, optimizer, batch)
+    return counter
+
+
+@pytest.fixture(scope="module")
+def demo_step_counters() -> tuple[HostSyncCounter, HostSyncCounter]:
+    """The demo model's counted steps on `_batch()` and on two more images: one model for both tests that
+    need them."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(suppression, "_TILE_ELEMENTS", {})  # as on a GPU (see the test below)
+        torch.manual_seed(0)
+        model = _model().train()
+        more = [make_record(176, 176, seed=2), make_record(160, 160, seed=3)]
+        return _device_step_counter(model, _batch()), _device_step_counter(model, _batch() + more)
+
+
 @pytest.mark.parametrize(
     "recipe, num_classes",
     [param(CPU_RECIPE, 3, id="demo model"), param(R50_RECIPE, 1203, id="R50-FPN recipe, LVIS classes")],
 )
 def test_training_step_device_operations_and_memory_traffic_stay_at_or_below_today(
-    recipe, num_classes, monkeypatch
+    recipe, num_classes, monkeypatch, request
 ):
     # As on a GPU: the RPN's NMS in tiles of a device's size (the CPU's are smaller: more, smaller
     # operations), SGD's multi-tensor step (torch's default on CUDA; a loop per parameter on the CPU).
-    monkeypatch.setattr(suppression, "_TILE_ELEMENTS", {})
-    torch.manual_seed(0)
-    model = _gpu_paths_model(recipe, num_classes).train()
-    optimizer = _recipe_optimizer(model, foreach=True)
-    batch = _batch()
-    _training_step(model, optimizer, batch)
-    with HostSyncCounter(record_sites=True) as counter:
-        _training_step(model, optimizer, batch)
+    if recipe == CPU_RECIPE:
+        counter = request.getfixturevalue("demo_step_counters")[0]
+    else:
+        monkeypatch.setattr(suppression, "_TILE_ELEMENTS", {})
+        torch.manual_seed(0)
+        counter = _device_step_counter(_gpu_paths_model(recipe, num_classes).train(), _batch())
     ceiling = MAX_DEVICE_OPERATIONS_PER_STEP[Path(recipe).stem]
     top = ", ".join(f"{name} {count}" for name, count in counter.operations.most_common(12))
     assert 0 < counter.operation_total <= ceiling, f"{counter.operation_total} operations per step: {top}"
@@ -280,17 +300,8 @@ def test_training_step_device_operations_and_memory_traffic_stay_at_or_below_tod
     assert 0 < counter.memory_traffic_total <= traffic, counter.format_memory_traffic()
 
 
-def test_each_further_image_adds_few_device_operations(monkeypatch):
-    monkeypatch.setattr(suppression, "_TILE_ELEMENTS", {})
-    torch.manual_seed(0)
-    model = _model().train()
-    optimizer = _recipe_optimizer(model, foreach=True)
-    operations = []
-    for batch in (_batch(), _batch() + [make_record(176, 176, seed=2), make_record(160, 160, seed=3)]):
-        _training_step(model, optimizer, batch)
-        with HostSyncCounter() as counter:
-            _training_step(model, optimizer, batch)
-        operations.append(counter.operation_total)
+def test_each_further_image_adds_few_device_operations(demo_step_counters):
+    operations = [counter.operation_total for counter in demo_step_counters]
     per_image = (operations[1] - operations[0]) / 2
     assert 0 < per_image <= MAX_DEVICE_OPERATIONS_PER_EXTRA_IMAGE, f"{operations}: {per_image} per image"
 
@@ -298,7 +309,7 @@ def test_each_further_image_adds_few_device_operations(monkeypatch):
 @pytest.mark.slow  # compiles with inductor
 def test_lvis_inference_with_compiled_nms_gives_the_same_detections(monkeypatch):
     # 100 classes: the per-class NMS candidates (~1000 RoIs x 100 classes) are already far above the size
-    # where the grouped NMS takes over; 1203 would only take longer (the test above has them).
+    # where the grouped NMS takes over; 1203 would only take longer (the test below has them).
     overrides = ("model.roi_heads.score_thresh=0.0001", "model.roi_heads.detections_per_img=300")
     torch.manual_seed(0)
     model = _gpu_paths_model(R50_RECIPE, 100, overrides).eval()
