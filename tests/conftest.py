@@ -40,9 +40,11 @@ def _local_only(urlopen):
 def _no_downloads(tmp_path_factory):
     """Downloads from anywhere but 127.0.0.1 fail loudly: in this process with an AssertionError naming the
     URL (urllib's and torch hub's urlopen), in subprocesses through an unreachable proxy. Torch hub's cache
-    is a temporary folder, so no test reads or writes the user's ~/.cache/torch."""
+    and the annotation cache are temporary folders, so no test reads or writes the user's ~/.cache."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TORCH_HOME", str(tmp_path_factory.mktemp("torch_home")))
+        # Annotation cache files of the suite's json data sets go to a temporary folder too, not ~/.cache.
+        patch.setenv("LAZYTRAIN_CACHE", str(tmp_path_factory.mktemp("lazytrain_cache")))
         for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
             patch.setenv(name, _UNREACHABLE_PROXY)
         for name in ("no_proxy", "NO_PROXY"):

@@ -102,6 +102,8 @@ def smoke_argv(command: str) -> list[str]:
     """One README command as typed (python = this interpreter, conf/ = the repo's), smoke overrides appended."""
     words = shlex.split(command)
     assert words[0] == "python", command
+    if words[1:4] == ["-m", "lazytrain", "cache"]:  # no run: nothing to shrink
+        return [sys.executable, *words[1:]]
     if words[1:3] == ["-m", "lazytrain"]:
         arguments = [os.path.join(REPO, w) if w.startswith("conf/") else w for w in words[3:]]
         return [sys.executable, "-m", "lazytrain", *with_smoke(arguments)]
@@ -231,5 +233,7 @@ def check_outputs(command: str, result: subprocess.CompletedProcess, cwd) -> Non
         exported = sorted(os.listdir(cwd / "runs" / "a" / "export"))
         assert exported == ["model.json", "model.onnx", "model.pt2"], exported
         assert output.count("parity") >= 2, output
+    elif command.startswith("python -m lazytrain cache "):
+        assert result.stdout.startswith("cache folder: ") and "synthetic_lt_train" in result.stdout
     elif command.startswith("python scripts/"):
         assert "|" in result.stdout  # a markdown table

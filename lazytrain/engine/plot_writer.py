@@ -13,6 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from lazytrain.data.common import DatasetFromList
+from lazytrain.data.datasets.cached_records import CachedRecords
 from lazytrain.engine.train_loop import HookBase
 from lazytrain.utils import comm, plots, run_dirs
 
@@ -49,7 +53,15 @@ class RecordsSummary:
 
 
 def summarize_records(records: Sequence[dict]) -> RecordsSummary:
-    """Images, instances and images per category of `records` (one pass; a `DatasetFromList` works too)."""
+    """Images, instances and images per category of `records` (one pass; a `DatasetFromList` works too).
+    Records in a json's cache file are counted from its arrays, without decoding a record."""
+    cached = records.cached_records if isinstance(records, DatasetFromList) else records
+    if isinstance(cached, CachedRecords):
+        _, categories, instances = cached.get_category_csr()
+        counts = np.bincount(categories)
+        return RecordsSummary(
+            len(cached), int(instances.sum()), {int(c): int(n) for c, n in enumerate(counts) if n}
+        )
     image_counts: Counter = Counter()
     instances = 0
     for index in range(len(records)):

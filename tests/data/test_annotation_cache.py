@@ -24,6 +24,7 @@ from lazytrain.data.datasets.coco import load_coco_json
 from lazytrain.data.datasets.lvis import load_lvis_json
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.data.repeat_factors import CategoryIndex, repeat_factors_from_category_frequency
+from lazytrain.engine.plot_writer import summarize_records
 from tests.data.test_coco_lvis import COCO, lvis_data, write
 
 PLAIN = {False: load_coco_json, True: load_lvis_json}
@@ -85,6 +86,8 @@ def _check_equal(json_file, image_root, lvis, names):
     assert list(again) == plain
     factors = repeat_factors_from_category_frequency(again, 0.5)  # from the arrays, without a warning
     assert factors.tolist() == repeat_factors_from_category_frequency(plain, 0.5).tolist()
+    # The run header's and plots' counts, from the arrays (directly or through DatasetFromList) and the records.
+    assert summarize_records(again) == summarize_records(DatasetFromList(again)) == summarize_records(plain)
     return cached, plain
 
 
