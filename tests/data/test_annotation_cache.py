@@ -3,6 +3,7 @@
 and the aspect grouping read equal to what they computed from the records."""
 
 import copy
+import glob
 import json
 import logging
 import multiprocessing
@@ -25,6 +26,7 @@ from lazytrain.data.datasets.lvis import load_lvis_json
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.data.repeat_factors import CategoryIndex, repeat_factors_from_category_frequency
 from lazytrain.engine.plot_writer import summarize_records
+from lazytrain.errors import LazytrainError
 from tests.data.test_coco_lvis import COCO, lvis_data, write
 
 PLAIN = {False: load_coco_json, True: load_lvis_json}
@@ -334,3 +336,21 @@ def test_record_file_is_compact(tmp_path):
     records = load_cached_json(json_file, "/images", lvis=False)
     path = records.cache_paths[0]
     assert os.path.getsize(path) < 8192 and annotation_cache.read_cache_file(path).key["size"] > 0
+
+
+def test_a_damaged_record_names_the_cache_file_and_how_to_clear_it(tmp_path):
+    root = generate_synthetic_lt(str(tmp_path / "synthetic"), num_train=8, num_val=2)
+    json_file = os.path.join(root, "lvis_v1_train.json")
+    load_cached_json(json_file, root, lvis=True)  # writes the file
+    (path,) = glob.glob(os.path.join(os.environ["LAZYTRAIN_CACHE"], "lvis_v1_train-*.records"))
+    data = bytearray(open(path, "rb").read())
+    record_start = data.find(b"\x80")  # the first pickle's protocol marker, in the record bytes
+    data[record_start : record_start + 64] = b"n" * 64
+    with open(path, "r+b") as f:
+        f.write(data)
+    damaged = load_cached_json(json_file, root, lvis=True)
+    with pytest.raises(
+        LazytrainError, match=r"annotation cache file .*lvis_v1_train-.*\.records is damaged"
+    ) as e:
+        [damaged[i] for i in range(len(damaged))]
+    assert f"python -m lazytrain cache {os.path.realpath(json_file)} --clear" in str(e.value)

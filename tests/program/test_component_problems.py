@@ -46,3 +46,26 @@ def test_copy_paste_settings_it_takes_pass():
     assert (
         find_component_problems(_demo_with_copy_paste(mode="rare", prob=0.5, min_area="${oc.env:X,4}")) == []
     )
+
+
+def test_a_names_list_with_a_registering_call_is_checked_without_error(tmp_path, monkeypatch):
+    """A list of data set names may hold `register_json_dataset` calls (the config's own json files): the
+    built-in data check looks at the names only (it used to fail on the call with a traceback)."""
+    from lazytrain.program.preflight.builtin_data import find_missing_data
+
+    monkeypatch.setenv("LAZYTRAIN_DATASETS", str(tmp_path))
+    register = {"_target_": "lazytrain.data.datasets.custom.register_json_dataset", "name": "mine"}
+    cfg = OmegaConf.create(
+        {
+            "dataloader": {
+                "train": {
+                    "dataset": {
+                        "_target_": "lazytrain.data.build.get_detection_dataset_dicts",
+                        "names": ["lvis_v1_train", register],
+                    }
+                }
+            }
+        }
+    )
+    (problem,) = find_missing_data(cfg)
+    assert problem.startswith("data set 'lvis_v1_train' is not on disk")

@@ -39,6 +39,7 @@ from typing import IO, Any
 import numpy as np
 from filelock import FileLock, Timeout
 
+from lazytrain.errors import LazytrainError
 from lazytrain.utils.file_io import atomic_write
 
 __all__ = [
@@ -133,7 +134,14 @@ class CacheFile:
         """A fresh dict of record `index` (the caller may modify it)."""
         offsets = self.arrays["record_offsets"]
         start, end = int(offsets[index]), int(offsets[index + 1])
-        return pickle.loads(memoryview(self.arrays["record_bytes"][start:end]))
+        try:
+            return pickle.loads(memoryview(self.arrays["record_bytes"][start:end]))
+        except Exception as e:  # overwritten bytes: any unpickling error, named with the way out
+            raise LazytrainError(
+                f"The annotation cache file {self.path} is damaged (record {index}: {type(e).__name__}: {e}). "
+                f"Remove it with: python -m lazytrain cache {self.key.get('json_file', '')} --clear (the next run "
+                "parses the json again)."
+            ) from e
 
 
 def read_cache_file(path: str) -> CacheFile | None:

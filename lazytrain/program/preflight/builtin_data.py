@@ -31,8 +31,11 @@ def _names_used_by(node: DictConfig) -> list[str]:
     names = []
     if target.endswith("get_detection_dataset_dicts"):
         value = node.get("names")
-        if isinstance(value, (str, ListConfig)):  # not a registering call (json data sets)
-            names += [value] if isinstance(value, str) else list(value)
+        # Registering calls (json data sets, alone or in a list) are json_data's to check.
+        if isinstance(value, str):
+            names.append(value)
+        elif isinstance(value, ListConfig):
+            names += [name for name in value if isinstance(name, str)]
     if target.endswith("Evaluator") and isinstance(node.get("dataset_name"), str):
         names.append(node.get("dataset_name"))
     return names
