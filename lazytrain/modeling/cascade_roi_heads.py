@@ -144,6 +144,8 @@ class CascadeRoIHeads(RoIHeads):
         score_thresh, nms_thresh, detections_per_img: the postprocessing (`RoIHeads`'s).
         mask_roi_pool, mask_head, mask_predictor: the mask branch (all None: no masks).
         compiled_nms: the detections' per-class NMS in compiled kernels where it runs grouped (`RoIHeads`'s).
+        detections_per_class: at most that many detections of each class per image (`RoIHeads`'s; None: no
+            limit).
     """
 
     def __init__(
@@ -163,6 +165,7 @@ class CascadeRoIHeads(RoIHeads):
         mask_head: nn.Module | None = None,
         mask_predictor: nn.Module | None = None,
         compiled_nms: bool = False,
+        detections_per_class: int | None = None,
     ) -> None:
         _check_stages(box_heads, box_predictors, stage_iou_thresholds, stage_bbox_reg_weights)
         weights = [tuple(float(w) for w in stage_weights) for stage_weights in stage_bbox_reg_weights]
@@ -172,7 +175,7 @@ class CascadeRoIHeads(RoIHeads):
             first_iou, first_iou, batch_size_per_image, positive_fraction, weights[0],
             score_thresh, nms_thresh, detections_per_img,
             mask_roi_pool=mask_roi_pool, mask_head=mask_head, mask_predictor=mask_predictor,
-            compiled_nms=compiled_nms,
+            compiled_nms=compiled_nms, detections_per_class=detections_per_class,
         )  # fmt: skip
         # Stage 0 matches and encodes with RoIHeads' own matcher and coder (the same threshold and weights).
         self.stage_box_coders = [BoxCoder(w, self.box_coder.bbox_xform_clip) for w in weights]

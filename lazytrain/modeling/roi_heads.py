@@ -112,15 +112,29 @@ class RoIHeads(TorchvisionRoIHeads):
     Training returns ``loss_classifier`` (whatever the loss), ``loss_box_reg`` and, with a mask or keypoint
     head, ``loss_mask``/``loss_keypoint``; eval returns torchvision's detections, ranked by the loss's scores.
 
-    One argument of its own, keyword only: ``compiled_nms`` (default False), the per-class NMS of the
+    Two arguments of its own, keyword only: ``compiled_nms`` (default False), the per-class NMS of the
     detections in ``torch.compile``d kernels where it runs grouped (`lazytrain.modeling.nms.batched_nms`: on a
     device above 100,000 box coordinates per image, as LVIS's 1,203 classes at score threshold 1e-4 give;
-    torchvision's ``nms`` elsewhere, unchanged). The same detections; the first such call compiles.
+    torchvision's ``nms`` elsewhere, unchanged; the same detections, the first such call compiles); and
+    ``detections_per_class`` (default None: no limit), at most that many detections of each class per image
+    before the ``detections_per_img`` cut, the per-class top-k of AP-fixed's inference (Dave et al.).
     """
 
-    def __init__(self, *args: Any, compiled_nms: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, compiled_nms: bool = False, detections_per_class: int | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
+        if detections_per_class is not None and (
+            not isinstance(detections_per_class, int)
+            or isinstance(detections_per_class, bool)
+            or detections_per_class < 1
+        ):
+            raise ValueError(
+                "RoIHeads(detections_per_class=) (model.roi_heads.detections_per_class) must be an integer >= 1, "
+                f"or null for no limit; got {detections_per_class!r}"
+            )
         self.compiled_nms = compiled_nms
+        self.detections_per_class = detections_per_class
         # Without host syncs, same results: the box coder (no tensors from Python numbers), the matcher (a
         # batch at once), the sampler (the same counts, drawn as masks; a torchvision sampler assigned here is
         # used as torchvision does).
@@ -269,10 +283,12 @@ class RoIHeads(TorchvisionRoIHeads):
     ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
         """Per image: boxes, scores and labels (1..K) of the detections kept from every RoI's decoded boxes
         [R, K+1, 4] and scores [R, K+1] (`lazytrain.modeling.box_selection.select_detections` with these
-        heads' ``score_thresh``, ``nms_thresh``, ``detections_per_img`` and ``compiled_nms``)."""
+        heads' ``score_thresh``, ``nms_thresh``, ``detections_per_img``, ``detections_per_class`` and
+        ``compiled_nms``)."""
         return select_detections(
             boxes, scores, proposals, image_shapes, score_thresh=self.score_thresh, nms_thresh=self.nms_thresh,
             detections_per_img=self.detections_per_img, compiled_nms=self.compiled_nms,
+            detections_per_class=self.detections_per_class,
         )  # fmt: skip
 
     def _mask_branch(self, inputs: BranchInputs, result: list[dict[str, Tensor]]) -> dict[str, Tensor]:

@@ -63,6 +63,7 @@ def make_cascade_roi_heads(roi_heads):
         mask_head=roi_heads.mask_head,
         mask_predictor=roi_heads.mask_predictor,
         compiled_nms=roi_heads.compiled_nms,
+        detections_per_class=roi_heads.detections_per_class,
     )
 
 

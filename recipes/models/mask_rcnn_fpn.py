@@ -71,6 +71,8 @@ model = L(RCNN)(
         # The per-class NMS of the detections in compiled kernels where it runs grouped (on a GPU, above 100,000
         # box coordinates per image: LVIS evaluation at score_thresh=0.0001); torchvision's nms elsewhere.
         compiled_nms=False,
+        # At most this many detections of each class per image (null: no limit); AP-fixed's inference sets it.
+        detections_per_class=None,
         mask_roi_pool=L(MultiScaleRoIAlign)(
             featmap_names=["0", "1", "2", "3"], output_size=14, sampling_ratio=2
         ),

@@ -36,7 +36,7 @@ CHANNELS = 8
 IMAGE_SHAPES = [(128, 128), (128, 96)]
 
 
-def _heads(branch: str, predictor: torch.nn.Module | None = None, heads_class: type = RoIHeads):
+def _heads(branch: str, predictor: torch.nn.Module | None = None, heads_class: type = RoIHeads, **options):
     """Small RoI heads on one stride-4 feature map; `branch` adds a mask or keypoint branch."""
     branches = {}
     if branch == "masks":
@@ -56,7 +56,7 @@ def _heads(branch: str, predictor: torch.nn.Module | None = None, heads_class: t
         TwoMLPHead(CHANNELS * 49, 32),
         predictor or BoxPredictor(32, NUM_CLASSES),
         fg_iou_thresh=0.5, bg_iou_thresh=0.5, batch_size_per_image=32, positive_fraction=0.25,
-        bbox_reg_weights=None, score_thresh=0.01, nms_thresh=0.5, detections_per_img=20, **branches,
+        bbox_reg_weights=None, score_thresh=0.01, nms_thresh=0.5, detections_per_img=20, **branches, **options,
     )  # fmt: skip
 
 
@@ -409,3 +409,24 @@ def test_mask_sampler_draws_torchvisions_counts_with_one_host_read():
     for image, (target, index) in enumerate(zip(targets, samples.matched_idxs)):
         encoded = heads.box_coder.encode_single(target["boxes"][index], samples.proposals[image])
         torch.testing.assert_close(samples.regression_targets[image], encoded)
+
+
+def test_detections_per_class_limits_each_class_per_image_and_none_changes_nothing():
+    """``detections_per_class`` (AP-fixed's per-class top-k): at most k of each class per image, the best-scored
+    of that class; None gives exactly the detections without it."""
+    features, proposals, _ = _inputs("boxes")
+    torch.manual_seed(0)
+    heads = _heads("boxes").eval()
+    heads.score_thresh, heads.detections_per_img = 0.0, 200
+    with torch.no_grad():
+        unlimited, _ = heads(features, proposals, IMAGE_SHAPES)
+        heads.detections_per_class = 2
+        limited, _ = heads(features, proposals, IMAGE_SHAPES)
+    for full, few in zip(unlimited, limited):
+        for label in full["labels"].unique().tolist():
+            expected = full["scores"][full["labels"] == label].sort(descending=True).values[:2]
+            got = few["scores"][few["labels"] == label].sort(descending=True).values
+            assert torch.equal(got, expected), label
+        assert len(few["labels"]) < len(full["labels"])
+    with pytest.raises(ValueError, match=r"model\.roi_heads\.detections_per_class.*>= 1.*got 0"):
+        _heads("boxes", detections_per_class=0)
