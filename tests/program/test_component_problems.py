@@ -69,3 +69,14 @@ def test_a_names_list_with_a_registering_call_is_checked_without_error(tmp_path,
     )
     (problem,) = find_missing_data(cfg)
     assert problem.startswith("data set 'lvis_v1_train' is not on disk")
+
+
+@pytest.mark.parametrize(
+    "target", ["lvis_evaluation.LVISEvaluator", "long_tail_evaluation.LongTailEvaluator"]
+)
+def test_ap_fixed_budget_it_would_refuse_is_one_line(target):
+    evaluator = {"_target_": f"lazytrain.evaluation.{target}", "max_dets_per_category": -5}
+    (problem,) = find_component_problems(OmegaConf.create({"dataloader": {"evaluator": evaluator}}))
+    assert problem.startswith("dataloader.evaluator.max_dets_per_category=-5: must be an integer >= 1")
+    evaluator["max_dets_per_category"] = 300
+    assert find_component_problems(OmegaConf.create({"dataloader": {"evaluator": evaluator}})) == []

@@ -16,6 +16,8 @@ from lazytrain.config import locate, tree
 from lazytrain.data.copy_paste import CopyPaste, find_copy_paste_problems
 from lazytrain.engine.ema import find_setting_problems
 from lazytrain.engine.trackers.wandb import WANDB_MODES, WandbTracker
+from lazytrain.evaluation.long_tail_evaluation import LongTailEvaluator
+from lazytrain.evaluation.lvis_evaluation import LVISEvaluator
 from lazytrain.modeling.timm_backbone import TimmBackbone, find_model_name_problem
 
 __all__ = ["find_component_problems"]
@@ -34,6 +36,8 @@ def find_component_problems(cfg: DictConfig) -> list[str]:
             problems += _roi_heads_problems(path, node)
         elif issubclass(target, CopyPaste):
             problems += _copy_paste_problems(path, node)
+        elif issubclass(target, (LVISEvaluator, LongTailEvaluator)):
+            problems += _fixed_ap_problems(path, node)
     return problems + _repeat_thresh_problems(cfg)
 
 
@@ -119,6 +123,19 @@ def _copy_paste_problems(path: str, node: DictConfig) -> list[str]:
     return [
         f"{path}.{name}={written[name]!r}: {problem}."
         for name, problem in find_copy_paste_problems(written).items()
+    ]
+
+
+def _fixed_ap_problems(path: str, node: DictConfig) -> list[str]:
+    """AP-fixed's K, which the evaluator would refuse only after training."""
+    value = _literal(node, "max_dets_per_category")
+    if value is None or tree.is_interpolation(tree.child(node, "max_dets_per_category")):
+        return []
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return []
+    return [
+        f"{path}.max_dets_per_category={value!r}: must be an integer >= 1 (the K of AP-fixed and AP-pool; "
+        "Dave et al. use 10000 on LVIS)."
     ]
 
 
