@@ -208,8 +208,8 @@ def check_outputs(command: str, result: subprocess.CompletedProcess, cwd) -> Non
     elif " -m dataloader.train.sampler.repeat_thresh=" in command:
         (summary,) = glob.glob(str(cwd / "multirun" / "*" / "*" / "summary.csv"))
         rows = open(summary).read().splitlines()
-        swept = command.split("repeat_thresh=")[1].split()[0].split(",")
-        assert len(rows) == 1 + len(swept) and all("repeat_thresh" in row for row in rows[1:]), rows
+        jobs = grid_jobs(shlex.split(command))  # the repeat_thresh values, times any other swept key's
+        assert len(rows) == 1 + jobs and all("repeat_thresh" in row for row in rows[1:]), rows
     elif "train.resume=true" in command:
         assert "Resuming from iteration 2" in output
     elif "train.eval_only=true" in command:
