@@ -470,6 +470,7 @@ def test_load_exported_runs_an_aoti_package_with_the_limits_beside_it(every_targ
     )
 
 
+@pytest.mark.slow
 @needs_torch_export
 def test_box_only_sigmoid_scoring_model_exports_three_outputs(tmp_path, images):
     model = _build((*SMALL, *MASK_HEAD), loss=L(EQLv2Loss)(num_classes=3))

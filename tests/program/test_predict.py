@@ -210,6 +210,7 @@ def test_predict_command_refuses_bad_input_with_one_line(in_run_datasets, tmp_pa
     assert (kept / "results.json").read_text() == "[1]"
 
 
+@pytest.mark.slow
 @needs_torch_export
 def test_benchmark_predict_prints_images_per_second_for_each_path(in_run_datasets, capsys):
     folder = os.path.dirname(_val_images(in_run_datasets)[0]["path"])

@@ -325,6 +325,7 @@ def test_lvis_inference_with_compiled_nms_gives_the_same_detections(monkeypatch)
             assert torch.equal(output["instances"][key], value), key
 
 
+@pytest.mark.slow
 def test_lvis_inference_host_syncs_do_not_grow_with_the_classes_and_results_are_unchanged(monkeypatch):
     overrides = ("model.roi_heads.score_thresh=0.0001", "model.roi_heads.detections_per_img=300")
     torch.manual_seed(0)
