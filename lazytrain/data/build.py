@@ -197,6 +197,15 @@ def _infinite_sampler(sampler: Sampler | None, size: int, seed: int) -> Sampler:
     )
 
 
+def _check_total_batch_size(total_batch_size: int, world_size: int) -> None:
+    if total_batch_size <= 0 or total_batch_size % world_size != 0:
+        raise ValueError(
+            f"build_detection_train_loader(total_batch_size={total_batch_size}) must be a positive multiple of the "
+            f"world size {world_size}; set dataloader.train.total_batch_size to a multiple of {world_size} "
+            f"(e.g. {max(1, total_batch_size // world_size) * world_size})."
+        )
+
+
 def build_detection_train_loader(
     dataset: Sequence[dict] | Dataset,
     *,
@@ -234,12 +243,7 @@ def build_detection_train_loader(
 
     pin = resolve_pin_memory(pin_memory, "build_detection_train_loader")
     world_size, rank = comm.get_world_size(), comm.get_rank()
-    if total_batch_size <= 0 or total_batch_size % world_size != 0:
-        raise ValueError(
-            f"build_detection_train_loader(total_batch_size={total_batch_size}) must be a positive multiple of the "
-            f"world size {world_size}; set dataloader.train.total_batch_size to a multiple of {world_size} "
-            f"(e.g. {max(1, total_batch_size // world_size) * world_size})."
-        )
+    _check_total_batch_size(total_batch_size, world_size)
     if hasattr(sampler, "check_batching"):  # it fills whole batches (MixtureTrainingSampler's shares)
         sampler.check_batching(total_batch_size, aspect_ratio_grouping)
     seed = resolve_seed(seed)
