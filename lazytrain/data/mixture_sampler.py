@@ -43,7 +43,13 @@ import torch
 from torch.utils.data import Sampler
 
 from lazytrain.data.repeat_factors import repeat_factors_from_category_frequency
-from lazytrain.data.samplers import RepeatFactorTrainingSampler, TrainingSampler, resolve_rank, resolve_seed
+from lazytrain.data.samplers import (
+    RepeatFactorTrainingSampler,
+    TrainingSampler,
+    resolve_rank,
+    resolve_seed,
+    resumed_seed,
+)
 
 __all__ = ["MixtureTrainingSampler"]
 
@@ -372,13 +378,7 @@ class MixtureTrainingSampler(Sampler[int]):
 
         A ``seed`` in the state replaces the constructor's seed (the checkpoint describes the run).
         """
-        if "position" not in state:
-            raise ValueError(
-                f"{_NAME}.load_state_dict: the state needs a 'position'; got keys {sorted(state)}"
-            )
-        if state.get("seed") is not None and int(state["seed"]) != self._seed:
-            logger.info("%s: seed %d from the resumed state replaces %d.", _NAME, state["seed"], self._seed)
-            self._seed = int(state["seed"])
+        self._seed = resumed_seed(_NAME, state, self._seed)
         if state.get("shares") is not None and list(state["shares"]) != self._shares:
             logger.warning(
                 "%s: resuming a state saved with shares %s per rank into shares %s: the sources continue "

@@ -37,6 +37,7 @@ __all__ = [
     "TrainingSampler",
     "resolve_rank",
     "resolve_seed",
+    "resumed_seed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,17 @@ logger = logging.getLogger(__name__)
 # Items are handed out in blocks of this size: a whole epoch as a Python list would hold a Python int object
 # per index, several times the epoch's int32 tensor; a block's list is small and short-lived.
 _BLOCK = 4096
+
+
+def resumed_seed(sampler: str, state: dict[str, Any], seed: int) -> int:
+    """The seed a sampler named `sampler` resumes with: the state's (the checkpoint describes the run), else
+    `seed`; refuses a state without a ``position``."""
+    if "position" not in state:
+        raise ValueError(f"{sampler}.load_state_dict: the state needs a 'position'; got keys {sorted(state)}")
+    if state.get("seed") is not None and int(state["seed"]) != seed:
+        logger.info("%s: seed %d from the resumed state replaces %d.", sampler, state["seed"], seed)
+        return int(state["seed"])
+    return seed
 
 
 def resolve_rank(component: str, rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -142,18 +154,7 @@ class _InfiniteSampler(Sampler[int]):
 
         A ``seed`` in the state replaces the constructor's seed (the checkpoint describes the run).
         """
-        if "position" not in state:
-            raise ValueError(
-                f"{type(self).__name__}.load_state_dict: the state needs a 'position'; got keys {sorted(state)}"
-            )
-        if state.get("seed") is not None and int(state["seed"]) != self._seed:
-            logger.info(
-                "%s: seed %d from the resumed state replaces %d.",
-                type(self).__name__,
-                state["seed"],
-                self._seed,
-            )
-            self._seed = int(state["seed"])
+        self._seed = resumed_seed(type(self).__name__, state, self._seed)
         self._resume = dict(state)
         self._state = dict(state, seed=self._seed)
 
