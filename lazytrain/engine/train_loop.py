@@ -35,7 +35,7 @@ from lazytrain.engine.accumulation import (
 from lazytrain.engine.rng_state import get_rng_state, set_rng_state
 from lazytrain.engine.step_agreement import agree_on_step
 from lazytrain.engine.training_batches import TrainingBatches
-from lazytrain.errors import LazytrainError
+from lazytrain.errors import LazytrainError, mark_agreed
 from lazytrain.utils import comm
 from lazytrain.utils.events import EventStorage, get_event_storage
 from lazytrain.utils.preemption import StopRequest, TrainingInterrupted, signal_name
@@ -167,7 +167,9 @@ class TrainerBase:
                 finally:
                     self._call_hooks("after_train")
         if self.agreed_stop_signal:
-            raise TrainingInterrupted(self.agreed_stop_signal, self._stop_message())
+            # Every rank stops here at the same iteration: a rank watch must not take it for a failure and end
+            # a peer that is still writing its checkpoint.
+            raise mark_agreed(TrainingInterrupted(self.agreed_stop_signal, self._stop_message()))
 
     def _stop_message(self) -> str:
         name = signal_name(self.agreed_stop_signal)

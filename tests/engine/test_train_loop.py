@@ -1,6 +1,8 @@
+import functools
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 
@@ -16,6 +18,7 @@ from lazytrain.engine.hooks import CallbackHook, EvalHook, LRScheduler, Periodic
 from lazytrain.engine.lr_schedule import WarmupMultiStepMultiplier
 from lazytrain.engine.train_loop import SimpleTrainer
 from lazytrain.program.default import do_train, run
+from lazytrain.utils.preemption import TrainingInterrupted
 from tests.engine import toy
 from tests.engine.conftest import TOY_CONFIG
 
@@ -324,3 +327,21 @@ def test_register_hooks_rejects_non_hooks_naming_the_key():
         TypeError, match=r"train.hooks.oops: expected a HookBase instance, got dict.*~train.hooks.oops"
     ):
         trainer.register_hooks({"oops": {"period": 3}})
+
+
+@pytest.mark.parametrize("during", ["step", "evaluation"])
+def test_a_stop_every_rank_agreed_on_is_not_taken_for_a_rank_failure(toy_cfg, during):
+    """The trainer's `TrainingInterrupted` is marked agreed (every rank raises it at the same iteration), so a
+    rank watch does not record it as this rank's failure and end a peer still writing its checkpoint."""
+    from lazytrain.errors import is_agreed
+
+    toy_cfg.train.eval_period = 5
+    function = toy.send_signal_at if during == "step" else toy.signal_during_evaluation
+    moment = "after_step" if during == "step" else "before_train"
+    hook = L(CallbackHook)(
+        **{moment: L(functools.partial)(function, iteration=4, signum=int(signal.SIGTERM))}
+    )
+    toy_cfg.train.hooks.stop = hook
+    with pytest.raises(TrainingInterrupted) as stopped:
+        run(toy_cfg)
+    assert is_agreed(stopped.value) and stopped.value.signum == signal.SIGTERM
