@@ -56,13 +56,28 @@ def _no_downloads(tmp_path_factory):
 
 # Files whose tests run first: the longest single tests of the suite (README's command lanes).
 _FIRST = ("tests/test_readme.py",)
+# Modules whose module-scoped fixtures take seconds to minutes (exports, trained runs, shared training steps):
+# each runs whole on one pytest-xdist worker, so those fixtures are built once instead of once on each worker
+# that gets one of the module's tests.
+_ONE_WORKER = (
+    "tests/conf/test_demo_resume.py",
+    "tests/data/test_synthetic.py",
+    "tests/engine/test_run_report.py",
+    "tests/launch/test_requeue.py",
+    "tests/modeling/test_export.py",
+    "tests/modeling/test_export_parity.py",
+    "tests/program/test_export_command.py",
+    "tests/program/test_predict.py",
+    "tests/scripts/test_benchmark_gpu_step.py",
+    "tests/utils/test_host_syncs.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules with slow tests first (README's lanes before all), each module's tests kept together (module
-    fixtures are built once): with pytest-xdist handing out one test at a time (``--maxschedchunk=1``, in
-    pyproject.toml), the long tests start early and the quick ones fill the workers at the end, instead of a
-    long test starting last while the other worker has nothing left."""
+    fixtures are built once): with pytest-xdist handing out one test (or one module of `_ONE_WORKER`) at a
+    time, the long tests start early and the quick ones fill the workers at the end, instead of a long test
+    starting last while the other worker has nothing left."""
     modules_with_slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
 
     def rank(item: pytest.Item) -> int:
@@ -70,6 +85,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 0 if module in _FIRST else 1 if module in modules_with_slow else 2
 
     items.sort(key=rank)  # stable: pytest's order within each group
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist's scheduler by scope, a scope being one test, or a whole module of `_ONE_WORKER`; scopes
+    are handed out in collection order (``--no-loadscope-reorder``, pyproject.toml). xdist's own
+    ``--dist loadgroup`` would do this with marks, but its test-id suffix has no effect under pytest 9.2."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return module if module in _ONE_WORKER else nodeid
+
+    return OneWorkerModules(config, log)
 
 
 class _CountingHandler(http.server.SimpleHTTPRequestHandler):
