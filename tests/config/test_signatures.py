@@ -89,7 +89,10 @@ def test_functions_and_classes_without_var_keyword_keep_their_signature():
 
 def test_roi_heads_accepts_torchvision_names_and_names_a_misspelled_one():
     names = _names(RoIHeads)
-    assert names[:3] == ["compiled_nms", "detections_per_class", "box_roi_pool"] and "batch_size_per_image" in names
+    assert (
+        names[:3] == ["compiled_nms", "detections_per_class", "box_roi_pool"]
+        and "batch_size_per_image" in names
+    )
     cfg = OmegaConf.create({"heads": L(PassesAll)(3, extra=1, widht=2)})
     assert find_problems(cfg) == [
         "heads.widht: tests.config.test_signatures.PassesAll has no argument 'widht'. Did you mean 'width'? "
