@@ -4,8 +4,6 @@ and the fix; a 100k-image json is checked well under a second."""
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,6 +12,7 @@ from lazytrain.data.datasets import json_summary
 from lazytrain.program.preflight.json_data import find_json_dataset_problems
 from tests.data.custom_fixtures import rewrite, write_export
 from tests.data.test_custom import REPO, custom_config
+from tests.warm_command import run_warm
 
 
 @pytest.fixture(scope="module")
@@ -192,11 +191,10 @@ def test_unset_paths_are_named_with_the_key_to_pass():
 def test_command_stops_before_hydra_writes_anything(export, tmp_path):
     run_dir = tmp_path / "run"
     overrides = [f"{k}={v}" for k, v in export.items() if k != "data.val.images"]
-    result = subprocess.run(
-        [sys.executable, "-m", "lazytrain", os.path.join(REPO, "conf", "rfs_maskrcnn_custom.py"), *overrides,
+    result = run_warm(
+        [os.path.join(REPO, "conf", "rfs_maskrcnn_custom.py"), *overrides,
          "data.val.images=/no/such/folder", f"hydra.run.dir={run_dir}", "train.device=cpu"],
-        capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, PYTHONPATH=REPO),
+        os.getcwd(), dict(os.environ, PYTHONPATH=REPO), timeout=300,
     )  # fmt: skip
     assert result.returncode == 1
     assert (

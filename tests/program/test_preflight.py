@@ -5,8 +5,6 @@ json data sets included) before Hydra creates the run or sweep directory."""
 import importlib.util
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -17,6 +15,7 @@ from lazytrain.program.preflight import check_command_line, preflight
 from lazytrain.program.preflight.backends import find_compiled_nms_problems
 from lazytrain.program.primary_config import DEFAULT_MAIN, load_primary_config
 from tests.data.custom_fixtures import write_export
+from tests.warm_command import run_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENGINE_TOY = os.path.join(REPO, "tests", "engine", "toy_config.py")
@@ -205,9 +204,8 @@ def test_a_bad_file_in_a_sweep_stops_the_command_before_hydra_writes_anything(ex
     missing = str(tmp_path / "missing.json")
     sweep_dir = tmp_path / "sweep"
     overrides = _data_overrides(export, f"{export['data.train.json']},{missing}")
-    command = [sys.executable, "-m", "lazytrain", CUSTOM, "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
-    env = dict(os.environ, PYTHONPATH=REPO)
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    arguments = [CUSTOM, "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
+    result = run_warm(arguments, tmp_path, dict(os.environ, PYTHONPATH=REPO), timeout=300)
     assert result.returncode == 1
     assert f"data.train.json={missing}: no such file" in result.stderr
     assert not sweep_dir.exists()
