@@ -17,6 +17,7 @@ from lazytrain.engine.ema import EMAHook, ModelEMA
 from lazytrain.engine.hooks import CallbackHook, EvalHook, LRScheduler, PeriodicCheckpointer
 from lazytrain.engine.lr_schedule import WarmupMultiStepMultiplier
 from lazytrain.engine.train_loop import SimpleTrainer
+from lazytrain.errors import is_agreed
 from lazytrain.program.default import do_train, run
 from lazytrain.utils.preemption import TrainingInterrupted
 from tests.engine import toy
@@ -333,8 +334,6 @@ def test_register_hooks_rejects_non_hooks_naming_the_key():
 def test_a_stop_every_rank_agreed_on_is_not_taken_for_a_rank_failure(toy_cfg, during):
     """The trainer's `TrainingInterrupted` is marked agreed (every rank raises it at the same iteration), so a
     rank watch does not record it as this rank's failure and end a peer still writing its checkpoint."""
-    from lazytrain.errors import is_agreed
-
     toy_cfg.train.eval_period = 5
     function = toy.send_signal_at if during == "step" else toy.signal_during_evaluation
     moment = "after_step" if during == "step" else "before_train"
