@@ -1,9 +1,10 @@
 """`launch`: run a function in one process per GPU (or CPU worker), on one or several machines.
 
-World size 1 runs in-process. Otherwise processes are spawned with torch.multiprocessing (NCCL + one GPU
-each, or gloo on CPU). Under torchrun or a SLURM/submitit multi-task job this process is one rank (no spawn),
-placed by what `lazytrain.launch.environment` reads from the environment. A rank that raises stops the others
-and the error, naming the rank, is re-raised in the parent: never a silent hang.
+World size 1 runs in-process. Otherwise this machine's ranks are started with torch.multiprocessing, forked
+from a process that imported torch once (`lazytrain.launch.rank_server`): NCCL and one GPU each, or gloo on
+CPU. Under torchrun or a SLURM/submitit multi-task job this process is one rank (nothing is started), placed
+by what `lazytrain.launch.environment` reads from the environment. A rank that raises stops the others and
+the error, naming the rank, is re-raised in the parent: never a silent hang.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from lazytrain.launch.environment import RankInfo, get_env_rank_info, get_slurm_cpus_per_task
 from lazytrain.launch.process_group import get_rendezvous_url, get_tcp_url, run_in_group
+from lazytrain.launch.rank_server import RANK_START_METHOD, enter_rank, get_rank_context, start_rank_server
 from lazytrain.launch.rank_watch import is_peer_failure
 from lazytrain.utils.preemption import StopRequest, TrainingInterrupted, signal_name
 
@@ -115,6 +117,7 @@ def _spawned_worker(
     stopped_by_signal,
     result_path: str,
     cpu_threads: int,
+    environment: dict[str, str],
 ) -> None:
     # Ctrl-C reaches every process of the terminal's group; only the parent reacts and forwards a SIGTERM,
     # so that each rank sees exactly one stop request (and its data-loader workers, forked later, none).
@@ -122,6 +125,7 @@ def _spawned_worker(
     # SLURM's --signal reaches every process of the job (the default action would kill a rank); the parent
     # handles it (under submitit) and forwards a SIGTERM.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    enter_rank(environment)
     rank = machine_rank * num_per_machine + local_rank
     os.environ.update(LOCAL_RANK=str(local_rank), RANK=str(rank), LOCAL_WORLD_SIZE=str(num_per_machine))
     try:
@@ -290,14 +294,18 @@ def env_info_for_group(env_info: RankInfo) -> dict[str, int]:
 
 
 def _spawn(main_func, args, num_per_machine, world_size, machine_rank, dist_url, backend, timeout) -> Any:
-    """Spawn this machine's ranks, watch them, and return local rank 0's result."""
+    """Start this machine's ranks (forked from the rank server), watch them, and return local rank 0's
+    result."""
     import multiprocessing
     import tempfile
 
+    # What else this process or a rank starts without naming a method (e.g. a sweep's job processes) must not
+    # inherit CUDA or process-group state either.
     multiprocessing.set_start_method("spawn", force=True)
     import torch.multiprocessing as mp
 
-    stopped_by_signal = multiprocessing.get_context("spawn").Value("i", 0)
+    start_rank_server([main_func.__module__])
+    stopped_by_signal = get_rank_context().Value("i", 0)
     handle, result_path = tempfile.mkstemp(prefix="lazytrain_result_", suffix=".pkl")
     os.close(handle)
     worker_args = (
@@ -312,9 +320,10 @@ def _spawn(main_func, args, num_per_machine, world_size, machine_rank, dist_url,
         stopped_by_signal,
         result_path,
         get_cpu_threads(num_per_machine),
+        dict(os.environ),
     )
     context = mp.start_processes(
-        _spawned_worker, args=worker_args, nprocs=num_per_machine, start_method="spawn", join=False
+        _spawned_worker, args=worker_args, nprocs=num_per_machine, start_method=RANK_START_METHOD, join=False
     )
     forwarder = _ForwardStopSignals(context.processes)
     try:

@@ -196,13 +196,24 @@ def ddp_main(cfg_container: dict) -> None:
 
 
 def send_signal_at(trainer, iteration: int, signum: int, times: int = 1, to_parent: bool = False) -> None:
-    """After step `iteration`, send `signum` (`times` times) to this process, or to its parent on rank 1."""
+    """After step `iteration`, send `signum` (`times` times) to this process, or on rank 1 to the process that
+    launched the ranks."""
     if trainer.iter != iteration:
         return
     if to_parent and comm.get_rank() != 1:
         return
     for _ in range(times):
-        os.kill(os.getppid() if to_parent else os.getpid(), signum)
+        os.kill(_launching_pid() if to_parent else os.getpid(), signum)
+
+
+def _launching_pid() -> int:
+    """The process that launched this rank: the parent of the rank server (multiprocessing's forkserver) that
+    forked it."""
+    server = os.getppid()
+    with open(f"/proc/{server}/cmdline", "rb") as f:
+        assert b"forkserver" in f.read(), "ranks are expected to be forked from the rank server"
+    with open(f"/proc/{server}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the state: the parent's pid
 
 
 def sleep_each_step(trainer, seconds: float) -> None:
