@@ -1,6 +1,9 @@
 """Every command in README.md runs: the quickstart is exactly two commands, CI runs the test command verbatim,
 and each ``python -m lazytrain`` / ``python scripts/...`` command is run here as written, in README order, with
-smoke overrides appended (2 iterations, tiny images, a tiny stand-in of the embedded data set)."""
+smoke overrides appended (2 iterations, tiny images, a tiny stand-in of the embedded data set). The lane of the
+quickstart's run, its prediction and export runs each command as a new interpreter, as a user does; the other
+lanes' ``python -m lazytrain`` commands run forked from a process that imported torch and lazytrain once
+(tests/warm_command.py)."""
 
 import glob
 import json
@@ -16,6 +19,7 @@ import pytest
 
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from tests.smoke import FEW_DETECTIONS, TINY_SYNTHETIC_LT, smoke_overrides
+from tests.warm_command import run_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
@@ -110,8 +114,12 @@ def smoke_argv(command: str) -> list[str]:
     return [sys.executable, os.path.join(REPO, words[1]), *SCRIPT_SMOKE.get(words[1], []), *words[2:]]
 
 
-def run_command(command: str, cwd, env) -> subprocess.CompletedProcess:
-    return subprocess.run(smoke_argv(command), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+def run_command(command: str, cwd, env, warm: bool = False) -> subprocess.CompletedProcess:
+    """`command` as a new process, or, `warm`, a ``python -m lazytrain`` command forked warm."""
+    argv = smoke_argv(command)
+    if warm and argv[1:3] == ["-m", "lazytrain"]:
+        return run_warm(argv[3:], cwd, env, timeout=600)
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def readme_lanes() -> list[list[str]]:
@@ -153,15 +161,15 @@ def test_readme_commands_run(lane, datasets_root, tmp_path):
     # The tracker commands write local files only, whatever this machine's tracker settings are.
     env.update(WANDB_MODE="offline", MLFLOW_DISABLE_TELEMETRY="true", WANDB_ERROR_REPORTING="false")
     env.pop("MLFLOW_TRACKING_URI", None)
-    run_lane(lane, tmp_path / "lane", env, datasets_root)
+    run_lane(lane, tmp_path / "lane", env, datasets_root, warm=lane != readme_lanes()[0])
 
 
-def run_lane(commands: list[str], cwd, env, datasets_root: str) -> None:
+def run_lane(commands: list[str], cwd, env, datasets_root: str, warm: bool) -> None:
     cwd.mkdir()
     (cwd / "datasets").symlink_to(datasets_root)  # "your own data" commands name ./datasets/... files
     for command in commands:
         before = snapshot(cwd / "runs" / "a")
-        result = run_command(command, cwd, env)
+        result = run_command(command, cwd, env, warm)
         assert result.returncode == 0, failure_report(command, result)
         check_outputs(command, result, cwd)
         if "runs/a/config.yaml" in command:  # a new run from the saved config leaves runs/a as it was

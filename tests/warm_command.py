@@ -1,27 +1,32 @@
-"""``python -m lazytrain ARGS`` for tests of what the command does before it trains: one-line errors, help, the
-printed config. Each call runs in a process forked from a server that imported torch, torchvision, Hydra and
-lazytrain once (multiprocessing's forkserver, started by the first call of each test process), instead of a
-new interpreter importing them again: about 4-5 s of CPU a command on the 2-core machine. The forked process
-is otherwise a new one: no test has run in the server, and the command gets its own argv, working directory,
-environment, stdout and stderr, as `subprocess.run` gives them.
+"""``python -m lazytrain ARGS`` for tests, in a process forked from a server that imported torch, torchvision,
+Hydra and lazytrain once (multiprocessing's forkserver, started by the first call of each test process) instead
+of a new interpreter importing them again: several seconds of CPU a command on a 2-core machine. The forked
+process is otherwise a new one: no test has run in the server, and the command gets its own argv, working
+directory, `sys.path`, environment, torch threads, stdout and stderr as a new interpreter would, and its
+threads are joined and exit handlers run at its end.
 
-Commands that train, spawn ranks or are stopped by signals run as real subprocesses (e.g.
-`tests.launch.test_entrypoint.lazytrain`): the server's torch was loaded with its own OpenMP settings.
+Commands that a test stops with signals from outside, or that must be a process of their own (a process group,
+the launcher's parent), run as real subprocesses.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 
 # What `python -m lazytrain CONFIG ...` imports before its checks: the slow part of starting it.
 _PRELOAD = ["torch", "torchvision", "hydra.main", "lazytrain.program.default", "lazytrain.program.preflight"]
+# A server started by `lazytrain.launch.rank_server` (a test that launched ranks in this process) blocks these.
+_JOB_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def run_warm(argv: list[str], cwd, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -54,6 +59,7 @@ def _run_command(argv: list[str], cwd: str, env: dict[str, str], out: str, err: 
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    _start_as_a_new_interpreter(env)
     sys.argv = ["-m", *argv]  # run_module puts lazytrain/__main__.py first, as `python -m` does
     code = 0
     try:
@@ -63,10 +69,31 @@ def _run_command(argv: list[str], cwd: str, env: dict[str, str], out: str, err: 
     except BaseException:
         traceback.print_exc()
         code = 1
-    logging.shutdown()
+    _end_as_an_interpreter()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _start_as_a_new_interpreter(env: dict[str, str]) -> None:
+    """What a new ``python -m`` process in this working directory with `env` would have that the server's fork
+    does not: the working directory and PYTHONPATH first on `sys.path`, the torch threads of OMP_NUM_THREADS,
+    the stop signals unblocked."""
+    paths = [os.getcwd(), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    if env.get("OMP_NUM_THREADS", "").isdigit():
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _JOB_SIGNALS)
+
+
+def _end_as_an_interpreter() -> None:
+    """What an interpreter does before it exits: wait for its non-daemon threads, run the exit handlers (those
+    registered by the command: trackers finishing, process pools joined), flush the logs."""
+    threading._shutdown()  # the interpreter's own step: thread-exit hooks (executors), then non-daemon threads
+    atexit._run_exitfuncs()
+    logging.shutdown()
 
 
 def _exit_status(exit: SystemExit) -> int:

@@ -9,7 +9,7 @@ import torch
 from pytest import param
 
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
-from tests.launch.test_entrypoint import ENGINE_TOY, REPO, lazytrain, lazytrain_checks
+from tests.launch.test_entrypoint import ENGINE_TOY, REPO, lazytrain
 
 DEMO = os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")
 DEMO_TIMM = os.path.join(REPO, "conf", "rfs_maskrcnn_demo_timm.py")
@@ -58,7 +58,7 @@ def test_bad_value_is_one_line_before_anything_runs(tmp_path, override, fragment
     args = [ENGINE_TOY, override]
     if not override.startswith("hydra.run.dir"):
         args.append(f"hydra.run.dir={tmp_path}/run")
-    assert_short_error(lazytrain_checks(*args, cwd=tmp_path), *fragments)
+    assert_short_error(lazytrain(*args, cwd=tmp_path), *fragments)
     assert not (tmp_path / "run").exists()  # checked before Hydra made the run directory
 
 
@@ -110,7 +110,7 @@ def test_a_value_a_component_would_refuse_is_one_line_before_the_run_directory_e
 ):
     if config == DEMO_TIMM:
         pytest.importorskip("timm")
-    result = lazytrain_checks(config, *overrides, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    result = lazytrain(config, *overrides, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert assert_short_error(result).startswith(line)
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "run").exists()
@@ -118,21 +118,19 @@ def test_a_value_a_component_would_refuse_is_one_line_before_the_run_directory_e
 
 def test_run_dir_under_a_file_is_one_line(tmp_path):
     (tmp_path / "file").write_text("keep")
-    result = lazytrain_checks(ENGINE_TOY, f"hydra.run.dir={tmp_path}/file/run", cwd=tmp_path)
+    result = lazytrain(ENGINE_TOY, f"hydra.run.dir={tmp_path}/file/run", cwd=tmp_path)
     assert_short_error(result, f"{tmp_path}/file/run", "is a file")
     assert (tmp_path / "file").read_text() == "keep"
 
 
 def test_full_error_shows_the_traceback(tmp_path):
-    result = lazytrain_checks(
-        ENGINE_TOY, "launch.num_processes=0", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"}
-    )
+    result = lazytrain(ENGINE_TOY, "launch.num_processes=0", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
 def test_init_checkpoint_that_is_not_a_checkpoint(tmp_path):
     readme = os.path.join(REPO, "README.md")
-    result = lazytrain_checks(
+    result = lazytrain(
         ENGINE_TOY, f"hydra.run.dir={tmp_path}/run", f"train.init_checkpoint={readme}", cwd=tmp_path
     )
     last = assert_short_error(

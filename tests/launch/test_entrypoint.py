@@ -22,19 +22,8 @@ def _environment(env: dict | None) -> dict:
 
 
 def lazytrain(*args, cwd, timeout=180, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "lazytrain", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_environment(env),
-    )
-
-
-def lazytrain_checks(*args, cwd, timeout=180, env=None):
-    """`lazytrain` for a command that ends before it trains (an error, --help, --cfg): forked from a process
-    that imported torch and lazytrain once (tests/warm_command.py)."""
+    """``python -m lazytrain *args`` in `cwd`, forked from a process that imported torch and lazytrain once
+    (tests/warm_command.py): its exit status, stdout and stderr."""
     return run_warm(list(args), cwd, _environment(env), timeout)
 
 
@@ -99,14 +88,14 @@ def test_multirun_sweep_of_two_process_jobs_writes_summary(tmp_path):
 
 
 def test_cfg_job_prints_config_without_running(tmp_path):
-    result = lazytrain_checks(TOY, "--cfg", "job", "train.lr=0.75", cwd=tmp_path)
+    result = lazytrain(TOY, "--cfg", "job", "train.lr=0.75", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "lr: 0.75" in result.stdout and "main: tests.launch.toy_main.record_ranks" in result.stdout
     assert not list(tmp_path.glob("outputs"))
 
 
 def test_cfg_job_shows_trainer_and_named_hooks(tmp_path):
-    result = lazytrain_checks(ENGINE_TOY, "--cfg", "job", "~train.hooks.checkpointer", cwd=tmp_path)
+    result = lazytrain(ENGINE_TOY, "--cfg", "job", "~train.hooks.checkpointer", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "_target_: lazytrain.engine.train_loop.SimpleTrainer" in result.stdout
     assert "lr_scheduler:" in result.stdout and "writer:" in result.stdout
@@ -114,19 +103,19 @@ def test_cfg_job_shows_trainer_and_named_hooks(tmp_path):
 
 
 def test_unknown_key_error_suggests_and_exits_nonzero(tmp_path):
-    result = lazytrain_checks(TOY, "train.lrr=3", cwd=tmp_path)
+    result = lazytrain(TOY, "train.lrr=3", cwd=tmp_path)
     assert result.returncode == 1
     assert "key 'train.lrr' is not in the config. Did you mean: train.lr" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_sweep_syntax_without_multirun_is_explained(tmp_path):
-    result = lazytrain_checks(TOY, "train.lr=0.1,0.2", cwd=tmp_path)
+    result = lazytrain(TOY, "train.lr=0.1,0.2", cwd=tmp_path)
     assert result.returncode == 1 and "--multirun" in result.stderr
 
 
 def test_validation_reports_problems_before_spawning(tmp_path):
-    result = lazytrain_checks(ENGINE_TOY, f"hydra.run.dir={tmp_path}/run", "+model.dims=3", cwd=tmp_path)
+    result = lazytrain(ENGINE_TOY, f"hydra.run.dir={tmp_path}/run", "+model.dims=3", cwd=tmp_path)
     assert result.returncode == 1
     assert (
         "model.dims: tests.engine.toy.ToyRegressor has no argument 'dims'. Did you mean 'dim'?"
@@ -136,7 +125,7 @@ def test_validation_reports_problems_before_spawning(tmp_path):
 
 
 def test_missing_lvis_stops_before_spawn_with_layout_help(tmp_path):
-    result = lazytrain_checks(
+    result = lazytrain(
         os.path.join(REPO, "conf", "rfs_maskrcnn.py"),
         f"hydra.run.dir={tmp_path}/run",
         cwd=tmp_path,
@@ -187,7 +176,7 @@ def test_rank_failing_during_evaluation_exits_nonzero_quickly_naming_rank(tmp_pa
 
 def test_missing_init_checkpoint_stops_before_spawn(tmp_path):
     missing = tmp_path / "nowhere" / "model.pth"
-    result = lazytrain_checks(
+    result = lazytrain(
         ENGINE_TOY, f"hydra.run.dir={tmp_path}/run", f"train.init_checkpoint={missing}", cwd=tmp_path
     )
     assert result.returncode == 1
@@ -237,18 +226,18 @@ def test_range_and_choice_sweep_runs_the_cartesian_product(tmp_path):
 
 
 def test_cfg_resolve_package_and_info(tmp_path):
-    result = lazytrain_checks(
+    result = lazytrain(
         TOY, "--cfg", "job", "--resolve", "-p", "launch", "launch.dist_url=tcp://h:1", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("# @package launch") and "dist_url: tcp://h:1" in result.stdout
     assert "train:" not in result.stdout
-    result = lazytrain_checks(TOY, "--info", "config", cwd=tmp_path)
+    result = lazytrain(TOY, "--info", "config", cwd=tmp_path)
     assert result.returncode == 0 and "num_processes: 2" in result.stdout
 
 
 def test_help_lists_top_level_keys_and_the_config_docstring(tmp_path):
-    result = lazytrain_checks(TOY, "--help", cwd=tmp_path)
+    result = lazytrain(TOY, "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "A config whose per-rank program only records ranks" in result.stdout
     assert "== Top-level keys ==\n  train: output_dir, lr, device\n  launch: num_gpus," in result.stdout
@@ -256,12 +245,12 @@ def test_help_lists_top_level_keys_and_the_config_docstring(tmp_path):
 
 
 def test_more_gpus_than_visible_is_a_clear_error(tmp_path):
-    result = lazytrain_checks(
+    result = lazytrain(
         TOY, "train.device=cuda", "launch.num_gpus=64", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "launch.num_gpus=64 but only" in result.stderr or "no GPU is visible" in result.stderr
-    result = lazytrain_checks(TOY, "launch.num_gpus=2", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    result = lazytrain(TOY, "launch.num_gpus=2", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert result.returncode == 1 and "launch.num_gpus=2 but train.device is not cuda" in result.stderr
 
 
@@ -270,7 +259,7 @@ def test_explicit_port_in_use_is_a_clear_error(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        result = lazytrain_checks(
+        result = lazytrain(
             TOY, f"launch.dist_url=tcp://127.0.0.1:{port}", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path
         )
     assert result.returncode != 0 and f"port {port} is already in use" in result.stderr
