@@ -205,7 +205,7 @@ def test_command_stops_before_hydra_writes_anything(export, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_100k_image_json_is_checked_well_under_a_second(tmp_path):
+def test_a_100k_image_json_is_checked_for_a_fraction_of_what_loading_it_costs(tmp_path):
     # Written as text: building 400k dicts for json.dumps would take longer than the check under test.
     image = '{{"id": {0}, "file_name": "{1:03d}/{0:06d}.jpg", "height": 480, "width": 640}}'
     annotation = (
@@ -228,9 +228,17 @@ def test_a_100k_image_json_is_checked_well_under_a_second(tmp_path):
     paths = {f"data.{s}.json": str(path) for s in ("train", "val")}
     paths.update({f"data.{s}.images": str(tmp_path / "images") for s in ("train", "val")})
     cfg = custom_config(paths)
+    # Against what reading the file into Python objects costs, measured here and now: CPU times of this
+    # process both, so the load of the machine moves the two together.
+    loading = time.process_time()
+    json.loads(path.read_bytes())
+    loading = time.process_time() - loading
     json_summary._cache.clear()
     wall, cpu = time.perf_counter(), time.process_time()
     assert find_json_dataset_problems(cfg) == []
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    print(f"preflight of {path.stat().st_size / 1e6:.0f} MB, 100k images: {wall:.2f} s wall, {cpu:.2f} s CPU")
-    assert cpu < 1.0  # CPU time: what the check costs, whatever else loads the machine (~0.5 s measured)
+    print(
+        f"preflight of {path.stat().st_size / 1e6:.0f} MB, 100k images: {wall:.2f} s wall, {cpu:.2f} s CPU; "
+        f"json.loads of the file: {loading:.2f} s CPU"
+    )
+    assert cpu < 0.5 * loading  # it never builds the records (docs/benchmarks.md has the times)
