@@ -30,7 +30,14 @@ def custom_config(paths: dict[str, str], conf: str = "rfs_maskrcnn_custom.py"):
 
 @pytest.fixture
 def fresh_catalog():
+    """No custom data set registered, before the test (another test of this process, e.g. the custom recipe
+    trained in-process by tests/conf/test_configs.py, may have registered them) and after it."""
+    _unregister_custom()
     yield
+    _unregister_custom()
+
+
+def _unregister_custom() -> None:
     for name in ("custom_train", "custom_val"):
         DatasetCatalog.remove(name)
         MetadataCatalog.remove(name)
