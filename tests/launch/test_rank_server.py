@@ -13,6 +13,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 _JOB_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2}
 
 
+def _run_script(script: str, **env: str) -> subprocess.CompletedProcess:
+    """``python -c script`` in a new interpreter that imports this repository."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def rank_facts() -> list[dict]:
     """Every rank's process, parent, job mark and blocked signals, gathered."""
     facts = {
@@ -49,10 +61,7 @@ print(json.dumps({"first": first, "second": second, "server": server, "server_pa
 
 
 def test_ranks_are_forked_from_one_server_with_their_own_jobs_environment_and_signals():
-    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", TWO_JOBS], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
+    result = _run_script(TWO_JOBS, OMP_NUM_THREADS="1")
     assert result.returncode == 0, result.stderr[-3000:]
     facts = json.loads(result.stdout.strip().splitlines()[-1])
     first, second = facts["first"], facts["second"]
@@ -85,14 +94,6 @@ print("ok")
 
 
 def test_what_the_server_imports_does_not_touch_cuda():
-    env = {**os.environ, "PYTHONPATH": REPO}
-    result = subprocess.run(
-        [sys.executable, "-c", NO_CUDA_AT_IMPORT],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = _run_script(NO_CUDA_AT_IMPORT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "ok"
