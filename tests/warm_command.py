@@ -5,8 +5,9 @@ process is otherwise a new one: no test has run in the server, and the command g
 directory, `sys.path`, environment, torch threads, stdout and stderr as a new interpreter would, and its
 threads are joined and exit handlers run at its end.
 
-Commands that a test stops with signals from outside, or that must be a process of their own (a process group,
-the launcher's parent), run as real subprocesses.
+Commands that a test stops with signals from outside, or that must be a process of their own (the launcher's
+parent), run as real subprocesses; a command that kills its own process group from inside (a callback of the
+run) gets a session of its own (`new_session`).
 """
 
 from __future__ import annotations
@@ -29,13 +30,20 @@ _PRELOAD = ["torch", "torchvision", "hydra.main", "lazytrain.program.default", "
 _JOB_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def run_warm(argv: list[str], cwd, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python -m lazytrain *argv`` in `cwd` with exactly `env`: its exit status, stdout and stderr."""
+def run_warm(
+    argv: list[str], cwd, env: dict[str, str], timeout: float = 120, new_session: bool = False
+) -> subprocess.CompletedProcess:
+    """``python -m lazytrain *argv`` in `cwd` with exactly `env`: its exit status, stdout and stderr. With
+    `new_session`, the command leads a session and process group of its own (`subprocess.run`'s
+    ``start_new_session``), so that a kill of its process group from inside ends the command and its ranks
+    only."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)  # no effect once this test process's server runs
     with tempfile.TemporaryDirectory(prefix="lazytrain_warm_") as outputs:
         out, err = os.path.join(outputs, "stdout"), os.path.join(outputs, "stderr")
-        process = context.Process(target=_run_command, args=(list(argv), str(cwd), dict(env), out, err))
+        process = context.Process(
+            target=_run_command, args=(list(argv), str(cwd), dict(env), out, err, new_session)
+        )
         process.start()
         process.join(timeout)
         if process.is_alive():
@@ -48,8 +56,12 @@ def run_warm(argv: list[str], cwd, env: dict[str, str], timeout: float = 120) ->
             )
 
 
-def _run_command(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+def _run_command(
+    argv: list[str], cwd: str, env: dict[str, str], out: str, err: str, new_session: bool
+) -> None:
     """In the forked process: what the interpreter does for ``python -m lazytrain``, then exit as it would."""
+    if new_session:
+        os.setsid()
     for fd, path in ((1, out), (2, err)):
         file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(file, fd)

@@ -3,7 +3,9 @@
 A chained job is killed during a step, during a checkpoint write and during the final evaluation, and resumed
 each time with ``train.resume=true``; its final weights and its metrics.json (losses, lr, evaluation) must be
 those of one uninterrupted run. The toy model cannot catch what broke this before (issue 17): a loader drawing
-from the global RNG when it starts, which moved the detector's proposal sampling.
+from the global RNG when it starts, which moved the detector's proposal sampling. The uninterrupted reference runs
+are new interpreters; the interrupted and resumed runs are forked warm (tests/warm_command.py), each in a session
+of its own.
 """
 
 import json
@@ -19,6 +21,7 @@ import torch
 
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.program.predictor import Predictor
+from tests.warm_command import run_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")
@@ -60,20 +63,19 @@ def callback(name, moment, function, **kwargs):
     )
 
 
-def demo(run_dir, datasets, *args, processes=1, stdout=subprocess.PIPE):
-    """Run the shortened demo in its own session (kills hit its process group); returns the result and the
-    time it ended."""
-    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1", "LAZYTRAIN_DATASETS": str(datasets)}
-    command = [sys.executable, "-m", "lazytrain", DEMO, *SHORT, f"launch.num_processes={processes}"]
-    result = subprocess.run(
-        [*command, f"hydra.run.dir={run_dir}", *args],
-        cwd=REPO,
-        env=env,
-        stdout=stdout,
-        stderr=subprocess.PIPE,
-        text=True,
-        timeout=300,
-        start_new_session=True,
+def _environment(datasets) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1", "LAZYTRAIN_DATASETS": str(datasets)}
+
+
+def _arguments(run_dir, processes: int, args) -> list[str]:
+    return [DEMO, *SHORT, f"launch.num_processes={processes}", f"hydra.run.dir={run_dir}", *args]
+
+
+def demo(run_dir, datasets, *args, processes=1):
+    """Run the shortened demo in its own session (kills hit its process group), forked warm; returns the
+    result and the time it ended."""
+    result = run_warm(
+        _arguments(run_dir, processes, args), REPO, _environment(datasets), timeout=300, new_session=True
     )
     return result, time.time()
 
@@ -83,8 +85,17 @@ def reference_run(tmp_path_factory, datasets, processes, *args):
     directory otherwise stays until the session ends). Its periodic checkpoints go at once: the tests compare
     the final weights and metrics.json."""
     run_dir = tmp_path_factory.mktemp(f"reference{processes}") / "run"
-    with open(run_dir.parent / "stdout.txt", "w") as stdout:  # as under SLURM: block-buffered, forked workers
-        result, _ = demo(run_dir, datasets, *args, processes=processes, stdout=stdout)
+    # A new interpreter whose stdout is a file, as under SLURM: block-buffered, with forked loader workers.
+    with open(run_dir.parent / "stdout.txt", "w") as stdout:
+        result = subprocess.run(
+            [sys.executable, "-m", "lazytrain", *_arguments(run_dir, processes, args)],
+            cwd=REPO,
+            env=_environment(datasets),
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
     assert result.returncode == 0, result.stderr[-3000:]
     # Each line once (the train annotations were loaded twice, and a forked worker can repeat unflushed output).
     printed = (run_dir.parent / "stdout.txt").read_text()
