@@ -31,18 +31,24 @@ _JOB_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def run_warm(
-    argv: list[str], cwd, env: dict[str, str], timeout: float = 120, new_session: bool = False
+    argv: list[str],
+    cwd,
+    env: dict[str, str],
+    timeout: float = 120,
+    new_session: bool = False,
+    ignore_sigint: bool = False,
 ) -> subprocess.CompletedProcess:
     """``python -m lazytrain *argv`` in `cwd` with exactly `env`: its exit status, stdout and stderr. With
     `new_session`, the command leads a session and process group of its own (`subprocess.run`'s
     ``start_new_session``), so that a kill of its process group from inside ends the command and its ranks
-    only."""
+    only. SIGINT raises KeyboardInterrupt, as in an interpreter started from a terminal; with `ignore_sigint`
+    it stays ignored, as in one started with SIGINT ignored (nohup, a script's background job)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)  # no effect once this test process's server runs
     with tempfile.TemporaryDirectory(prefix="lazytrain_warm_") as outputs:
         out, err = os.path.join(outputs, "stdout"), os.path.join(outputs, "stderr")
         process = context.Process(
-            target=_run_command, args=(list(argv), str(cwd), dict(env), out, err, new_session)
+            target=_run_command, args=(list(argv), str(cwd), dict(env), out, err, new_session, ignore_sigint)
         )
         process.start()
         process.join(timeout)
@@ -57,11 +63,13 @@ def run_warm(
 
 
 def _run_command(
-    argv: list[str], cwd: str, env: dict[str, str], out: str, err: str, new_session: bool
+    argv: list[str], cwd: str, env: dict[str, str], out: str, err: str, new_session: bool, ignore_sigint: bool
 ) -> None:
     """In the forked process: what the interpreter does for ``python -m lazytrain``, then exit as it would."""
     if new_session:
         os.setsid()
+    # An interpreter installs KeyboardInterrupt for SIGINT at its start unless SIGINT came to it ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN if ignore_sigint else signal.default_int_handler)
     for fd, path in ((1, out), (2, err)):
         file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(file, fd)

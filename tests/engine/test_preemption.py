@@ -1,6 +1,5 @@
 """Stopping on SIGTERM (preemption) and Ctrl-C: checkpoint, clean exit, exact resume; random SIGKILL soak."""
 
-import functools
 import json
 import multiprocessing
 import os
@@ -18,6 +17,7 @@ from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.program.default import run
 from tests.engine import toy
 from tests.engine.conftest import TOY_CONFIG
+from tests.warm_command import run_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,12 +28,12 @@ def default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def lazytrain(*args, cwd, timeout=180, preexec_fn=default_sigint):
-    """Run ``python -m lazytrain TOY_CONFIG *args`` (SIGINT at its default unless `preexec_fn` says else)."""
+def lazytrain(*args, cwd, timeout=180, ignore_sigint=False):
+    """``python -m lazytrain TOY_CONFIG *args``, forked warm in a session of its own (the toy's callbacks
+    signal it from inside); SIGINT raises KeyboardInterrupt as in a terminal, or stays ignored."""
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "lazytrain", TOY_CONFIG, *args]
-    return subprocess.run(
-        command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=preexec_fn
+    return run_warm(
+        [TOY_CONFIG, *args], cwd, env, timeout=timeout, new_session=True, ignore_sigint=ignore_sigint
     )
 
 
@@ -266,7 +266,6 @@ def test_an_ignored_sigint_stays_ignored_as_python_does(tmp_path):
     """Started with SIGINT ignored (nohup, a background job of a script), a run is not stopped by it."""
     run_dir = tmp_path / "run"
     stop = callback_hook("stop", "send_signal_at", iteration=12, signum=int(signal.SIGINT))
-    ignore_sigint = functools.partial(signal.signal, signal.SIGINT, signal.SIG_IGN)
-    result = lazytrain(f"hydra.run.dir={run_dir}", stop, cwd=tmp_path, preexec_fn=ignore_sigint)
+    result = lazytrain(f"hydra.run.dir={run_dir}", stop, cwd=tmp_path, ignore_sigint=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "last_checkpoint").read_text() == "model_final.pth"
