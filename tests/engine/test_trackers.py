@@ -7,8 +7,6 @@ import importlib.util
 import io
 import json
 import os
-import subprocess
-import sys
 import time
 
 import mlflow  # the [test] extra installs both libraries: these tests use the real ones
@@ -27,6 +25,7 @@ from lazytrain.program.default import run
 from lazytrain.utils.run_dirs import read_metrics
 from tests.engine import toy
 from tests.smoke import TINY_SYNTHETIC_LT, smoke_overrides
+from tests.warm_command import run_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -430,10 +429,8 @@ def test_demo_recipe_with_mlflow_from_the_command_line(tmp_path):
         "PYTHONPATH": REPO,
         "OMP_NUM_THREADS": "1",
     }
-    command = [sys.executable, "-m", "lazytrain", "conf/rfs_maskrcnn_demo.py", *smoke_overrides(), hook]
-    result = subprocess.run(
-        [*command, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
+    arguments = ["conf/rfs_maskrcnn_demo.py", *smoke_overrides(), hook, f"hydra.run.dir={run_dir}"]
+    result = run_warm(arguments, REPO, env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "MLflowTracker: run " in result.stdout and "  mlflow.db  " in result.stdout  # the closing block
 

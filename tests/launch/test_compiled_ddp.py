@@ -3,14 +3,13 @@ the weights of the same run uncompiled (aot_eager: dynamo's capture and AOTAutog
 gradients reach DDP's reducer as one autograd node)."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from tests.smoke import FEW_DETECTIONS, TINY_SYNTHETIC_LT, smoke_overrides
+from tests.warm_command import run_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")
@@ -28,8 +27,7 @@ def _train(datasets_root: str, run_dir, *overrides: str) -> dict:
         f"hydra.run.dir={run_dir}",
         *overrides,
     ]
-    command = [sys.executable, "-m", "lazytrain", DEMO, *arguments]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    result = run_warm([DEMO, *arguments], REPO, env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(run_dir / "model_final.pth", weights_only=True)["model"]
 

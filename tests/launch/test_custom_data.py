@@ -4,12 +4,12 @@ processes (as a -m sweep) without the eval hook, then a real evaluation in 2 pro
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from tests.data.custom_fixtures import write_export
 from tests.smoke import FEW_DETECTIONS, smoke_overrides
+from tests.warm_command import run_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(REPO, "conf", "rfs_maskrcnn_custom.py")
@@ -30,8 +30,7 @@ def export(tmp_path_factory):
 
 def lazytrain(*arguments: str, cwd) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "lazytrain", *arguments]
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    result = run_warm(list(arguments), cwd, env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
