@@ -35,6 +35,9 @@ SEARCH_SMOKE = ["hydra.sweeper.n_trials=2"]
 # Appended to grid sweeps of more than 2 jobs: no checkpoints (16 jobs would write 1.6 GB) and no plots (~2 s a
 # job). The two-job sweeps and every single run still write both.
 LARGE_SWEEP_SMOKE = ["~train.hooks.checkpointer", "~train.hooks.plots"]
+# Appended to the training commands but those of runs/a, the quickstart's run that the chain builds on: the
+# plots are most of a 2-iteration run's time (tests/engine/test_run_report.py checks a demo run's plots).
+NO_PLOTS = "~train.hooks.plots"
 SCRIPT_SMOKE = {
     "scripts/benchmark_trainer.py": ["--iters", "4", "--warmup", "1", "--repeats", "1", "--width", "32"]
 }
@@ -91,6 +94,8 @@ def grid_jobs(arguments: list[str]) -> int:
 def with_smoke(arguments: list[str]) -> list[str]:
     smoke = SMOKE + (SEARCH_SMOKE if any(a.startswith("hydra/sweeper=") for a in arguments) else [])
     smoke += LARGE_SWEEP_SMOKE if grid_jobs(arguments) > 2 else []
+    if _trains_without_plots(arguments) and NO_PLOTS not in smoke:
+        smoke.append(NO_PLOTS)
     keys = {override.split("=")[0] for override in smoke}
     return [a for a in arguments if a.split("=")[0] not in keys] + smoke
 
@@ -100,6 +105,12 @@ def datasets_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("datasets")
     generate_synthetic_lt(str(root / "synthetic_lt"), **TINY_SYNTHETIC_LT)
     return str(root)
+
+
+def _trains_without_plots(arguments: list[str]) -> bool:
+    """A training (or evaluation) command of a config that does not write runs/a."""
+    trains = bool(arguments) and arguments[0].endswith((".py", ".yaml"))
+    return trains and not any(a.startswith("hydra.run.dir=runs/a") for a in arguments)
 
 
 def smoke_argv(command: str) -> list[str]:
