@@ -40,6 +40,7 @@ SHORT = [
     "dataloader.train.mapper.augmentations.0.max_size=128",
     "dataloader.test.mapper.augmentations.0.short_edge_length=96",
     "dataloader.test.mapper.augmentations.0.max_size=128",
+    "~train.hooks.plots",  # most of a short run's time; tests/engine/test_run_report.py checks the plots
 ]
 NOT_REPRODUCIBLE = {"time", "data_time"}  # wall-clock measurements
 

@@ -23,6 +23,7 @@ def _train(datasets_root: str, run_dir, *overrides: str) -> dict:
         "launch.num_processes=2",
         "model.pad_to_sizes=[[128,128]]",  # both runs pad alike
         "~train.hooks.eval",
+        "~train.hooks.plots",
         FEW_DETECTIONS,
         f"hydra.run.dir={run_dir}",
         *overrides,

@@ -18,6 +18,7 @@ SMOKE = [
     "train.device=cpu",
     'train.init_checkpoint=""',  # random init: the recipe's ImageNet weights would be downloaded
     "train.checkpointer.period=1",
+    "~train.hooks.plots",  # most of a 2-iteration run's time; tests/engine/test_run_report.py checks the plots
     FEW_DETECTIONS,
 ]
 
