@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import torch
-from filelock import FileLock
 from torchvision.models import resnet50
 
 from lazytrain.config import LazyConfig, instantiate, validate
@@ -45,8 +44,12 @@ BF16_AT_DEMO_SCALE = {"cascade_maskrcnn_demo.py": ["train.amp.enabled=true", "lo
 
 COMMON_SMOKE = [
     "model.num_classes=30",  # the stand-in data sets have 30 categories
-    # The recipes' 512 RoIs per image make the mask head most of a 2-step run's time on CPU; 64 test the same code.
-    "model.roi_heads.batch_size_per_image=64",
+    # The recipes' 512 RoIs per image make the RoI heads most of a 2-step run's time on CPU; 16 (4 of them
+    # positive at most) test the same code.
+    "model.roi_heads.batch_size_per_image=16",
+    # The plot hook stays in each run but writes nothing: drawing the figures (matplotlib) costs more CPU than a
+    # demo's training steps; tests/engine/test_run_report.py tests the plots of a demo run.
+    "train.hooks.plots.output_dir=''",
     "train.device=cpu",
     # A CPU without bf16 instructions (AVX512-BF16, AMX) emulates bf16: convolutions ~35x and matrix products
     # ~9x slower than fp32, most of a bf16 recipe's smoke run. On the CPU these train in fp32; bf16 autocast is
@@ -99,7 +102,8 @@ def datasets_root(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("datasets"))
     generated = generate_synthetic_lt(
         os.path.join(root, "generated"),
-        **TINY_SYNTHETIC_LT,
+        # 2 val images, not 6: each run's final evaluation costs about as much per image as a training step.
+        **{**TINY_SYNTHETIC_LT, "num_val": 2},
     )
     shutil.copytree(generated, os.path.join(root, "synthetic_lt"))
     for split in ("train", "val"):
@@ -127,25 +131,28 @@ def _timm_stand_in(file_server, model_name: str) -> str:
     return file_server.add_weights(stem, model_name)
 
 
-def _read_then_remove_final_checkpoint(monkeypatch, lock: str, keys: tuple[str, ...]) -> dict:
-    """When the run writes ``model_final.pth``, load it (its model keys and the values of `keys` go into the
-    returned dict) and remove it, before the evaluation and the plots, holding the file `lock` from the write
-    to the removal. The GPU recipes' checkpoints (weights and the optimizer's moments) are 0.35-1.6 GB: with
-    one lock for all pytest-xdist workers, a suite holds one such file at a time, for seconds."""
+def _keep_final_checkpoint_unwritten(monkeypatch, keys: tuple[str, ...]) -> dict:
+    """When the run saves ``model_final``, let `Checkpointer.save` do all but the serialisation, and keep the
+    dict it would have written (its model keys and the values of `keys` go into the returned dict, with the
+    path the save returns). The GPU recipes' checkpoints (weights and the optimizer's moments) are 0.35-1.6 GB:
+    writing and reading them back costs seconds of CPU and of disk per smoke run, and
+    tests/engine/test_checkpoint.py tests the writing."""
     final = {}
     save = Checkpointer.save
 
-    def save_then_read(self, name: str, **extra):
+    def keep(data: dict, file) -> None:
+        model = data["model"]
+        final.update(keys=set(model), values={key: model[key].clone() for key in keys})
+
+    def save_unwritten(self, name: str, **extra):
         if name != "model_final":
             return save(self, name, **extra)
-        with FileLock(lock):
-            path = save(self, name, **extra)
-            model = torch.load(path, weights_only=True, mmap=True)["model"]
-            final.update(path=path, keys=set(model), values={key: model[key].clone() for key in keys})
-            os.remove(path)
-        return path
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch, "save", keep)
+            final["path"] = save(self, name, **extra)
+        return final["path"]
 
-    monkeypatch.setattr(Checkpointer, "save", save_then_read)
+    monkeypatch.setattr(Checkpointer, "save", save_unwritten)
     return final
 
 
@@ -166,7 +173,7 @@ def test_gpu_recipes_start_from_imagenet_weights_and_the_demos_from_scratch(name
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_loads_validates_and_trains_two_iterations(
-    name, datasets_root, file_server, tmp_path, tmp_path_factory, monkeypatch
+    name, datasets_root, file_server, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("LAZYTRAIN_DATASETS", datasets_root)
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
@@ -187,9 +194,7 @@ def test_config_loads_validates_and_trains_two_iterations(
     # The stem and layer1 are frozen in the R50 recipes: their final weights are the file's.
     frozen = ("conv1.weight", "layer1.2.conv3.weight", "layer1.0.bn1.running_mean") if imagenet else ()
     frozen = tuple(f"backbone.body.{key}" for key in frozen)
-    # The lock is in the folder above each worker's base directory, which all workers share.
-    lock = str(tmp_path_factory.getbasetemp().parent / "large_checkpoint.lock")
-    final = {} if name in RANDOM_INIT else _read_then_remove_final_checkpoint(monkeypatch, lock, frozen)
+    final = {} if name in RANDOM_INIT else _keep_final_checkpoint_unwritten(monkeypatch, frozen)
     run(cfg)
     lines = [json.loads(line) for line in open(tmp_path / "metrics.json")]
     losses = [line["total_loss"] for line in lines if "total_loss" in line]
