@@ -3,8 +3,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from lazytrain.program.default import do_train, run
 from lazytrain.utils.preemption import TrainingInterrupted
 from tests.engine import toy
 from tests.engine.conftest import TOY_CONFIG
+from tests.warm_command import run_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -82,19 +81,11 @@ def test_lr_schedule_values_follow_formula_and_max_iter_override(toy_cfg):
     assert lrs[17] == pytest.approx(base * 0.01)
 
 
-def _run_toy_subprocess(output_dir, overrides, expect_kill=False):
-    code = (
-        "import sys, torch; torch.set_num_threads(1)\n"
-        "from lazytrain.config import LazyConfig\n"
-        "from lazytrain.program.default import run\n"
-        f"cfg = LazyConfig.load({TOY_CONFIG!r})\n"
-        f"cfg.train.output_dir = {str(output_dir)!r}\n"
-        "LazyConfig.apply_overrides(cfg, sys.argv[1:])\n"
-        "run(cfg)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code, *overrides], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+def _run_toy_command(output_dir, overrides, expect_kill=False):
+    """``python -m lazytrain TOY_CONFIG`` into `output_dir`, forked warm (a process of its own, which the
+    killing hook ends)."""
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    result = run_warm([TOY_CONFIG, f"hydra.run.dir={output_dir}", *overrides], REPO, env)
     if expect_kill:
         assert result.returncode == -9, result.stderr[-2000:]
     else:
@@ -108,9 +99,9 @@ def test_sigkill_and_resume_gives_bit_identical_weights(toy_cfg, tmp_path):
         "functools.partial, _args_: [{_target_: lazytrain.config.locate, _args_: [tests.engine.toy.kill_self_at]}], "
         "iteration: 17}}"
     )
-    _run_toy_subprocess(tmp_path / "killed", [killer], expect_kill=True)
+    _run_toy_command(tmp_path / "killed", [killer], expect_kill=True)
     assert open(tmp_path / "killed" / "last_checkpoint").read() == "model_0000014.pth"
-    _run_toy_subprocess(tmp_path / "killed", ["train.resume=true"])
+    _run_toy_command(tmp_path / "killed", ["train.resume=true"])
     full = torch.load(os.path.join(toy_cfg.train.output_dir, "model_final.pth"), weights_only=True)
     resumed = torch.load(tmp_path / "killed" / "model_final.pth", weights_only=True)
     for key in full["model"]:
