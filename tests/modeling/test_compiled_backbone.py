@@ -63,7 +63,7 @@ def test_the_compiled_backbone_gives_eager_losses_and_gradients_and_keeps_the_ch
 
 def test_a_new_training_shape_raises_but_evaluation_runs_eager_at_any_size():
     model = build_model().train()
-    model.compile_backbone(backend="aot_eager")
+    model.compile_backbone(backend="eager")
     _step(model, _records((64, 64)))
     with pytest.raises(ValueError) as error:
         _step(model, _records((96, 64)))
@@ -82,7 +82,7 @@ def test_a_new_training_shape_raises_but_evaluation_runs_eager_at_any_size():
 
 def test_one_compiled_shape_per_padded_size():
     model = build_model(overrides=("model.num_classes=3", "model.pad_to_sizes=[[64,96],[96,64]]")).train()
-    model.compile_backbone(backend="aot_eager")
+    model.compile_backbone(backend="eager")
     for size in [(60, 90), (90, 60), (50, 50)]:
         _step(model, _records(size))
     assert model.compiled_backbone.input_shapes == [(2, 3, 64, 96), (2, 3, 96, 64)]
