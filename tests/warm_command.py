@@ -1,4 +1,4 @@
-"""``python -m lazytrain ARGS`` for tests, in a process forked from a server that imported torch, torchvision,
+"""``python -m lazytrain ARGS`` (or any ``python -m``/``-c`` command) for tests, in a process forked from a server that imported torch, torchvision,
 Hydra and lazytrain once (multiprocessing's forkserver, started by the first call of each test process) instead
 of a new interpreter importing them again: several seconds of CPU a command on a 2-core machine. The forked
 process is otherwise a new one: no test has run in the server, and the command gets its own argv, working
@@ -43,29 +43,79 @@ def run_warm(
     ``start_new_session``), so that a kill of its process group from inside ends the command and its ranks
     only. SIGINT raises KeyboardInterrupt, as in an interpreter started from a terminal; with `ignore_sigint`
     it stays ignored, as in one started with SIGINT ignored (nohup, a script's background job)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOAD)  # no effect once this test process's server runs
-    with tempfile.TemporaryDirectory(prefix="lazytrain_warm_") as outputs:
-        out, err = os.path.join(outputs, "stdout"), os.path.join(outputs, "stderr")
-        process = context.Process(
-            target=_run_command, args=(list(argv), str(cwd), dict(env), out, err, new_session, ignore_sigint)
-        )
-        process.start()
-        process.join(timeout)
-        if process.is_alive():
+    with start_warm(["-m", "lazytrain", *argv], cwd, env, new_session, ignore_sigint) as process:
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
             process.kill()
-            process.join()
-            raise subprocess.TimeoutExpired(["python", "-m", "lazytrain", *argv], timeout)
-        with open(out) as stdout, open(err) as stderr:
-            return subprocess.CompletedProcess(
-                ["python", "-m", "lazytrain", *argv], process.exitcode, stdout.read(), stderr.read()
-            )
+            process.wait()
+            raise
+        stdout, stderr = process.read_output()
+        return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+class WarmProcess:
+    """A command started by `start_warm`, used as a `subprocess.Popen`: `poll`, `wait`, `kill`,
+    `returncode`, and its output once it ended (`read_output`). A context manager that removes the output
+    files on exit."""
+
+    def __init__(self, args: list[str], cwd, env: dict[str, str], new_session: bool, ignore_sigint: bool):
+        self.args = ["python", *args]
+        self._outputs = tempfile.TemporaryDirectory(prefix="lazytrain_warm_")
+        self._out = os.path.join(self._outputs.name, "stdout")
+        self._err = os.path.join(self._outputs.name, "stderr")
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(_PRELOAD)  # no effect once this test process's server runs
+        command = (list(args), str(cwd), dict(env), self._out, self._err, new_session, ignore_sigint)
+        self._process = context.Process(target=_run_command, args=command)
+        self._process.start()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.is_alive():
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self._process.exitcode
+
+    def kill(self) -> None:
+        if self._process.is_alive():
+            self._process.kill()
+
+    def read_output(self) -> tuple[str, str]:
+        """(stdout, stderr) so far."""
+        with open(self._out) as stdout, open(self._err) as stderr:
+            return stdout.read(), stderr.read()
+
+    def __enter__(self) -> WarmProcess:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.kill()
+        self._process.join()
+        self._outputs.cleanup()
+
+
+def start_warm(
+    args: list[str], cwd, env: dict[str, str], new_session: bool = False, ignore_sigint: bool = False
+) -> WarmProcess:
+    """``python *args`` (``-m MODULE ...`` or ``-c CODE ...``) started warm in `cwd` with exactly `env`;
+    `run_warm` says what `new_session` and `ignore_sigint` do."""
+    if args[:1] not in (["-m"], ["-c"]):
+        raise ValueError(f"start_warm: args must start with -m or -c, got {args[:2]}")
+    return WarmProcess(args, cwd, env, new_session, ignore_sigint)
 
 
 def _run_command(
-    argv: list[str], cwd: str, env: dict[str, str], out: str, err: str, new_session: bool, ignore_sigint: bool
+    args: list[str], cwd: str, env: dict[str, str], out: str, err: str, new_session: bool, ignore_sigint: bool
 ) -> None:
-    """In the forked process: what the interpreter does for ``python -m lazytrain``, then exit as it would."""
+    """In the forked process: what the interpreter does for ``python *args``, then exit as it would."""
     if new_session:
         os.setsid()
     # An interpreter installs KeyboardInterrupt for SIGINT at its start unless SIGINT came to it ignored.
@@ -80,10 +130,9 @@ def _run_command(
     os.environ.clear()
     os.environ.update(env)
     _start_as_a_new_interpreter(env)
-    sys.argv = ["-m", *argv]  # run_module puts lazytrain/__main__.py first, as `python -m` does
     code = 0
     try:
-        runpy.run_module("lazytrain", run_name="__main__", alter_sys=True)
+        _run_python_args(args)
     except SystemExit as e:
         code = _exit_status(e)
     except BaseException:
@@ -95,10 +144,21 @@ def _run_command(
     os._exit(code)
 
 
+def _run_python_args(args: list[str]) -> None:
+    """``python -m MODULE ARGS`` or ``python -c CODE ARGS`` in this process."""
+    option, target, *rest = args
+    if option == "-m":
+        sys.argv = ["-m", *rest]  # run_module puts the module's file first, as `python -m` does
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = ["-c", *rest]
+        exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+
+
 def _start_as_a_new_interpreter(env: dict[str, str]) -> None:
-    """What a new ``python -m`` process in this working directory with `env` would have that the server's fork
-    does not: the working directory and PYTHONPATH first on `sys.path`, the torch threads of OMP_NUM_THREADS,
-    the stop signals unblocked."""
+    """What a new ``python -m`` or ``python -c`` process in this working directory with `env` would have that
+    the server's fork does not: the working directory and PYTHONPATH first on `sys.path`, the torch threads of
+    OMP_NUM_THREADS, the stop signals unblocked."""
     paths = [os.getcwd(), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     sys.path[:0] = [p for p in paths if p not in sys.path]
     if env.get("OMP_NUM_THREADS", "").isdigit():

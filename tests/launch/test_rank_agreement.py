@@ -1,11 +1,11 @@
 """Ranks started by a launcher (torchrun-style environment: RANK, WORLD_SIZE, MASTER_ADDR, ...) agree: on a
 non-finite loss, on one rank's exception or death, on the checkpoint to resume from, and they wait out a long
-evaluation when launch.timeout allows it. Two gloo processes on localhost stand for two GPUs."""
+evaluation when launch.timeout allows it. Two gloo processes on localhost, forked warm
+(tests/warm_command.py), stand for two GPUs."""
 
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -13,6 +13,7 @@ import pytest
 from lazytrain.launch.launch import find_free_port
 from tests.engine.conftest import TOY_CONFIG
 from tests.engine.test_preemption import callback_hook
+from tests.warm_command import WarmProcess, start_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,17 +50,13 @@ def _start_ranks(output_dir, overrides_of_rank, main="ddp_main", world_size=2):
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
         }
-        command = [sys.executable, "-c", RANK_PROGRAM, main, "1", str(output_dir), *overrides_of_rank(rank)]
-        processes.append(
-            subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-        )
+        command = ["-c", RANK_PROGRAM, main, "1", str(output_dir), *overrides_of_rank(rank)]
+        processes.append(start_warm(command, REPO, env))
     return processes
 
 
 def _finish(processes, timeout=120):
-    """(exit code, seconds from the first exit to this one's, output) of each process."""
+    """(exit code, seconds from the first exit to this one's, output: stdout and stderr) of each process."""
     deadline = time.monotonic() + timeout
     ended = {}
     while len(ended) < len(processes) and time.monotonic() < deadline:
@@ -71,10 +68,12 @@ def _finish(processes, timeout=120):
         if process.poll() is None:
             process.kill()
     first = min(ended.values(), default=time.monotonic())
-    return [
-        (process.wait(), ended.get(index, float("inf")) - first, process.stdout.read())
-        for index, process in enumerate(processes)
-    ]
+    results = []
+    for index, process in enumerate(processes):
+        with process:
+            code = process.wait()
+            results.append((code, ended.get(index, float("inf")) - first, "".join(process.read_output())))
+    return results
 
 
 def _steps(n=40):
@@ -140,28 +139,15 @@ def test_ranks_resume_from_the_checkpoint_rank_0_chose(tmp_path):
     assert [open(tmp_path / f"start_iter.rank{rank}").read() for rank in (0, 1)] == ["6", "6"]
 
 
-def _start_cli(tmp_path, *overrides) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lazytrain",
-            TOY_CONFIG,
-            f"hydra.run.dir={tmp_path}",
-            "launch.num_processes=2",
-            *overrides,
-        ],
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def _start_cli(tmp_path, *overrides) -> WarmProcess:
+    arguments = [TOY_CONFIG, f"hydra.run.dir={tmp_path}", "launch.num_processes=2", *overrides]
+    return start_warm(["-m", "lazytrain", *arguments], REPO, {**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def _wait_cli(process: subprocess.Popen) -> subprocess.CompletedProcess:
-    stdout, stderr = process.communicate(timeout=300)
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+def _wait_cli(process: WarmProcess) -> subprocess.CompletedProcess:
+    with process:
+        process.wait(timeout=300)
+        return subprocess.CompletedProcess(process.args, process.returncode, *process.read_output())
 
 
 @pytest.mark.slow
