@@ -9,8 +9,6 @@ import logging
 import math
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 from matplotlib.collections import PathCollection
@@ -22,6 +20,7 @@ from lazytrain.engine import plot_writer
 from lazytrain.utils.plots import build_ap_by_frequency_figure, build_metrics_figure
 from lazytrain.utils.run_dirs import read_metrics, read_per_category_ap
 from tests.smoke import TINY_SYNTHETIC_LT, smoke_overrides
+from tests.warm_command import run_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = [
@@ -43,15 +42,9 @@ def demo_run(tmp_path_factory):
     )
     run_dir = tmp_path_factory.mktemp("run") / "demo"
     env = {**os.environ, "LAZYTRAIN_DATASETS": str(datasets), "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "lazytrain",
-        "conf/rfs_maskrcnn_demo.py",
-        *TINY,
-        f"hydra.run.dir={run_dir}",
-    ]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    result = run_warm(
+        ["conf/rfs_maskrcnn_demo.py", *TINY, f"hydra.run.dir={run_dir}"], REPO, env, timeout=600
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return str(run_dir), result.stdout, str(datasets)
 
