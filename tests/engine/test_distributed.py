@@ -3,13 +3,12 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tests.engine.conftest import TOY_CONFIG
+from tests.warm_command import start_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,15 +36,8 @@ OVERRIDES = [
 
 def _launch(output_dir, overrides):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", LAUNCH, TOY_CONFIG, str(output_dir), *overrides],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    with start_warm(["-c", LAUNCH, TOY_CONFIG, str(output_dir), *overrides], REPO, env) as process:
+        assert process.wait(timeout=300) == 0, process.read_output()[1][-3000:]
 
 
 def _rank_files(output_dir):
