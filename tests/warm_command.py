@@ -64,6 +64,8 @@ class WarmProcess:
         self._outputs = tempfile.TemporaryDirectory(prefix="lazytrain_warm_")
         self._out = os.path.join(self._outputs.name, "stdout")
         self._err = os.path.join(self._outputs.name, "stderr")
+        for path in (self._out, self._err):  # readable before the command opens them
+            open(path, "w").close()
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(_PRELOAD)  # no effect once this test process's server runs
         command = (list(args), str(cwd), dict(env), self._out, self._err, new_session, ignore_sigint)

@@ -7,8 +7,7 @@ machine.
 import hashlib
 import os
 import socket
-import subprocess
-import sys
+import time
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ import torch
 from lazytrain.errors import CheckpointError, ConfigError
 from lazytrain.modeling.download import download_to_cache, get_cache_path, get_hash_prefix
 from tests.modeling.helpers import log_messages
+from tests.warm_command import start_warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = {"conv1.weight": torch.arange(12.0).reshape(1, 3, 2, 2), "bn1.running_var": torch.ones(1)}
@@ -71,25 +71,19 @@ def test_two_processes_at_once_download_once(file_server, hub_dir, tmp_path):
     file_server.delay = 2.0  # the first download is still running when the other process asks
     go = tmp_path / "go"
     env = dict(os.environ, PYTHONPATH=REPO)  # TORCH_HOME from hub_dir
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.modeling.download_worker", url, str(go)],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    try:
-        for worker in workers:
-            assert worker.stdout.readline() == "ready\n"
+    args = ["-m", "tests.modeling.download_worker", url, str(go)]
+    with start_warm(args, REPO, env) as first, start_warm(args, REPO, env) as second:
+        workers = [first, second]
+        deadline = time.monotonic() + 60
+        while not all(worker.read_output()[0] == "ready\n" for worker in workers):
+            ended = [worker.read_output() for worker in workers if worker.poll() is not None]
+            assert not ended and time.monotonic() < deadline, ended
+            time.sleep(0.01)
         go.touch()
-        outputs = [worker.communicate(timeout=120) for worker in workers]
-    finally:
         for worker in workers:
-            worker.kill()
+            worker.wait(timeout=120)
+        outputs = [worker.read_output() for worker in workers]
+    outputs = [(stdout.removeprefix("ready\n"), stderr) for stdout, stderr in outputs]
     assert [worker.returncode for worker in workers] == [0, 0], outputs
     expected = str(hub_dir / "checkpoints" / name)
     assert [stdout for stdout, _ in outputs] == [f"{expected}\n", f"{expected}\n"]
