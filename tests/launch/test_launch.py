@@ -10,6 +10,7 @@ from lazytrain.launch import process_group
 from lazytrain.launch.environment import get_env_rank_info
 from lazytrain.launch.launch import launch
 from lazytrain.launch.process_group import get_gpu_index
+from tests.warm_command import start_warm
 
 _LAUNCHER_VARIABLES = (
     "RANK",
@@ -297,8 +298,6 @@ print(ranks, [name for name in ("MASTER_ADDR", "MASTER_PORT") if name in os.envi
 def test_slurm_tasks_meet_at_the_first_node_without_writing_it_into_the_environment(tmp_path):
     # Two SLURM tasks on one node (srun -n2), each a rank: they meet at the node list's first host.
     import os
-    import subprocess
-    import sys
 
     port = launch_module.find_free_port()
     base = {
@@ -307,23 +306,15 @@ def test_slurm_tasks_meet_at_the_first_node_without_writing_it_into_the_environm
         if name not in _LAUNCHER_VARIABLES and not name.startswith(("SLURM_", "SUBMITIT_"))
     }
     slurm = dict(SLURM_NTASKS="2", SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2", SLURM_JOB_NODELIST="127.0.0.1")
-    tasks = [
-        subprocess.Popen(
-            [sys.executable, "-c", _SLURM_TASK_PROGRAM],
-            env={
-                **base,
-                **slurm,
-                "SLURM_PROCID": str(rank),
-                "SLURM_LOCALID": str(rank),
-                "MASTER_PORT": str(port),
-            },
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    environments = [
+        {**base, **slurm, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "MASTER_PORT": str(port)}
         for rank in range(2)
     ]
-    outputs = [task.communicate(timeout=120)[0] for task in tasks]
-    assert [task.returncode for task in tasks] == [0, 0], outputs
+    with (
+        start_warm(["-c", _SLURM_TASK_PROGRAM], tmp_path, environments[0]) as first,
+        start_warm(["-c", _SLURM_TASK_PROGRAM], tmp_path, environments[1]) as second,
+    ):
+        codes = [first.wait(timeout=120), second.wait(timeout=120)]
+        outputs = ["".join(task.read_output()) for task in (first, second)]
+    assert codes == [0, 0], outputs
     assert [output.strip().splitlines()[-1] for output in outputs] == ["[0, 1] ['MASTER_PORT']"] * 2
