@@ -30,6 +30,15 @@ _PRELOAD = ["torch", "torchvision", "hydra.main", "lazytrain.program.default", "
 _JOB_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
+def warm_context() -> multiprocessing.context.BaseContext:
+    """multiprocessing's forkserver context of this test process, whose server preloads what a lazytrain
+    command imports: processes started with it (`torch.multiprocessing.start_processes(...,
+    start_method="forkserver")` uses it too) skip those imports."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)  # no effect once this test process's server runs
+    return context
+
+
 def run_warm(
     argv: list[str],
     cwd,
@@ -66,8 +75,7 @@ class WarmProcess:
         self._err = os.path.join(self._outputs.name, "stderr")
         for path in (self._out, self._err):  # readable before the command opens them
             open(path, "w").close()
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(_PRELOAD)  # no effect once this test process's server runs
+        context = warm_context()
         command = (list(args), str(cwd), dict(env), self._out, self._err, new_session, ignore_sigint)
         self._process = context.Process(target=_run_command, args=command)
         self._process.start()

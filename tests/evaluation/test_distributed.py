@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 
 from lazytrain.evaluation import COCOEvaluator, inference_on_dataset
 from tests.evaluation.data import ground_truth_as_outputs, make_ground_truth, write_json
+from tests.warm_command import warm_context
 
 
 class _Replay(torch.nn.Module):
@@ -52,7 +53,9 @@ def test_results_are_gathered_on_rank_0(tmp_path):
     json_file = write_json(data, tmp_path / "gt.json")
     result_file = str(tmp_path / "results")
     output_dir = tmp_path / "eval"
-    mp.spawn(_worker, args=(2, _free_port(), json_file, result_file, str(output_dir)), nprocs=2, join=True)
+    arguments = (2, _free_port(), json_file, result_file, str(output_dir))
+    warm_context()  # the ranks are forked from the test process's warm server
+    mp.start_processes(_worker, args=arguments, nprocs=2, join=True, start_method="forkserver")
     rank0, rank1 = (torch.load(f"{result_file}.{rank}") for rank in (0, 1))
     assert rank1 == {}
     assert rank0["bbox"]["AP"] == 100.0 and rank0["segm"]["AP"] == 100.0
