@@ -13,9 +13,22 @@ from tests.smoke import TINY_SYNTHETIC_LT, smoke_overrides
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# The demo model with two FPN levels and the pool level (not four), one mask conv: exporting, converting to
+# ONNX and loading a program take time in proportion to the graph (the export tests here do each several
+# times); the code paths are the recipe's. README's lanes (tests/test_readme.py) export the demo as it is.
+SMALLER_MODEL = (
+    "model.backbone.returned_layers=[3,4]",
+    "model.rpn.anchor_generator.sizes=[32,64,128]",
+    "model.roi_heads.box_roi_pool.featmap_names=['0','1']",
+    "model.roi_heads.mask_roi_pool.featmap_names=['0','1']",
+    "model.roi_heads.mask_head.layers=[64]",
+)
+
+
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory):
-    """A finished demo run: config.yaml, model_final.pth and the evaluator's lvis_instances_results.json."""
+    """A finished demo run (`SMALLER_MODEL`): config.yaml, model_final.pth and the evaluator's
+    lvis_instances_results.json."""
     root = tmp_path_factory.mktemp("demo_run")
     datasets = root / "datasets"
     generate_synthetic_lt(str(datasets / "synthetic_lt"), **TINY_SYNTHETIC_LT)
@@ -25,6 +38,7 @@ def demo_run(tmp_path_factory):
         cfg,
         [
             *smoke_overrides(),
+            *SMALLER_MODEL,
             "model.roi_heads.detections_per_img=20",
             "dataloader.test.batch_size=2",
             f"train.output_dir={output_dir}",
