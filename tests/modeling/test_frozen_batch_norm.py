@@ -34,6 +34,12 @@ def _frozen_resnet50() -> nn.Module:
     return model
 
 
+@pytest.fixture(scope="module")
+def _resnet50_float64() -> nn.Module:
+    """One float64 frozen ResNet-50 per module: each test takes a deep copy (cheaper than building one)."""
+    return _frozen_resnet50().to(torch.float64)
+
+
 def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     actual, expected = actual.detach(), expected.detach()
     return float((actual.double() - expected.double()).abs().max() / expected.double().abs().max())
@@ -54,8 +60,8 @@ def _folded_copy(model: nn.Module) -> nn.Module:
     return fold_frozen_batch_norm(copy.deepcopy(model))
 
 
-def test_folded_resnet50_matches_in_training_over_two_sgd_steps():
-    reference = _frozen_resnet50().to(torch.float64).train()
+def test_folded_resnet50_matches_in_training_over_two_sgd_steps(_resnet50_float64):
+    reference = copy.deepcopy(_resnet50_float64).train()
     folded = _folded_copy(reference)
     assert len(_folded_convs(folded)) == 53  # stem + 16 blocks x 3 + 4 downsamples
     frozen_conv = folded.layer1[0].conv2
@@ -67,7 +73,7 @@ def test_folded_resnet50_matches_in_training_over_two_sgd_steps():
     generator = torch.Generator().manual_seed(2)
     initial_fc = folded.fc.weight.detach().clone()
     for _ in range(2):
-        image = torch.randn(2, 3, 64, 64, dtype=torch.float64, generator=generator)
+        image = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=generator)
         target = torch.randn(2, 1000, dtype=torch.float64, generator=generator)
         outputs, inputs = [], []
         cached_before = frozen_conv.folded_weight_and_bias()[0]
@@ -415,10 +421,10 @@ def _swap_norms(model: nn.Module) -> nn.Module:
     return model
 
 
-def test_norms_swapped_after_folding_are_applied_once():
-    reference = _frozen_resnet50().to(torch.float64).eval()
+def test_norms_swapped_after_folding_are_applied_once(_resnet50_float64):
+    reference = copy.deepcopy(_resnet50_float64).eval()
     folded = _folded_copy(reference)
-    image = torch.randn(1, 3, 64, 64, dtype=torch.float64)
+    image = torch.randn(1, 3, 32, 32, dtype=torch.float64)
     expected = _swap_norms(copy.deepcopy(reference))(image)
     # The folded convs stay, the norms after them are BatchNorm2d now: no norm may be applied twice.
     swapped = _swap_norms(folded)
