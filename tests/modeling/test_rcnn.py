@@ -142,7 +142,10 @@ def test_training_without_instances_or_masks_is_an_error(cpu_model):
 
 
 def test_from_torchvision_wraps_a_torchvision_model():
-    torchvision_model = maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=5)
+    # 10 detections, not 100: the mask head and the pasting run on each, and 10 show the same path.
+    torchvision_model = maskrcnn_resnet50_fpn(
+        weights=None, weights_backbone=None, num_classes=5, box_detections_per_img=10
+    )
     model = RCNN.from_torchvision(torchvision_model)
     assert model.num_classes == 4
     assert model.roi_heads is torchvision_model.roi_heads
