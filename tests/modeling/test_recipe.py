@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 from torchvision.ops.misc import FrozenBatchNorm2d
 
@@ -7,8 +8,14 @@ from lazytrain.config import LazyConfig, find_problems, instantiate
 from tests.modeling.helpers import CPU_RECIPE, R50_RECIPE, build_model, load_model_config, make_record
 
 
-def test_full_recipe_builds_resnet50_fpn_with_torchvision_defaults():
-    model = build_model(R50_RECIPE, overrides=())
+@pytest.fixture(scope="module")
+def r50_model():
+    """The full recipe's model, built once: the structure test reads it, the step test only adds gradients."""
+    return build_model(R50_RECIPE, overrides=())
+
+
+def test_full_recipe_builds_resnet50_fpn_with_torchvision_defaults(r50_model):
+    model = r50_model
     assert model.num_classes == 80
     assert model.backbone.out_channels == 256
     assert isinstance(model.backbone.body.bn1, FrozenBatchNorm2d)
@@ -21,9 +28,8 @@ def test_full_recipe_builds_resnet50_fpn_with_torchvision_defaults():
     assert trainable == {"layer2", "layer3", "layer4"}
 
 
-def test_full_recipe_forward_backward_step():
-    model = build_model(R50_RECIPE, overrides=("model.num_classes=3",))
-    model.train()
+def test_full_recipe_forward_backward_step(r50_model):
+    model = r50_model.train()
     losses = model([make_record(64, 96)])
     total = sum(losses.values())
     assert math.isfinite(float(total.detach()))
@@ -79,7 +85,7 @@ def test_cpu_model_overfits_two_images_and_evaluates():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model.train()
     totals = []
-    for _ in range(15):
+    for _ in range(10):  # the loss falls to ~0.4 of its start by step 10 and then levels off
         losses = model(records)
         total = sum(losses.values())
         assert all(math.isfinite(float(v.detach())) for v in losses.values())
