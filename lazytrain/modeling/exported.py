@@ -38,6 +38,7 @@ __all__ = [
     "load_program",
     "load_torchscript",
     "read_built_in_limits",
+    "check_limits",
 ]
 
 logger = logging.getLogger(__name__)
@@ -163,18 +164,7 @@ class ExportedModel(nn.Module):
         Raises:
             ValueError: a value out of range, or one the file cannot honour (naming the key and the fix).
         """
-        if not (_is_real(score_thresh) and 0 <= score_thresh <= 1):
-            raise ValueError(
-                f"ExportedModel.limit(score_thresh=) must be in [0, 1] (model.roi_heads.score_thresh); got "
-                f"{score_thresh!r}"
-            )
-        if not (_is_real(detections_per_img) and detections_per_img == int(detections_per_img) >= 1):
-            raise ValueError(
-                f"ExportedModel.limit(detections_per_img=) must be an int >= 1 "
-                f"(model.roi_heads.detections_per_img); got {detections_per_img!r}"
-            )
-        _check_within(self.source, self.built_in, score_thresh, detections_per_img)
-        self.limits = DetectionLimits(float(score_thresh), int(detections_per_img))
+        self.limits = check_limits(self.source, self.built_in, score_thresh, detections_per_img)
 
     def forward(self, batched_inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         results = []
@@ -192,6 +182,29 @@ class ExportedModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"source={self.source!r}, built_in={self.built_in}, limits={self.limits}"
+
+
+def check_limits(
+    source: str, built_in: DetectionLimits | None, score_thresh: float, detections_per_img: int
+) -> DetectionLimits:
+    """The limits `ExportedModel.limit` would keep for the file `source` that applies `built_in` itself (None:
+    unknown); needs no loaded model, so a request is refused before the file is read.
+
+    Raises:
+        ValueError: a value out of range, or one the file cannot honour (naming the key and the fix).
+    """
+    if not (_is_real(score_thresh) and 0 <= score_thresh <= 1):
+        raise ValueError(
+            f"ExportedModel.limit(score_thresh=) must be in [0, 1] (model.roi_heads.score_thresh); got "
+            f"{score_thresh!r}"
+        )
+    if not (_is_real(detections_per_img) and detections_per_img == int(detections_per_img) >= 1):
+        raise ValueError(
+            f"ExportedModel.limit(detections_per_img=) must be an int >= 1 "
+            f"(model.roi_heads.detections_per_img); got {detections_per_img!r}"
+        )
+    _check_within(source, built_in, score_thresh, int(detections_per_img))
+    return DetectionLimits(float(score_thresh), int(detections_per_img))
 
 
 def _check_within(source: str, built_in: DetectionLimits | None, score_thresh: float, count: int) -> None:

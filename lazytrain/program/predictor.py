@@ -288,12 +288,20 @@ class Predictor:
         ``cfg.model.roi_heads.detections_per_img`` per image, as with the weights (`ExportedModel.limit`); a
         threshold below the one the file applies itself, or more detections than it keeps (its
         ``model.json``), is refused with a ValueError naming the key."""
-        from lazytrain.modeling.exported import DESCRIPTION_FILE, load_exported
+        from lazytrain.modeling.exported import (
+            DESCRIPTION_FILE,
+            check_limits,
+            load_exported,
+            read_built_in_limits,
+        )
 
-        model = load_exported(file)
         score_thresh = OmegaConf.select(cfg, "model.roi_heads.score_thresh")
         detections_per_img = OmegaConf.select(cfg, "model.roi_heads.detections_per_img")
-        if score_thresh is not None and detections_per_img is not None:
+        limited = score_thresh is not None and detections_per_img is not None
+        if limited:  # refused before the file is read: loading a program takes seconds
+            check_limits(file, read_built_in_limits(file), score_thresh, detections_per_img)
+        model = load_exported(file)
+        if limited:
             if model.built_in is None:
                 logger.warning(
                     "Predictor: no %s beside %s says which threshold and detections per image it applies itself; "

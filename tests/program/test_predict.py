@@ -8,6 +8,7 @@ import socket
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
 
 from lazytrain.config import LazyConfig, instantiate
@@ -313,3 +314,22 @@ def test_a_run_that_started_from_pretrained_weights_loads_offline(
     assert len(predictor(image)) > 0
     _predict(run_dir, image, f"predict.output_dir={tmp_path / 'out'}", "model.roi_heads.score_thresh=0.0")
     assert json.load(open(tmp_path / "out" / "results.json"))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("score_thresh", 0.1, "model.roi_heads.score_thresh=0.1 is below the threshold 0.3"),
+        ("detections_per_img", 80, "model.roi_heads.detections_per_img=80 is more than the 50"),
+        ("score_thresh", 1.5, r"must be in \[0, 1\]"),
+    ],
+)
+def test_limits_an_exported_file_cannot_honour_are_refused_before_it_is_read(tmp_path, key, value, message):
+    # Not a program at all: reading it would fail with another error.
+    (tmp_path / "model.pt2").write_bytes(b"not a program")
+    applied = {"score_thresh": 0.3, "detections_per_img": 50}
+    (tmp_path / "model.json").write_text(json.dumps({"applied_in_the_file": applied}))
+    roi_heads = {"score_thresh": 0.5, "detections_per_img": 20, key: value}
+    cfg = OmegaConf.create({"model": {"roi_heads": roi_heads}})
+    with pytest.raises(ValueError, match=message):
+        Predictor.from_exported(cfg, str(tmp_path / "model.pt2"))
