@@ -6,6 +6,8 @@ the same inputs with the same RNG state, so the backward reads bit-identical sav
 non-deterministic kernels, such as atomics in a conv's backward, would need a tolerance.)
 """
 
+import copy
+import functools
 import os
 
 import pytest
@@ -80,9 +82,22 @@ def _loss_and_gradients(backbone: nn.Module, images: torch.Tensor) -> tuple[torc
     return loss.detach(), {n: p.grad for n, p in backbone.named_parameters() if p.requires_grad}
 
 
-def _build(name: str, grad_checkpointing: bool, dtype: torch.dtype = torch.float32) -> nn.Module:
+@functools.cache
+def _built(name: str, grad_checkpointing: bool, dtype: torch.dtype) -> nn.Module:
     torch.manual_seed(0)
     return BACKBONES[name](grad_checkpointing).to(dtype)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_built_backbones():
+    yield
+    _built.cache_clear()  # the built backbones (a Swin-T among them) are not held for the rest of the session
+
+
+def _build(name: str, grad_checkpointing: bool, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A fresh copy of the backbone (several tests take the same one: a copy is cheaper than a build)."""
+    torch.manual_seed(0)
+    return copy.deepcopy(_built(name, grad_checkpointing, dtype))
 
 
 @pytest.mark.parametrize(
