@@ -35,6 +35,12 @@ def assert_short_error(result, *fragments):
             "launch.num_processes=0", ["launch.num_processes=0", "must be an integer >= 1"], id="no-processes"
         ),
         param("launch.machine_rank=3", ["launch.machine_rank=3", "[0, 0]"], id="machine-rank"),
+        # The form the misspelled-key error offers for new keys: refused too, not a silent one-process run.
+        param(
+            "+launch.num_proceses=2",
+            ["launch.num_proceses", "not a launch key", "Did you mean launch.num_processes?"],
+            id="added-misspelled-launch-key",
+        ),
         param(
             "train.device=cuda",
             ["train.device=cuda", "no GPU is visible", "train.device=cpu"],

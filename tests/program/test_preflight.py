@@ -13,6 +13,7 @@ from lazytrain.errors import ConfigError
 from lazytrain.program.default import INJECTED_ARGUMENTS
 from lazytrain.program.preflight import check_command_line, preflight
 from lazytrain.program.preflight.backends import find_compiled_nms_problems
+from lazytrain.program.preflight.processes import find_launch_problems
 from lazytrain.program.primary_config import DEFAULT_MAIN, load_primary_config
 from tests.data.custom_fixtures import write_export
 from tests.warm_command import run_warm
@@ -41,6 +42,18 @@ def test_preflight_returns_every_problem_of_a_job_at_once(tmp_path):
     )
     assert problems[1] == "launch.num_processes=0: must be an integer >= 1."
     assert problems[2].startswith(f"train.init_checkpoint={tmp_path / 'missing.pth'}: no such file.")
+
+
+def test_a_key_launch_does_not_have_is_a_problem_naming_the_closest():
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.launch.num_proceses = 2
+    cfg.launch.nodes = 2
+    assert find_launch_problems(cfg.launch) == [
+        "launch.num_proceses: not a launch key, so it would change nothing. Did you mean launch.num_processes? "
+        "launch takes num_gpus, num_processes, num_machines, machine_rank, dist_url, timeout, main.",
+        "launch.nodes: not a launch key, so it would change nothing. launch takes num_gpus, num_processes, "
+        "num_machines, machine_rank, dist_url, timeout, main.",
+    ]
 
 
 def test_preflight_of_a_sound_job_finds_nothing(tmp_path):

@@ -4,19 +4,22 @@ ends in one line naming the key (the count itself is the job's plan: `lazytrain.
 
 from __future__ import annotations
 
+import difflib
+
 from omegaconf import DictConfig
 
 from lazytrain.config import locate
 from lazytrain.launch.launch import parse_timeout
-from lazytrain.program.primary_config import DEFAULT_MAIN
+from lazytrain.program.primary_config import DEFAULT_MAIN, LAUNCH_DEFAULTS
 
 __all__ = ["find_launch_problems"]
 
 
 def find_launch_problems(launch_cfg: DictConfig) -> list[str]:
     """The per-rank program must import, and process counts, the machine rank and the timeout be usable (one
-    message per bad key)."""
-    problems = []
+    message per bad key); ``launch`` holds no key but those of `LAUNCH_DEFAULTS` (a misspelled one added with
+    ``+`` would otherwise be ignored)."""
+    problems = [_unknown_key_problem(key) for key in launch_cfg if key not in LAUNCH_DEFAULTS]
     main = launch_cfg.get("main")
     try:
         locate(main)
@@ -41,3 +44,9 @@ def find_launch_problems(launch_cfg: DictConfig) -> list[str]:
             f"launch.machine_rank={rank}: must be in [0, launch.num_machines - 1] = [0, {machines - 1}]."
         )
     return problems
+
+
+def _unknown_key_problem(key: str) -> str:
+    close = difflib.get_close_matches(str(key), list(LAUNCH_DEFAULTS), n=1)
+    hint = f"Did you mean launch.{close[0]}? " if close else ""
+    return f"launch.{key}: not a launch key, so it would change nothing. {hint}launch takes {', '.join(LAUNCH_DEFAULTS)}."
