@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lazytrain.engine.batch_norm import average_batch_norm_statistics
+from lazytrain.engine.batch_norm import averaged_batch_norm_statistics
 from lazytrain.engine.optimizer import load_optimizer_state
 from lazytrain.utils import comm
 
@@ -148,7 +148,8 @@ class Checkpointer:
     def save(self, name: str, **extra: Any) -> str | None:
         """Write ``<save_dir>/<name>.pth`` (all ranks must call: trainer state is gathered; rank 0 writes).
 
-        BatchNorm running statistics are averaged over the ranks first (`average_batch_norm_statistics`)."""
+        The saved BatchNorm running statistics are their average over the ranks
+        (`averaged_batch_norm_statistics`); the model keeps each rank's own."""
         data = self._model_entries()
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(extra)
@@ -172,14 +173,14 @@ class Checkpointer:
         return path
 
     def _model_entries(self) -> dict[str, Any]:
-        """``model`` (and with an EMA ``training_model`` and ``ema``), BatchNorm statistics averaged first."""
-        average_batch_norm_statistics(self.model)
-        weights = comm.unwrap_model(self.model).state_dict()
+        """``model`` (and with an EMA ``training_model`` and ``ema``), BatchNorm statistics averaged over the
+        ranks."""
+        weights = {**comm.unwrap_model(self.model).state_dict(), **averaged_batch_norm_statistics(self.model)}
         if self.model_ema is None:
             return {"model": weights}
-        self.model_ema.average_batch_norm_statistics()
         ema = self.model_ema.state_dict()
-        return {"model": ema.pop("averaged_state"), "training_model": weights, "ema": ema}
+        averaged = {**ema.pop("averaged_state"), **self.model_ema.averaged_batch_norm_statistics()}
+        return {"model": averaged, "training_model": weights, "ema": ema}
 
     def has_checkpoint(self) -> bool:
         """Whether `save_dir` names a newest checkpoint (`get_last_checkpoint`)."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from lazytrain.engine.batch_norm import average_over_ranks, get_batch_norm_statistics
+from lazytrain.engine.batch_norm import averaged_over_ranks, get_batch_norm_statistics
 from lazytrain.engine.train_loop import HookBase
 from lazytrain.errors import CheckpointError
 from lazytrain.utils import comm
@@ -127,10 +127,17 @@ class ModelEMA:
             average.copy_(tensor)
         self.updates = 0
 
-    def average_batch_norm_statistics(self) -> None:
-        """Average the BatchNorm statistics of the EMA over the ranks (every rank calls it at the same moment;
-        see `lazytrain.engine.batch_norm`)."""
-        average_over_ranks([self.averaged_state[name] for name in self._rank_local])
+    def averaged_batch_norm_statistics(self) -> dict[str, torch.Tensor]:
+        """The EMA's BatchNorm statistics averaged over the ranks, as new tensors by state-dict name (the EMA
+        keeps this rank's own); empty with one process. Every rank calls it at the same moment (see
+        `lazytrain.engine.batch_norm`)."""
+        if comm.get_world_size() == 1:
+            return {}
+        return averaged_over_ranks({name: self.averaged_state[name] for name in self._rank_local})
+
+    def rank_local_statistics(self) -> dict[str, torch.Tensor]:
+        """This rank's own EMA of its BatchNorm statistics, by state-dict name (the tensors themselves)."""
+        return {name: self.averaged_state[name] for name in self._rank_local}
 
     @contextlib.contextmanager
     def applied_to(self, model: torch.nn.Module) -> Iterator[None]:

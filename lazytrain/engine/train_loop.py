@@ -32,6 +32,7 @@ from lazytrain.engine.accumulation import (
     split_for_accumulation,
     sync_gradients_if_last,
 )
+from lazytrain.engine.batch_norm import get_rank_local_state, load_rank_local_state
 from lazytrain.engine.rng_state import get_rng_state, set_rng_state
 from lazytrain.engine.step_agreement import agree_on_step
 from lazytrain.engine.training_batches import TrainingBatches
@@ -413,12 +414,16 @@ class SimpleTrainer(TrainerBase):
         loader_state = self._batches.state_dict()
         if loader_state is not None:
             state["data_loader"] = loader_state
-        return state
+        return {**state, **get_rank_local_state(self.model, self._ema_statistics())}
 
     def _load_per_rank_state(self, state: dict) -> None:
         super()._load_per_rank_state(state)
         if "data_loader" in state:
             self._batches.load_state_dict(state["data_loader"])
+        load_rank_local_state(self.model, self._ema_statistics(), state)
+
+    def _ema_statistics(self) -> dict[str, torch.Tensor] | None:
+        return None if self.model_ema is None else self.model_ema.rank_local_statistics()
 
     def train(self, start_iter: int, max_iter: int) -> None:
         try:

@@ -8,7 +8,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
-from lazytrain.engine.batch_norm import average_batch_norm_statistics
+from lazytrain.engine.batch_norm import batch_norm_statistics_averaged
 from lazytrain.engine.hooks.period import is_period_end
 from lazytrain.engine.rng_state import get_rng_state, set_rng_state
 from lazytrain.engine.train_loop import HookBase
@@ -80,12 +80,12 @@ class EvalHook(HookBase):
                 "EvalHook: no eval_function given and trainer.test_function is not set; pass "
                 "eval_function=... or remove the hook with ~train.hooks.eval."
             )
-        # Every rank evaluates with every rank's BatchNorm statistics (DDP leaves them rank-local).
-        average_batch_norm_statistics(self.trainer.model)
         rng_state = get_rng_state()
         stopped = 0
         try:
-            with self._weights_to_evaluate():
+            # Every rank evaluates with every rank's BatchNorm statistics (DDP leaves them rank-local), and
+            # trains on with its own after.
+            with self._weights_to_evaluate(), batch_norm_statistics_averaged(self.trainer.model):
                 results = function() or {}
         except EvaluationStopped as e:
             results, stopped = {}, e.signum
@@ -115,7 +115,6 @@ class EvalHook(HookBase):
         ema = getattr(self.trainer, "model_ema", None)
         if ema is None:
             return contextlib.nullcontext()
-        ema.average_batch_norm_statistics()
         logger.info("Evaluating with EMA weights (%s)", ema.describe())
         return ema.applied_to(self.trainer.model)
 
