@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
-import signal
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -47,14 +46,7 @@ def sample_seed(seed: int, global_position: int) -> int:
 
 
 class WorkerSeeder:
-    """Picklable ``worker_init_fn``: seed a worker's RNGs from (seed, rank, worker id), and keep the worker
-    alive through SIGTERM.
-
-    SLURM's preemption (and a SIGTERM to a job's process group) signals every process of the job, loader
-    workers included. A worker killed by it makes torch's DataLoader raise "DataLoader worker ... is killed by
-    signal: Terminated" in its rank, which then fails instead of finishing its step and writing the stop
-    checkpoint (`lazytrain.utils.preemption`). The rank stops its workers itself when it stops, and SLURM's
-    SIGKILL after the grace period ends any that remain.
+    """Picklable ``worker_init_fn``: seed a worker's RNGs from (seed, rank, worker id).
 
     Args:
         seed: the loader's seed.
@@ -65,7 +57,6 @@ class WorkerSeeder:
         self.seed, self.rank = seed, rank
 
     def __call__(self, worker_id: int) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         seed_sample_rngs(sample_seed(self.seed ^ 0x5EED, self.rank * 4096 + worker_id))
 
 
