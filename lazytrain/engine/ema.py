@@ -133,7 +133,7 @@ class ModelEMA:
         `lazytrain.engine.batch_norm`)."""
         if comm.get_world_size() == 1:
             return {}
-        return averaged_over_ranks({name: self.averaged_state[name] for name in self._rank_local})
+        return averaged_over_ranks(self.rank_local_statistics())
 
     def rank_local_statistics(self) -> dict[str, torch.Tensor]:
         """This rank's own EMA of its BatchNorm statistics, by state-dict name (the tensors themselves)."""
