@@ -67,7 +67,9 @@ def test_ci_runs_the_readme_test_command_verbatim():
     # The floor environment's quick suite runs after it: any failing step, in either environment, must end CI.
     assert "set -euo pipefail" in ci
     install = readme_commands("Quickstart")[0].split(" && ")[0]
-    assert any(line.endswith(install.removeprefix("pip install ")) for line in ci if "pip install" in line)
+    # with pip, or uv's pip interface, and the arguments README gives
+    installs = [line for line in ci if re.search(r"pip[ _]install", line)]
+    assert any(line.endswith(install.removeprefix("pip install ")) for line in installs)
 
 
 def test_ci_tests_the_floor_versions_that_pyproject_and_readme_state():
