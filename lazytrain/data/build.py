@@ -24,7 +24,13 @@ from lazytrain.data.batch_transport import BatchReceiver, PackingCollate, pin_ba
 from lazytrain.data.common import DatasetFromList, MapDataset
 from lazytrain.data.datasets.cached_records import CachedRecords
 from lazytrain.data.samplers import InferenceSampler, IterationBasedSampler, TrainingSampler, resolve_seed
-from lazytrain.data.workers import WorkerSeeder, make_base_seed_generator, start_workers, worker_context
+from lazytrain.data.workers import (
+    WorkerSeeder,
+    make_base_seed_generator,
+    outlive_job_sigterm,
+    start_workers,
+    worker_context,
+)
 from lazytrain.errors import LazytrainError
 
 __all__ = [
@@ -300,6 +306,7 @@ def build_detection_test_loader(
         batch_sampler=torch.utils.data.BatchSampler(sampler, batch_size, drop_last=False),
         num_workers=num_workers,
         collate_fn=trivial_batch_collator,
+        worker_init_fn=outlive_job_sigterm,
         multiprocessing_context=worker_context() if num_workers > 0 else None,
         pin_memory=pin,
     )

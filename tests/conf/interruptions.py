@@ -20,10 +20,11 @@ def _kill_job(signum: int = signal.SIGKILL) -> None:
     os.killpg(os.getpgrp(), signum)
 
 
-def kill_during_step(trainer, iteration: int) -> None:
-    """``after_backward``: SIGKILL between the backward pass and the optimizer step of `iteration`."""
+def kill_during_step(trainer, iteration: int, signum: int = signal.SIGKILL) -> None:
+    """``after_backward``: `signum` (SIGKILL by default) between the backward pass and the optimizer step of
+    `iteration`."""
     if trainer.iter == iteration and comm.is_main_process():
-        _kill_job()
+        _kill_job(signum)
 
 
 def kill_during_checkpoint_write(trainer, iteration: int) -> None:

@@ -218,6 +218,23 @@ def test_two_processes_killed_during_a_step_and_stopped_during_the_evaluation_re
 
 
 @pytest.mark.slow
+def test_two_processes_sent_sigterm_during_a_step_stop_with_a_checkpoint_and_resume_exactly(
+    datasets, reference_2, tmp_path
+):
+    # SLURM's preemption signals every process of the job, the loader workers included: a worker killed by it
+    # made its rank fail ("DataLoader worker ... is killed by signal: Terminated") instead of stopping.
+    run_dir = tmp_path / "run"
+    sigterm = callback("stop", "after_backward", "kill_during_step", iteration=3, signum=int(signal.SIGTERM))
+    stopped, _ = demo(run_dir, datasets, sigterm, processes=2)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    # Sent during step 3, agreed on by the ranks in step 4: that step is saved, between periodic ones.
+    assert (run_dir / "last_checkpoint").read_text() == "model_0000004.pth"
+    finished, _ = demo(run_dir, datasets, "train.resume=true", processes=2)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert_same_run(reference_2, run_dir, resumed_from=5)
+
+
+@pytest.mark.slow
 def test_with_ema_and_accumulation_a_run_killed_during_a_step_resumes_exactly_and_predicts_with_the_ema(
     datasets, reference_ema, tmp_path, one_thread
 ):

@@ -2,7 +2,14 @@
 records."""
 
 import gc
+import itertools
+import multiprocessing
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +18,8 @@ import torch
 from lazytrain.data.build import build_detection_test_loader, build_detection_train_loader
 from lazytrain.data.workers import sample_seed
 from tests.data.loader_helpers import build, make_records, take
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_sample_seed_depends_on_position_not_world_size():
@@ -77,8 +86,6 @@ def parent_state_mapper(record):
 
 
 def test_workers_are_forked_even_when_spawn_is_the_global_start_method(monkeypatch):
-    import multiprocessing
-
     monkeypatch.setitem(PARENT_STATE, "set_after_import", 1234)
     previous = multiprocessing.get_start_method(allow_none=True)
     multiprocessing.set_start_method("spawn", force=True)  # what launching several processes does
@@ -92,3 +99,74 @@ def test_workers_are_forked_even_when_spawn_is_the_global_start_method(monkeypat
     finally:
         multiprocessing.set_start_method(previous, force=True)
     assert states == [1234] * 8
+
+
+def slow_image_id(record):
+    time.sleep(0.02)
+    return record["image_id"]
+
+
+def _new_children(before: set[int]) -> list[int]:
+    return [p.pid for p in multiprocessing.active_children() if p.pid not in before]
+
+
+@pytest.mark.parametrize("loader", ["train", "test"])
+def test_workers_outlive_a_sigterm_to_the_whole_job_and_deliver_every_batch(loader):
+    """SLURM's preemption signals every process of a job, workers included: the rank must still get its
+    batches, to finish its step and write the stop checkpoint (a worker killed by it failed the rank)."""
+    before = {p.pid for p in multiprocessing.active_children()}
+    if loader == "train":
+        batches = iter(
+            build_detection_train_loader(
+                make_records(64), mapper=slow_image_id, total_batch_size=2, num_workers=2, seed=0
+            )
+        )
+        expected = 32
+    else:
+        batches = iter(build_detection_test_loader(make_records(64), mapper=slow_image_id, num_workers=2))
+        expected = 64
+    received = list(itertools.islice(batches, 4))  # each worker has started
+    workers = _new_children(before)
+    assert len(workers) == 2
+    for pid in workers:
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(0.3)
+    received += list(itertools.islice(batches, expected - 4))
+    assert len(received) == expected
+    if loader == "test":
+        assert sorted(i for batch in received for i in batch) == list(range(64))
+    assert set(_new_children(before)) == set(workers)  # all alive
+    del batches
+
+
+_EXIT_WITH_A_STUCK_WORKER = """
+import os, signal, sys, time
+from lazytrain.data.build import build_detection_test_loader
+from tests.data.test_workers import stuck_after_the_first_two
+
+batches = iter(build_detection_test_loader([{"image_id": i} for i in range(8)], mapper=stuck_after_the_first_two, num_workers=2))
+next(batches), next(batches)  # each worker has started
+for worker in batches._workers:
+    os.kill(worker.pid, signal.SIGTERM)
+time.sleep(0.3)
+assert all(worker.is_alive() for worker in batches._workers)
+print(" ".join(str(worker.pid) for worker in batches._workers), flush=True)
+sys.exit(143)  # a rank stopping with its loader open and a worker busy
+"""
+
+
+def stuck_after_the_first_two(record):
+    if record["image_id"] > 1:
+        time.sleep(600)
+    return record["image_id"]
+
+
+def test_a_rank_exiting_ends_its_workers_that_outlived_a_sigterm():
+    """torch's loader shutdown and Python's exit end a worker that does not stop by itself with SIGTERM, and
+    wait for it: a worker that ignored SIGTERM for good hung its rank's exit."""
+    command = [sys.executable, "-c", _EXIT_WITH_A_STUCK_WORKER]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 143, result.stderr[-2000:]
+    for pid in map(int, result.stdout.split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
