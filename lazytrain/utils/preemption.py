@@ -6,7 +6,9 @@ finishes the current step, all ranks agree on the same last iteration, a checkpo
 ``after_train`` hooks run, and `TrainingInterrupted` ends the run with exit status ``128 + signal`` (143 for
 SIGTERM, 130 for SIGINT), so that scripts see the run did not finish. ``train.resume=true`` continues
 exactly from there. A second Ctrl-C stops at once (KeyboardInterrupt); the checkpoints already on disk stay
-complete because every write is atomic. A second SIGTERM is ignored: SLURM signals every process of a job, so
+complete because every write is atomic. A SIGINT within `SAME_CTRL_C_SECONDS` of the first is the same Ctrl-C
+delivered twice: a terminal signals its whole foreground process group, and a wrapper in that group (such as
+``timeout``) passes the signal it got on to the command as well. A second SIGTERM is ignored: SLURM signals every process of a job, so
 spawned ranks get one from SLURM and one forwarded by their parent.
 
 Under submitit (``hydra/launcher=submitit_slurm``), the scheduler's "time is almost up / preempted" signal is
@@ -22,12 +24,14 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType, TracebackType
 
 __all__ = [
     "REQUEST_SIGNALS",
     "REQUEUE_SIGNAL",
+    "SAME_CTRL_C_SECONDS",
     "STOP_SIGNALS",
     "EvaluationStopped",
     "StopRequest",
@@ -41,6 +45,7 @@ __all__ = [
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 REQUEUE_SIGNAL = signal.SIGUSR2  # submitit's default timeout/preemption signal
 REQUEST_SIGNALS = (*STOP_SIGNALS, REQUEUE_SIGNAL)  # every signal a `StopRequest` may record
+SAME_CTRL_C_SECONDS = 1.0  # a second SIGINT sooner than this after the first one is not a second Ctrl-C
 _ACTIVE: list[StopRequest] = []  # the entered requests of this process, innermost last
 
 
@@ -69,7 +74,8 @@ class TrainingInterrupted(Exception):
 class StopRequest:
     """While active (a context manager), the first SIGTERM or SIGINT (or `REQUEUE_SIGNAL` when a handler such as
     submitit's is installed for it) is recorded in `signum` instead of ending the process; a second SIGINT
-    raises KeyboardInterrupt, a second SIGTERM is ignored.
+    raises KeyboardInterrupt (unless it comes within `SAME_CTRL_C_SECONDS` of the first request), a second
+    SIGTERM is ignored.
 
     Signals that the process ignores when it enters (``SIG_IGN``, as spawned ranks ignore SIGINT so that only
     their parent reacts to Ctrl-C) are left alone, and outside the main thread nothing is installed (Python
@@ -78,6 +84,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum = 0
+        self._requested_at = 0.0  # time.monotonic() of the first request
         self._previous: dict[int, object] = {}
         self._abandon_in_pid: int | None = None  # see `abandon_on_stop`
 
@@ -108,8 +115,9 @@ class StopRequest:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum == 0:
             self.signum = signum
+            self._requested_at = time.monotonic()
             self._on_first_request(signum)
-        elif signum == signal.SIGINT:
+        elif signum == signal.SIGINT and time.monotonic() - self._requested_at >= SAME_CTRL_C_SECONDS:
             raise KeyboardInterrupt
         if self._abandon_in_pid == os.getpid():
             self._abandon_in_pid = None  # raise once

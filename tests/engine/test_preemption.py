@@ -57,12 +57,17 @@ def assert_same_weights(expected, got):
         assert torch.equal(expected[key], got[key]), key
 
 
-@pytest.mark.parametrize(("signum", "exit_code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_checkpoints_stops_cleanly_and_resume_is_exact(toy_cfg, tmp_path, signum, exit_code):
+@pytest.mark.parametrize(
+    ("signum", "times", "exit_code"),
+    [(signal.SIGTERM, 1, 143), (signal.SIGINT, 1, 130), (signal.SIGINT, 2, 130)],
+    # twice at once: one Ctrl-C that a wrapper such as `timeout` passed on as well
+    ids=["sigterm", "ctrl-c", "ctrl-c-delivered-twice"],
+)
+def test_signal_checkpoints_stops_cleanly_and_resume_is_exact(toy_cfg, tmp_path, signum, times, exit_code):
     run(toy_cfg)  # the uninterrupted reference
     run_dir = tmp_path / "stopped"
     # Sent while the hooks of step 12 run: the trainer finishes step 13, then stops.
-    stop = callback_hook("stop", "send_signal_at", iteration=12, signum=int(signum))
+    stop = callback_hook("stop", "send_signal_at", iteration=12, signum=int(signum), times=times)
     result = lazytrain(f"hydra.run.dir={run_dir}", stop, cwd=tmp_path)
 
     name = signal.Signals(signum).name
@@ -120,7 +125,10 @@ def test_stop_during_a_periodic_evaluation_abandons_it_and_resume_evaluates_firs
 def test_second_ctrl_c_stops_at_once_without_corrupting_checkpoints(toy_cfg, tmp_path):
     run(toy_cfg)
     run_dir = tmp_path / "aborted"
-    twice = callback_hook("stop", "send_signal_at", iteration=12, signum=int(signal.SIGINT), times=2)
+    # A second press later than `SAME_CTRL_C_SECONDS` after the first.
+    twice = callback_hook(
+        "stop", "send_signal_at", iteration=12, signum=int(signal.SIGINT), times=2, interval=1.2
+    )
     result = lazytrain(f"hydra.run.dir={run_dir}", twice, cwd=tmp_path)
 
     assert result.returncode != 0 and "KeyboardInterrupt" in result.stderr

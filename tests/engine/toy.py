@@ -195,14 +195,18 @@ def ddp_main(cfg_container: dict) -> None:
     run(OmegaConf.create(cfg_container))
 
 
-def send_signal_at(trainer, iteration: int, signum: int, times: int = 1, to_parent: bool = False) -> None:
-    """After step `iteration`, send `signum` (`times` times) to this process, or on rank 1 to the process that
-    launched the ranks."""
+def send_signal_at(
+    trainer, iteration: int, signum: int, times: int = 1, to_parent: bool = False, interval: float = 0.0
+) -> None:
+    """After step `iteration`, send `signum` (`times` times, `interval` seconds apart) to this process, or on
+    rank 1 to the process that launched the ranks."""
     if trainer.iter != iteration:
         return
     if to_parent and comm.get_rank() != 1:
         return
-    for _ in range(times):
+    for sent in range(times):
+        if sent:
+            time.sleep(interval)
         os.kill(_launching_pid() if to_parent else os.getpid(), signum)
 
 
