@@ -165,9 +165,20 @@ def compile_backbone(cfg: DictConfig, model: torch.nn.Module) -> None:
     logger.info("train.compile: the backbone runs through torch.compile (mode %s, backend %s)", mode, backend)
 
 
+# DDP compares a gradient's strides with its bucket's strictly, in dimensions of size 1 too, where strides mean
+# nothing: a 1x1 convolution's weight gradient with strides [C, 1, C, C] has the memory layout of its bucket's
+# [C, 1, 1, 1], and the warning every rank printed at its first step was spurious. Other stride mismatches stay.
+_SPURIOUS_GRAD_STRIDES = (
+    r"Grad strides do not match bucket view strides[\s\S]*"
+    r"grad\.sizes\(\) = \[\d+, (\d+), 1, 1\], strides\(\) = \[\1, 1, \1, \1\]\s*"
+    r"bucket_view\.sizes\(\) = \[\d+, \1, 1, 1\], strides\(\) = \[\1, 1, 1, 1\]"
+)
+
+
 def _wrap_ddp(cfg: DictConfig, model: torch.nn.Module) -> torch.nn.Module:
     if comm.get_world_size() == 1:
         return model
+    warnings.filterwarnings("ignore", _SPURIOUS_GRAD_STRIDES, UserWarning)
     ddp = cfg.train.get("ddp", {})
     device_ids = [next(model.parameters()).device.index] if next(model.parameters()).is_cuda else None
     with warnings.catch_warnings():

@@ -98,6 +98,8 @@ def reference_run(tmp_path_factory, datasets, processes, *args):
             timeout=300,
         )
     assert result.returncode == 0, result.stderr[-3000:]
+    # DDP's stride warning for 1x1 convolutions' gradients is spurious (lazytrain.program.default filters it).
+    assert "Grad strides do not match" not in result.stderr
     # Each line once (the train annotations were loaded twice, and a forked worker can repeat unflushed output).
     printed = (run_dir.parent / "stdout.txt").read_text()
     assert printed.count("Loaded 16 images") == 1 and printed.count("Starting training") == 1, printed[-3000:]
