@@ -120,18 +120,60 @@ def _apply(cfg: DictConfig, override: Any, line: str) -> None:
     if override.is_delete():
         _delete(cfg, key, value, line)
         return
-    _, _, exists = _find(cfg, key)
+    parent, last, exists = _find(cfg, key)
     if override.is_add() and exists:
         raise ConfigError(
             f"override '{line}': '{key}' already exists; use '{key}=...' to change it or '++{key}=...' "
             "to add-or-change."
         )
+    sibling = _misspelled_sibling(parent, last) if not exists else None
     if not exists and not (override.is_add() or override.is_force_add()):
+        add = "" if sibling else f" To add a new key use '+{key}=...'."
         raise ConfigError(
-            f"override '{line}': key '{key}' is not in the config.{_did_you_mean(cfg, key)} "
-            f"To add a new key use '+{key}=...'."
+            f"override '{line}': key '{key}' is not in the config.{_did_you_mean(cfg, key)}{add}"
+        )
+    if override.is_add() and sibling and not _is_component(value):
+        # A plain value beside a key one typo away: most likely the typo, and the run would not use it.
+        existing = f"{key.rsplit('.', 1)[0]}.{sibling}" if "." in key else sibling
+        given = line.split("=", 1)[1] if "=" in line else "..."
+        raise ConfigError(
+            f"override '{line}': adds '{key}' beside the existing '{existing}', one typo apart: the run would "
+            f"keep {existing}'s value. Did you mean '{existing}={given}'? To add the new key anyway use "
+            f"'++{key}={given}'."
         )
     _set(cfg, key, value)
+
+
+def _misspelled_sibling(parent: Any, name: str) -> str | None:
+    """The existing key of `parent` that `name` is one typo away from (one letter added, dropped, changed, or
+    two swapped, a digit excepted: ``eval2`` beside ``eval`` is a new key), or None. Not for a component's
+    arguments (a node with ``_target_``): the check of its constructor's arguments names those it accepts."""
+    if not isinstance(parent, DictConfig) or "_target_" in parent.keys() or len(name) < 4:
+        return None
+    for other in parent.keys():
+        if isinstance(other, str) and other != name and _one_typo_apart(name, other):
+            return other
+    return None
+
+
+def _one_typo_apart(a: str, b: str) -> bool:
+    if a.lower() == b.lower():
+        return True
+    if abs(len(a) - len(b)) > 1:
+        return False
+    start = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if len(a) == len(b):
+        rest_a, rest_b = a[start:], b[start:]
+        swapped = len(rest_a) >= 2 and rest_a[:2] == rest_b[1::-1] and rest_a[2:] == rest_b[2:]
+        changed = rest_a[1:] == rest_b[1:] and not (rest_a[0].isdigit() or rest_b[0].isdigit())
+        return swapped or changed
+    longer, shorter = (a, b) if len(a) > len(b) else (b, a)
+    return longer[start + 1 :] == shorter[start:] and not longer[start].isdigit()
+
+
+def _is_component(value: Any) -> bool:
+    """A value that builds something (a dict with ``_target_``): adding one is never silent."""
+    return isinstance(value, dict) and "_target_" in value
 
 
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:

@@ -102,6 +102,42 @@ def test_unknown_top_level_key_suggests_by_leaf_name(cfg):
         LazyConfig.apply_overrides(cfg, ["max_iter=3"])
 
 
+def test_unknown_key_with_a_near_miss_does_not_offer_to_add_it(cfg):
+    with pytest.raises(ConfigError) as info:
+        LazyConfig.apply_overrides(cfg, ["train.max_iters=3"])
+    assert "Did you mean: train.max_iter" in str(info.value) and "+train.max_iters" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"To add a new key use '\+train\.warmup=\.\.\.'"):
+        LazyConfig.apply_overrides(cfg, ["train.warmup=3"])
+
+
+@pytest.mark.parametrize("typo", ["max_iters", "max_itr", "mxa_iter", "Max_Iter"])
+def test_adding_a_plain_value_one_typo_from_an_existing_key_is_refused(cfg, typo):
+    # It would train with train.max_iter's value: the typo is not read by anything.
+    with pytest.raises(ConfigError) as info:
+        LazyConfig.apply_overrides(cfg, [f"+train.{typo}=3"])
+    assert str(info.value) == (
+        f"override '+train.{typo}=3': adds 'train.{typo}' beside the existing 'train.max_iter', one typo apart: "
+        f"the run would keep train.max_iter's value. Did you mean 'train.max_iter=3'? To add the new key anyway "
+        f"use '++train.{typo}=3'."
+    )
+    assert cfg.train.max_iter == 100 and typo not in cfg.train
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "++train.max_iters=3",  # asked for explicitly
+        "+train.name2=x",  # a digit: a second of its kind
+        "+train.opts.c=1",  # no sibling near
+        "+train.amps={_target_: builtins.dict}",  # a component builds something: never silent
+        "+dataloader.train.sampler.repeat_tresh=1",  # a component's arguments are checked against its signature
+    ],
+)
+def test_adding_near_an_existing_key_is_allowed_when_it_is_no_typo(cfg, override):
+    LazyConfig.apply_overrides(cfg, [override])
+    assert OmegaConf.select(cfg, override.lstrip("+").split("=")[0]) is not None
+
+
 def test_add_existing_key_is_error(cfg):
     with pytest.raises(ConfigError, match=r"'train\.lr' already exists"):
         LazyConfig.apply_overrides(cfg, ["+train.lr=1"])

@@ -38,8 +38,13 @@ def assert_short_error(result, *fragments):
         # The form the misspelled-key error offers for new keys: refused too, not a silent one-process run.
         param(
             "+launch.num_proceses=2",
-            ["launch.num_proceses", "not a launch key", "Did you mean launch.num_processes?"],
+            ["launch.num_proceses", "one typo apart", "Did you mean 'launch.num_processes=2'?"],
             id="added-misspelled-launch-key",
+        ),
+        param(
+            "++launch.num_proceses=2",
+            ["launch.num_proceses", "not a launch key", "Did you mean launch.num_processes?"],
+            id="force-added-misspelled-launch-key",
         ),
         param(
             "train.device=cuda",
