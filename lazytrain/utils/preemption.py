@@ -8,8 +8,8 @@ SIGTERM, 130 for SIGINT), so that scripts see the run did not finish. ``train.re
 exactly from there. A second Ctrl-C stops at once (KeyboardInterrupt); the checkpoints already on disk stay
 complete because every write is atomic. A SIGINT within `SAME_CTRL_C_SECONDS` of the first is the same Ctrl-C
 delivered twice: a terminal signals its whole foreground process group, and a wrapper in that group (such as
-``timeout``) passes the signal it got on to the command as well. A second SIGTERM is ignored: SLURM signals every process of a job, so
-spawned ranks get one from SLURM and one forwarded by their parent.
+``timeout``) passes the signal it got on to the command as well. A second SIGTERM is ignored: SLURM signals
+every process of a job, so spawned ranks get one from SLURM and one forwarded by their parent.
 
 Under submitit (``hydra/launcher=submitit_slurm``), the scheduler's "time is almost up / preempted" signal is
 SIGUSR2 and submitit's handler for it requeues the job. `StopRequest` treats it as a stop request too
