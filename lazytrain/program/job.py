@@ -29,6 +29,7 @@ from lazytrain.program.job_config import prepare_job_config
 from lazytrain.program.job_plan import get_processes_per_machine, resumes_from_checkpoint, uses_gpu
 from lazytrain.program.objective import FailedJobValue, check_objective, get_job_value, worst_value
 from lazytrain.program.preflight import preflight, raise_problems
+from lazytrain.program.run_report import resume_command
 from lazytrain.utils import comm
 from lazytrain.utils.preemption import TrainingInterrupted, hand_over_requeue_signal
 
@@ -53,6 +54,8 @@ def run_hydra_job(cfg: DictConfig) -> Any:
         except TrainingInterrupted as e:
             # Preemption or Ctrl-C: the checkpoint is written; stop (a sweep too) with status 128 + signal.
             print(f"lazytrain: {e}", file=sys.stderr)
+            if HydraConfig.get().mode == RunMode.RUN:  # a sweep continues as the same sweep command
+                print(f"lazytrain: to continue: {resume_command(str(cfg.train.output_dir))}", file=sys.stderr)
             hand_over_requeue_signal(e.signum)
             raise SystemExit(e.exit_code) from None
         except Exception as e:

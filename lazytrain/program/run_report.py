@@ -32,7 +32,14 @@ from lazytrain.engine.trackers.base import Tracker
 from lazytrain.program.batch_size import get_accumulation_steps, get_lr_scale
 from lazytrain.utils import comm, run_dirs
 
-__all__ = ["COMMAND_ENV", "format_run_header", "format_run_summary", "log_run_header", "log_run_summary"]
+__all__ = [
+    "COMMAND_ENV",
+    "format_run_header",
+    "format_run_summary",
+    "log_run_header",
+    "log_run_summary",
+    "resume_command",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -290,11 +297,17 @@ def format_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> str:
     config = shlex.quote(os.path.join(output_dir, "config.yaml"))
     weights = shlex.quote(os.path.join(output_dir, "model_final.pth"))
     lines += [
-        f"Resume:    python -m lazytrain {config} hydra.run.dir={shlex.quote(output_dir)} train.resume=true",
+        f"Resume:    {resume_command(output_dir)}",
         f"Evaluate:  python -m lazytrain {config} train.eval_only=true train.init_checkpoint={weights}",
         f"Predict:   python -m lazytrain predict {shlex.quote(output_dir)} IMAGES... predict.draw=true",
     ]
     return "\n".join(lines)
+
+
+def resume_command(output_dir: str) -> str:
+    """The command that continues the run in `output_dir` from its last checkpoint, with its saved config."""
+    config = shlex.quote(os.path.join(output_dir, "config.yaml"))
+    return f"python -m lazytrain {config} hydra.run.dir={shlex.quote(output_dir)} train.resume=true"
 
 
 def log_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> None:

@@ -4,6 +4,7 @@ import json
 import multiprocessing
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -28,13 +29,11 @@ def default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def lazytrain(*args, cwd, timeout=180, ignore_sigint=False):
-    """``python -m lazytrain TOY_CONFIG *args``, forked warm in a session of its own (the toy's callbacks
+def lazytrain(*args, cwd, timeout=180, ignore_sigint=False, config=TOY_CONFIG):
+    """``python -m lazytrain CONFIG *args``, forked warm in a session of its own (the toy's callbacks
     signal it from inside); SIGINT raises KeyboardInterrupt as in a terminal, or stays ignored."""
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
-    return run_warm(
-        [TOY_CONFIG, *args], cwd, env, timeout=timeout, new_session=True, ignore_sigint=ignore_sigint
-    )
+    return run_warm([config, *args], cwd, env, timeout=timeout, new_session=True, ignore_sigint=ignore_sigint)
 
 
 def callback_hook(name, function, moment="after_step", **kwargs):
@@ -73,6 +72,8 @@ def test_signal_checkpoints_stops_cleanly_and_resume_is_exact(toy_cfg, tmp_path,
     name = signal.Signals(signum).name
     assert result.returncode == exit_code, result.stderr[-3000:]
     assert f"Training stopped by {name} after iteration 13 (checkpoint saved)" in result.stderr
+    resume = f"python -m lazytrain {run_dir}/config.yaml hydra.run.dir={run_dir} train.resume=true"
+    assert f"lazytrain: to continue: {resume}" in result.stderr
     assert "train.resume=true" in result.stderr and "Traceback" not in result.stderr
     log = (run_dir / "log.txt").read_text()
     assert f"Received {name}: stopping after iteration 13; saving a checkpoint" in log
@@ -85,7 +86,9 @@ def test_signal_checkpoints_stops_cleanly_and_resume_is_exact(toy_cfg, tmp_path,
     metrics = (run_dir / "metrics.json").read_text()
     assert '"iteration": 13' in metrics and "toy/AP" not in metrics
 
-    resumed = lazytrain(f"hydra.run.dir={run_dir}", "train.resume=true", cwd=tmp_path)
+    # The printed command, with the run's saved config.
+    config, *arguments = shlex.split(resume)[3:]
+    resumed = lazytrain(*arguments, cwd=tmp_path, config=config)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from iteration 14" in (run_dir / "log.txt").read_text()
     assert_same_weights(final_weights(toy_cfg.train.output_dir), final_weights(run_dir))
