@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from lazytrain.engine.hooks import CallbackHook
 from lazytrain.engine.trackers.base import Tracker
-from lazytrain.engine.trackers.delivery import describe_error
+from lazytrain.engine.trackers.delivery import CallWorker, describe_error
 from lazytrain.engine.trackers.mlflow import MLflowTracker
 from lazytrain.program.run_report import format_run_summary
 from tests.engine.test_trackers import (  # noqa: F401  (the fixture keeps this machine's settings out)
@@ -33,19 +33,20 @@ TRACKER_LOGS = "lazytrain.engine.trackers"
 
 
 class RecordingTracker(Tracker):
-    """A tracker whose method `failing` raises `failures` times (always: None), and whose `log_metrics`
-    stalls `stall` seconds once; records the calls and the metrics it gets."""
+    """A tracker whose method `failing` raises `error` `failures` times (always: None), and whose
+    `log_metrics` stalls `stall` seconds once; records the calls and the metrics it gets."""
 
-    def __init__(self, output_dir, failing=None, failures=None, stall=0.0, **kwargs):
+    def __init__(self, output_dir, failing=None, failures=None, stall=0.0, error=None, **kwargs):
         super().__init__(output_dir, period=2, **{"timeout": 5.0, "retry_for": 60.0, **kwargs})
         self.failing, self.failures, self.stall = failing, failures, stall
+        self.error = error or ConnectionError("tracking server unreachable")
         self.calls, self.metrics = [], {}
 
     def _record(self, name):
         self.calls.append(name)
         if name == self.failing and (self.failures is None or self.failures > 0):
             self.failures = None if self.failures is None else self.failures - 1
-            raise ConnectionError("tracking server unreachable")
+            raise self.error
 
     def open_run(self, run_id):
         self._record("open_run")
@@ -120,6 +121,30 @@ def test_a_tracker_that_keeps_failing_gives_up_in_one_line_and_training_goes_on(
         # After giving up, only one last close of an opened run.
         assert tracker.calls[-1] == ("close_run" if failing != "open_run" else "open_run")
     assert not tracker.is_complete and "INCOMPLETE" in tracker.describe_outcome()
+
+
+def test_a_library_exit_in_a_call_is_a_failure_retried_and_reported(tmp_path, caplog):
+    """A library that calls sys.exit in a call: the call failed (before, the thread ended quietly and the
+    metrics counted as sent), so the metrics are kept and sent when a later call succeeds."""
+    run_dir = str(make_run_dir(tmp_path / "run"))
+    tracker = RecordingTracker(run_dir, "log_metrics", failures=2, error=SystemExit(2), timeout=10.0)
+    with caplog.at_level(logging.INFO, logger=TRACKER_LOGS):
+        train_toy(tmp_path / "run", tracker, max_iter=4)
+    (warning,) = warnings_of(caplog)
+    assert warning.startswith("RecordingTracker: logging metrics failed")
+    assert "(LibraryExit: the library raised SystemExit(2))" in warning and "\n" not in warning
+    assert len([r for r in caplog.records if "answers again" in r.getMessage()]) == 1
+    assert_same_metrics(tracker.metrics, metric_lines(tmp_path / "run"))
+    assert tracker.calls.count("log_metrics") == 2 + len(metric_lines(tmp_path / "run"))
+    assert tracker.is_complete
+
+
+def test_a_keyboard_interrupt_in_a_call_goes_on_in_the_callers_thread():
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        CallWorker("Tracker").run(interrupted, timeout=5.0)
 
 
 def test_failures_for_longer_than_retry_for_give_up_during_training(tmp_path, caplog):

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 __all__ = [
     "CallTimeout",
     "CallWorker",
+    "LibraryExit",
     "RetrySchedule",
     "TrackingLost",
     "describe_error",
@@ -30,6 +31,11 @@ _CAUSE_LENGTH = 240
 
 class CallTimeout(TimeoutError):
     """A tracker call gave no answer within its time; it goes on in its worker thread."""
+
+
+class LibraryExit(RuntimeError):
+    """A tracker call raised `SystemExit` (or another `BaseException` that is not an `Exception`): a library
+    that exits on an error it cannot handle. It is a failed call like any other, retried and reported."""
 
 
 class TrackingLost(RuntimeError):
@@ -103,6 +109,8 @@ class CallWorker:
 
         Raises:
             CallTimeout: the job has not ended in time (or an earlier one is still running).
+            KeyboardInterrupt: the job raised it; it is the caller's (the main thread's) to handle as Ctrl-C.
+            LibraryExit: the job raised `SystemExit` or another `BaseException` that is not an `Exception`.
             Exception: what the job raised (its traceback goes to the log at DEBUG level).
         """
         if self.busy:
@@ -115,8 +123,14 @@ class CallWorker:
         self._thread.start()
         if not done.wait(timeout):
             raise CallTimeout(f"no answer in {timeout:g} s")
-        if errors:
-            raise errors[0]
+        if not errors:
+            return
+        error = errors[0]
+        # A KeyboardInterrupt is the user's, not the library's: it goes on in the caller's thread, where
+        # Ctrl-C is handled. Anything else that is not an Exception (a library's sys.exit) is a failed call.
+        if isinstance(error, (Exception, KeyboardInterrupt)):
+            raise error
+        raise LibraryExit(f"the library raised {type(error).__name__}({_exit_argument(error)})") from error
 
     def wait(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for a job that outlived its wait; whether none is running now."""
@@ -128,11 +142,18 @@ class CallWorker:
         try:
             with library_logs_to_debug(self.library_loggers, logger):
                 job()
-        except Exception as error:
+        except BaseException as error:
+            # BaseException: a SystemExit left to the thread would end it quietly, and the call would count
+            # as delivered. `run` decides what each kind of error means for the caller.
             errors.append(error)
             logger.debug("%s: a call failed", self.name, exc_info=True)
         finally:
             done.set()
+
+
+def _exit_argument(error: BaseException) -> str:
+    """What the error was raised with, as Python would write it (``2``, ``'no server'``), or nothing."""
+    return ", ".join(repr(argument) for argument in error.args)
 
 
 class RetrySchedule:
