@@ -3,12 +3,14 @@
 ``a.b=1`` changes an existing key (an unknown key is an error with did-you-mean suggestions), ``+a.c=1``
 adds a new key, ``++a.b=1`` adds or changes, ``~a.b`` deletes (``~a.b=v`` only if the value is v). Values
 parse as in Hydra: ``1`` int, ``'1'`` string, ``[1,2]`` list, ``{x:1}`` dict (merged into a dict node),
-``null``, ``${c.d}`` interpolation. Sweeps (``a=1,2``) need ``-m`` and are refused here.
+``null``, ``${c.d}`` interpolation. Sweeps (``a=1,2``) need ``-m`` and are refused here. An override Hydra's
+grammar cannot read is one line saying what is wrong with it (`parse_override`), not the parser's traceback.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -18,7 +20,12 @@ from omegaconf.errors import OmegaConfBaseException
 from lazytrain.config import tree
 from lazytrain.errors import ConfigError
 
-__all__ = ["apply_overrides", "iter_key_paths", "suggest_keys"]
+_KEY_PATTERN = re.compile(r"[\w\-/]+(\.[\w\-/]+)*(@[\w.\-]*)?")  # Hydra's keys, config groups and packages
+_CLOSING = {"[": "]", "{": "}", "(": ")"}
+_OPENING = {closing: opening for opening, closing in _CLOSING.items()}
+_QUOTE_VALUE = "quote a value that holds spaces, '=', ',', quotes or brackets as text: {key}='...'"
+
+__all__ = ["apply_overrides", "iter_key_paths", "parse_override", "suggest_keys"]
 
 
 def iter_key_paths(node: Any, prefix: str = "") -> Iterator[str]:
@@ -176,6 +183,83 @@ def _is_component(value: Any) -> bool:
     return isinstance(value, dict) and "_target_" in value
 
 
+def parse_override(line: str) -> Any:
+    """`line` parsed by Hydra's override grammar, as a ``hydra.core.override_parser.types.Override``.
+
+    Raises:
+        ConfigError: one line naming the override, what is wrong with it (an unclosed bracket or quote, a
+            closing one without its opening, else the grammar's own complaint) and how to write it instead.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_override(line)
+    except HydraException as e:
+        raise ConfigError(f"cannot parse override '{line}': {_describe_grammar_error(line, e)}") from e
+
+
+def _describe_grammar_error(line: str, error: Exception) -> str:
+    """What is wrong with `line`, which Hydra's grammar refused with `error`, and the fix."""
+    key, equal, value = line.partition("=")
+    key = key.lstrip("+~")
+    if not equal:
+        return f"no '=' (set a key with {key}=VALUE, delete it with ~{key})"
+    if not _KEY_PATTERN.fullmatch(key):
+        return (
+            f"'{key}' is not a key path (names of letters, digits, '_' or '-' joined by '.': train.max_iter)"
+        )
+    problem = _find_unbalanced(value, offset=len(line) - len(value), key=key)
+    if problem is not None:
+        return problem
+    if value.rstrip().endswith(","):
+        return f"it ends with ',' (a sweep has a value after each ',': -m {key}=1,2)"
+    if isinstance(error.__cause__, (TypeError, ValueError)):  # a sweep function's arguments: Hydra says which
+        return str(error)
+    # The grammar's own complaint, without the list of tokens it expected.
+    complaint = str(error).split(" expecting ")[0]
+    return f"Hydra's grammar reads no value in it ({complaint}); {_QUOTE_VALUE.format(key=key)}"
+
+
+def _find_unbalanced(value: str, offset: int, key: str) -> str | None:
+    """The first unclosed quote, unclosed bracket or stray closing bracket in `value` (which starts at
+    character `offset` + 1 of the override setting `key`) and its fix; None when they all pair up."""
+    opened: list[tuple[str, int]] = []  # (bracket, character number in the override)
+    quote: tuple[str, int] | None = None
+    index = 0
+    while index < len(value):
+        char, at = value[index], offset + index + 1
+        if char == "\\":  # an escaped character is text, inside quotes and out
+            index += 2
+            continue
+        if quote is not None:
+            quote = None if char == quote[0] else quote
+        elif char in "'\"":
+            quote = (char, at)
+        elif char in _CLOSING:
+            opened.append((char, at))
+        elif char in _OPENING and opened and opened[-1][0] == _OPENING[char]:
+            opened.pop()
+        elif char in _OPENING and opened:
+            bracket, start = opened[-1]
+            return (
+                f"the '{bracket}' at character {start} is closed by '{char}' at {at}; "
+                f"close it with '{_CLOSING[bracket]}'"
+            )
+        elif char in _OPENING:
+            return (
+                f"the '{char}' at character {at} closes nothing; remove it, or {_QUOTE_VALUE.format(key=key)}"
+            )
+        index += 1
+    if quote is not None:
+        mark, start = quote
+        return f"the quote {mark} at character {start} is never closed; close it, or write \\{mark} in text"
+    if opened:
+        bracket, start = opened[-1]
+        return f"the '{bracket}' at character {start} is never closed; close it with '{_CLOSING[bracket]}'"
+    return None
+
+
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     """Apply Hydra-grammar overrides to `cfg` in place and return it.
 
@@ -193,15 +277,8 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
             adding an existing key with ``+``, overriding inside a plain value or through an interpolation,
             or a sweep (use ``-m``).
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    parser = OverridesParser.create()
     for line in overrides:
-        try:
-            override = parser.parse_override(line)
-        except HydraException as e:
-            raise ConfigError(f"cannot parse override '{line}': {e}") from None
+        override = parse_override(line)
         try:
             _apply(cfg, override, line)
         except OmegaConfBaseException as e:

@@ -1,5 +1,6 @@
 import pytest
 from omegaconf import OmegaConf
+from pytest import param
 
 from lazytrain.config import ConfigError, L, LazyConfig, instantiate
 from tests.config import helpers
@@ -204,3 +205,48 @@ def test_sweep_syntax_asks_for_multirun(cfg, sweep):
 def test_unparsable_override(cfg):
     with pytest.raises(ConfigError, match="cannot parse override"):
         LazyConfig.apply_overrides(cfg, ["train.lr"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        param(
+            "train.steps=[1,", "the '[' at character 13 is never closed; close it with ']'", id="open-list"
+        ),
+        param(
+            "train.opts={a:1", "the '{' at character 12 is never closed; close it with '}'", id="open-dict"
+        ),
+        param(
+            "train.name='run",
+            "the quote ' at character 12 is never closed; close it, or write \\' in text",
+            id="quote",
+        ),
+        param(
+            "train.steps=[1,2)",
+            "the '[' at character 13 is closed by ')' at 17; close it with ']'",
+            id="mixed",
+        ),
+        param(
+            "train.steps=[1]]",
+            "the ']' at character 16 closes nothing; remove it, or quote a value",
+            id="stray",
+        ),
+        param(
+            "train.lr=0.1,",
+            "it ends with ',' (a sweep has a value after each ',': -m train.lr=1,2)",
+            id="comma",
+        ),
+        param("train..lr=1", "'train..lr' is not a key path", id="bad-key"),
+        param(
+            "train.name=a=b",
+            "Hydra's grammar reads no value in it (mismatched input '='); quote",
+            id="equals",
+        ),
+        param("train.lr", "no '=' (set a key with train.lr=VALUE, delete it with ~train.lr)", id="no-equals"),
+    ],
+)
+def test_an_override_the_grammar_refuses_is_one_line_saying_what_is_wrong(cfg, override, message):
+    with pytest.raises(ConfigError) as raised:
+        LazyConfig.apply_overrides(cfg, [override])
+    assert str(raised.value).startswith(f"cannot parse override '{override}': {message}")
+    assert "\n" not in str(raised.value)

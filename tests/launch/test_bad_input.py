@@ -134,6 +134,22 @@ def test_run_dir_under_a_file_is_one_line(tmp_path):
     assert (tmp_path / "file").read_text() == "keep"
 
 
+@pytest.mark.parametrize(
+    ("override", "fragments"),
+    [
+        param(
+            "train.max_iter=[1,", ["the '[' at character 16 is never closed", "close it with ']'"], id="list"
+        ),
+        param("train.output_dir='run", ["the quote ' at character 18 is never closed"], id="quote"),
+    ],
+)
+def test_an_override_the_grammar_refuses_is_one_line_naming_it(tmp_path, override, fragments):
+    result = lazytrain(DEMO, override, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    last = assert_short_error(result, f"cannot parse override '{override}'", *fragments)
+    assert result.stderr.strip() == last  # no antlr traceback before it
+    assert not (tmp_path / "run").exists()
+
+
 def test_full_error_shows_the_traceback(tmp_path):
     result = lazytrain(ENGINE_TOY, "launch.num_processes=0", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
     assert result.returncode != 0 and "Traceback" in result.stderr

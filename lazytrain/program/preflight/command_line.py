@@ -8,12 +8,11 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
 
 from lazytrain.config import LazyConfig
-from lazytrain.config.overrides import suggest_keys
+from lazytrain.config.overrides import parse_override, suggest_keys
 from lazytrain.errors import ConfigError
 
 __all__ = [
@@ -28,12 +27,15 @@ _MISSING = object()
 
 
 def iter_config_overrides(overrides: list[str]) -> Iterator[tuple[str, Override]]:
-    """(text, parsed override) of each override that sets a config key (not a flag, a Hydra key or a group)."""
-    parser = OverridesParser.create()
+    """(text, parsed override) of each override that sets a config key (not a flag, a Hydra key or a group).
+
+    Raises:
+        ConfigError: an override Hydra's grammar cannot read, in one line (`parse_override`).
+    """
     for line in overrides:
         if line.startswith("-") or "=" not in line and not line.startswith("~"):
             continue
-        override = parser.parse_override(line)
+        override = parse_override(line)
         key = override.key_or_group
         if not key.startswith("hydra") and "/" not in key:
             yield line, override
