@@ -129,22 +129,35 @@ class CategoryTopK:
         self._kept = kept
         self._num_kept = self._num_after_compaction = sum(p.num_detections for p in kept)
 
+    def cut(self) -> None:
+        """Keep exactly the `k` best of each category (`get_detections`'s rule); the others and their masks'
+        RLE strings are dropped."""
+        self._kept = self.get_detections()
+        self.compact()  # the thresholds of `may_enter` from what is kept (drops nothing more)
+
     def get_state(self) -> tuple[list[int], list[ImagePredictions]]:
-        """(image ids seen, detections held): what one process sends to be merged (`merge`)."""
-        self.compact()
+        """(image ids seen, detections held, at most `k` of each category): what one process sends to be
+        merged (`merge`). A process never needs more: a detection it cuts has `k` better ones in its own share,
+        by the same order as the final cut."""
+        self.cut()
         return sorted(self.image_ids), list(self._kept)
 
     @classmethod
     def merge(cls, k: int, states: Iterable[tuple[list[int], list[ImagePredictions]]]) -> CategoryTopK:
-        """One `CategoryTopK` from the `get_state` of several (each process's share of the images)."""
+        """One `CategoryTopK` from the `get_state` of several (each process's share of the images).
+
+        `states` is read one at a time and the result is cut to `k` per category after each, so a lazy
+        iterable (`lazytrain.utils.comm.gather_in_turn`) keeps at most `k` per category merged plus one
+        state's in memory, whatever the number of processes. The result does not depend on how the images
+        were shared; an image in several states (a sampler that pads) is taken from the first.
+        """
         merged = cls(k)
-        seen: set[int] = set()
         for image_ids, kept in states:
             for prediction in kept:
-                if prediction.image_id not in seen:
-                    merged.add(prediction)
-            seen.update(image_ids)
+                merged.add(prediction)  # an image already taken from an earlier state is skipped
             merged.image_ids.update(image_ids)
+            merged.cut()
+            del kept  # its cut detections' masks go now, before the next state arrives
         return merged
 
     def get_detections(self) -> list[ImagePredictions]:

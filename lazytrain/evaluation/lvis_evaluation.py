@@ -48,9 +48,11 @@ class LVISEvaluator(COCOEvaluator):
     `max_dets_per_category` best detections of each category over the data set with no per-image cap, and
     ``APpool`` (``APpool_r``/``_c``/``_f``), one ranking of all categories' detections. They are only as good as
     the detections the model gives: with the usual 0.05 score threshold or 300 detections per image, few
-    categories get near `max_dets_per_category` (the log says how many do; README, "AP-fixed and AP-pool",
-    has the model keys). Each process holds its running top `max_dets_per_category` per category, the main
-    process merges them; the standard metrics are unchanged.
+    categories get near `max_dets_per_category` (the log says how many do, and the most detections one image
+    had; README, "AP-fixed and AP-pool", has the paper's inference as model keys). Each process holds its
+    running top `max_dets_per_category` per category and sends at most that many of each; the main process
+    merges the processes' shares one at a time (`CategoryTopK.merge`), so it holds about twice K per category,
+    whatever the number of processes. The standard metrics are unchanged.
 
     Args:
         dataset_name: registered data set, used for its metadata (may be None with `json_file`).
@@ -101,6 +103,7 @@ class LVISEvaluator(COCOEvaluator):
     def reset(self) -> None:
         super().reset()
         self._top_k = CategoryTopK(self.max_dets_per_category) if self.ap_fixed or self.ap_pool else None
+        self._most_detections_in_an_image = 0
 
     def process(self, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> None:
         if self._top_k is None:
@@ -110,6 +113,7 @@ class LVISEvaluator(COCOEvaluator):
         for record, output in zip(inputs, outputs):
             instances = output["instances"]
             scores = torch.as_tensor(instances["scores"]).detach().cpu()
+            self._most_detections_in_an_image = max(self._most_detections_in_an_image, len(scores))
             classes = torch.as_tensor(instances["classes"]).detach().cpu().long().reshape(-1).numpy()
             valid = (classes >= 0) & (classes < len(category_ids))
             may_enter = self._top_k.may_enter(
@@ -134,14 +138,18 @@ class LVISEvaluator(COCOEvaluator):
     def evaluate(self) -> dict[str, Any]:
         if self._top_k is None:
             return super().evaluate()
-        states = comm.gather(self._top_k.get_state(), dst=0)  # each process's top K per category only
+        # Each process sends at most K per category (a process never needs more), with the masks of those
+        # only; the main process merges them as they arrive, one process's at a time, cutting to K after each.
+        # All of it before the main process's long work, so that no process waits on it to send.
+        states = comm.gather_in_turn(self._top_k.get_state(), dst=0)
+        top_k = CategoryTopK.merge(self.max_dets_per_category, states)
+        most_in_an_image = comm.max_over_ranks(self._most_detections_in_an_image)
         results = super().evaluate()
         if not results:
             return results
         with abandon_on_stop():
-            top_k = CategoryTopK.merge(self.max_dets_per_category, states)
             detections = top_k.get_detections()
-            self._log_detections_per_category(detections)
+            self._log_detections_per_category(detections, most_in_an_image)
             ground_truth = self._load_ground_truth()
             for task, metrics in results.items():
                 added = evaluate_fixed_ap(
@@ -152,13 +160,15 @@ class LVISEvaluator(COCOEvaluator):
                 metrics.update(added)
         return results
 
-    def _log_detections_per_category(self, detections: list[Any]) -> None:
+    def _log_detections_per_category(self, detections: list[Any], most_in_an_image: int) -> None:
         found = np.concatenate([p.category_ids for p in detections]) if detections else np.zeros(0, np.int64)
         full = int(np.sum(np.unique(found, return_counts=True)[1] >= self.max_dets_per_category))
         logger.info(
             "AP-fixed / AP-pool: %d of %d categories have K=%d detections, the others fewer (they score lower "
-            "than with K: lower model.roi_heads.score_thresh, raise model.roi_heads.detections_per_img).",
-            full, len(self.get_category_ids()), self.max_dets_per_category,
+            "than with K: lower model.roi_heads.score_thresh). The most detections in one image: %d (if that is "
+            "model.roi_heads.detections_per_img, the cap cut some: the paper's inference has none, "
+            "detections_per_img=null).",
+            full, len(self.get_category_ids()), self.max_dets_per_category, most_in_an_image,
         )  # fmt: skip
 
     def _prepare_ground_truth(self, ground_truth: Any) -> None:

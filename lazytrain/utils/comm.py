@@ -7,6 +7,7 @@ behaves as rank 0 of a world of size 1), so library code can call them unconditi
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +20,7 @@ __all__ = [
     "broadcast_object",
     "create_local_process_group",
     "gather",
+    "gather_in_turn",
     "get_local_process_group",
     "get_local_rank",
     "get_local_size",
@@ -170,6 +172,31 @@ def gather(data: Any, dst: int = 0, group: dist.ProcessGroup | None = None) -> l
     output = [None] * dist.get_world_size(group) if get_rank() == dst else None
     dist.gather_object(data, output, dst=dst, group=group)
     return output if get_rank() == dst else []
+
+
+def gather_in_turn(data: Any, dst: int = 0) -> Iterator[Any]:
+    """On rank `dst`, each rank's picklable object in rank order, one at a time: the next is received only
+    when asked for, so `dst` holds one other rank's object at a time (`gather` holds them all at once). Other
+    ranks send theirs (waiting until `dst` takes it) and get nothing. Every rank must exhaust the iterator.
+
+    Args:
+        data: any picklable object.
+        dst: the global rank that receives the objects.
+    """
+    if get_world_size() == 1:
+        yield data
+        return
+    group = _gloo_group()
+    if get_rank() != dst:
+        dist.send_object_list([data], dst=dst, group=group)
+        return
+    for rank in range(get_world_size()):
+        if rank == dst:
+            yield data
+            continue
+        holder: list[Any] = [None]
+        dist.recv_object_list(holder, src=rank, group=group)
+        yield holder.pop()
 
 
 def broadcast_object(data: Any, src: int = 0) -> Any:

@@ -264,6 +264,81 @@ def test_merging_processes_equals_one_process():
     assert _flatten(merged.get_detections()) == _flatten(single.get_detections())
 
 
+def _image(image_id: int, classes: list[int], scores: list[float]):
+    """One image's detections (json categories [1, 5, 9]) with a 4 x 4 mask each."""
+    count = len(classes)
+    masks = torch.zeros(count, 4, 4, dtype=torch.uint8)
+    for index in range(count):
+        masks[index, index % 4, : 1 + index // 4] = 1
+    instances = {
+        "boxes": torch.tensor([[0.0, 0.0, 2.0, 2.0]] * count).reshape(-1, 4),
+        "scores": torch.tensor(scores, dtype=torch.float32),
+        "classes": torch.tensor(classes, dtype=torch.int64),
+        "masks": masks,
+    }
+    return pack_instances(instances, image_id, [1, 5, 9])
+
+
+def test_a_process_sends_at_most_k_per_category_with_the_masks_of_those_only():
+    top_k = CategoryTopK(2)
+    top_k.add(_image(3, [0, 0], [0.5, 0.75]))
+    top_k.add(_image(2, [0, 1], [0.5, 0.5]))
+    top_k.add(_image(1, [0], [0.5]))  # three ties at category 1's 2nd score: the lowest image id wins
+    image_ids, kept = top_k.get_state()
+    assert image_ids == [1, 2, 3]
+    assert _flatten(kept) == [
+        (1, 1, 0.5, (0.0, 0.0, 2.0, 2.0)),
+        (2, 5, 0.5, (0.0, 0.0, 2.0, 2.0)),
+        (3, 1, 0.75, (0.0, 0.0, 2.0, 2.0)),
+    ]
+    # The masks travel with the kept detections only: the RLE of each is its own, in the model's order.
+    originals = {
+        3: _image(3, [0, 0], [0.5, 0.75]),
+        2: _image(2, [0, 1], [0.5, 0.5]),
+        1: _image(1, [0], [0.5]),
+    }
+    assert [p.mask_counts for p in kept] == [
+        originals[1].mask_counts,
+        [originals[2].mask_counts[1]],
+        [originals[3].mask_counts[1]],
+    ]
+
+
+class _WatchedTopK(CategoryTopK):
+    """Records how many detections the merge holds before each process's share arrives."""
+
+    held_before_each_share: list[int] = []
+
+    def add(self, prediction) -> None:
+        if prediction.image_id % 100 == 0:  # each share's first image (see below)
+            self.held_before_each_share.append(len(self))
+        super().add(prediction)
+
+
+def test_the_merge_holds_at_most_k_per_category_between_processes():
+    k, shares = 4, []
+    rng = np.random.default_rng(5)
+    for process in range(4):  # each sends exactly k of each of the 3 categories, scores rising by process
+        predictions = []
+        for image in range(3 * k):
+            image_id = 100 * (process + 1) + image
+            scores = (process + rng.uniform(0, 1, 1)).tolist()
+            predictions.append(_image(image_id, [image % 3], [s / 4 for s in scores]))
+        shares.append(([p.image_id for p in predictions], predictions))
+    _WatchedTopK.held_before_each_share = []
+    merged = _WatchedTopK.merge(k, iter(shares))
+    assert _WatchedTopK.held_before_each_share == [0, 3 * k, 3 * k, 3 * k]
+    # Equal to cutting everything at once.
+    single = CategoryTopK(k)
+    for _, predictions in shares:
+        for prediction in predictions:
+            single.add(prediction)
+    assert _flatten(merged.get_detections()) == _flatten(single.get_detections())
+    assert len(merged.get_detections()) == 3 * k and {p.image_id // 100 for p in merged.get_detections()} == {
+        4
+    }
+
+
 def test_evaluator_merges_every_process_share(tmp_path, monkeypatch):
     data = make_ground_truth(num_images=8, seed=3, lvis=True)
     json_file = write_json(data, tmp_path / "lvis.json")
@@ -276,8 +351,9 @@ def test_evaluator_merges_every_process_share(tmp_path, monkeypatch):
     main, other = LVISEvaluator(**options), LVISEvaluator(**options)
     main.process(inputs[1::2], outputs[1::2])
     other.process(inputs[::2], outputs[::2])
-    shares = iter([other._top_k.get_state(), other._predictions])
-    monkeypatch.setattr(comm, "gather", lambda value, dst=0: [value, next(shares)])
+    other_state = other._top_k.get_state()
+    monkeypatch.setattr(comm, "gather", lambda value, dst=0: [value, other._predictions])
+    monkeypatch.setattr(comm, "gather_in_turn", lambda value, dst=0: iter([value, other_state]))
     results = main.evaluate()
     for task in ("bbox", "segm"):
         for name in ("AP", "APr", "APfixed", "APfixed_r", *POOL_METRICS):
