@@ -24,14 +24,9 @@ from lazytrain.data.batch_transport import BatchReceiver, PackingCollate, pin_ba
 from lazytrain.data.common import DatasetFromList, MapDataset
 from lazytrain.data.datasets.cached_records import CachedRecords
 from lazytrain.data.samplers import InferenceSampler, IterationBasedSampler, TrainingSampler, resolve_seed
-from lazytrain.data.workers import (
-    WorkerSeeder,
-    make_base_seed_generator,
-    outlive_job_sigterm,
-    start_workers,
-    worker_context,
-)
+from lazytrain.data.workers import WorkerSeeder, make_base_seed_generator, start_workers, worker_context
 from lazytrain.errors import LazytrainError
+from lazytrain.utils.preemption import outlive_job_sigterm
 
 __all__ = [
     "TrainLoader",
@@ -251,7 +246,7 @@ def build_detection_train_loader(
     world_size, rank = comm.get_world_size(), comm.get_rank()
     _check_total_batch_size(total_batch_size, world_size)
     if hasattr(sampler, "check_batching"):  # it fills whole batches (MixtureTrainingSampler's shares)
-        sampler.check_batching(total_batch_size, aspect_ratio_grouping)
+        sampler.check_batching(total_batch_size, aspect_ratio_grouping, world_size=world_size)
     seed = resolve_seed(seed)
     groups = get_aspect_groups(dataset) if aspect_ratio_grouping else None
     if aspect_ratio_grouping and groups is None:

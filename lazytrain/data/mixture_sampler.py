@@ -3,24 +3,37 @@
 Detectors trained on a mixture (LVIS + COCO + an Objects365-style set) concatenate the sources
 (``get_detection_dataset_dicts(names)``); sampling the concatenation uniformly gives each batch whatever mix
 the sources' sizes make, and a small source is rarely seen. `MixtureTrainingSampler` fills every batch by
-per-source ratios instead, and samples inside each source uniformly or with Repeat Factor Sampling.
+per-source ratios instead, and samples inside each source uniformly or with Repeat Factor Sampling. The
+shares hold over each step's global batch, whatever the world size; ranks take different mixes within a step.
 
+- **Shares.** Every step's global batch of B = ``total_batch_size`` images holds ``Q_k`` images of source k:
+  the quota ``B * ratio_k / sum(ratios)`` rounded by largest remainder (every quota is floored, then the
+  images left over go one each to the sources with the largest fractional parts, the earlier source on a tie).
+  ``ratios=[2, 1]`` with 16 images gives 11/5, ``[2, 1, 1]`` gives 8/4/4 and ``[1, 1, 1]`` 6/5/5 (rounding is
+  logged as a warning). The shares do not depend on the world size. A source whose ``Q_k`` would be 0 is an
+  error that names a total batch size that is enough.
+- **Ranks.** Each of the W ranks takes ``b = B / W`` images per step, computed from (step, shares, rank)
+  alone, with no communication. Source k's ``Q_k`` items of the step (the next ``Q_k`` of its stream) are dealt
+  round-robin, item i to rank ``(start_k + i) mod W``: within a step the ranks' items never overlap and
+  together they are the next ``Q_k`` items of every source. Where W does not divide ``Q_k``, ``Q_k mod W``
+  ranks take one image of source k more than the others. ``start_k`` lays these extras end to end over the
+  sources (it is the number of extras of the sources before k, plus a rotation), so every rank gets the same
+  number of extras and a batch of b. The rotation is the step mod W: over any W consecutive steps every rank
+  takes ``Q_k`` images of source k, the global mix, rather than always the same part of it. Where W divides
+  every ``Q_k`` there is no rotation and rank r takes items r, r + W, ... of every source, as the other
+  training samplers shard. A rank's block of a step is its items of source 0, then of source 1, ...
 - **Sources.** Source k holds the dataset indices ``[offset_k, offset_k + size_k)``, in the order of
-  ``names``. Each has its own infinite stream: shuffled epochs (`TrainingSampler`) or RFS
-  (`RepeatFactorTrainingSampler`) with factors from that source's records alone. Source k's seed is derived
-  from (seed, k), so adding a source leaves the other sources' streams as they were.
-- **Shares.** Each rank takes ``b = total_batch_size / world_size`` images per step, ``n_k`` of them from
-  source k: the quota ``b * ratio_k / sum(ratios)`` rounded by largest remainder (every quota is floored, then
-  the images left over go one each to the sources with the largest fractional parts, the earlier source on a
-  tie). ``ratios=[2, 1, 1]`` with 16 images gives 8/4/4; ``[1, 1, 1]`` gives 6/5/5 (logged as a warning).
-  Every rank has the same shares, so the global batch holds ``world_size * n_k`` images of source k. A source
-  whose ``n_k`` would be 0 is an error that names a total batch size that is enough.
-- **Layout and ranks.** A rank's stream is one block of b items per step: ``n_0`` items of source 0, then
-  ``n_1`` of source 1, ... Rank r takes items r, r + W, r + 2W, ... of each source's stream (as the other
-  training samplers shard), so within a step the ranks' items never overlap and together they are the next
-  ``W * n_k`` items of every source.
-- **Resume.** ``state_dict()`` holds the per-rank ``position`` and each source sampler's state; a state with
-  only ``{"position": k}`` is accepted too (the source positions follow from the block layout).
+  ``names``. Each has its own infinite stream, the same on every rank: shuffled epochs (`TrainingSampler`) or
+  RFS (`RepeatFactorTrainingSampler`) with factors from that source's records alone. Source k's seed is
+  derived from (seed, k), so adding a source leaves the other sources' streams as they were. Every rank reads
+  all B items of a step and keeps its own (a few microseconds per item).
+- **Resume.** ``state_dict()`` holds the per-rank ``position`` (items yielded; step ``position // b``), the
+  world size, total batch size and shares it was saved with, and each source sampler's state at the start of
+  that step. Loading it with the same world size and batch continues exactly. With another world size at a
+  step boundary (every state the train loader saves) the global batches continue exactly, only split
+  differently over the ranks; a state saved mid-step then restarts that step. A state with only
+  ``{"position": k}``, or one saved before the shares were global (no ``world_size``), gets the sources'
+  positions from the step (``step * Q_k``), which continues the stream exactly where the shares are unchanged.
 
 The train loader must batch consecutive items of the stream: aspect-ratio grouping puts landscape and
 portrait images in separate batches, which would break the shares, so it is not supported. Set
@@ -100,28 +113,43 @@ def _largest_remainder(ratios: Sequence[Fraction], slots: int) -> list[int]:
     return shares
 
 
-def _source_shares(
+def _step_shares(
     ratios: Sequence[Fraction], total_batch_size: Any, world_size: int, labels: Sequence[str]
 ) -> list[int]:
-    """Images of each source in every rank's batch; refuses a batch that cannot hold every source."""
+    """Images of each source in every step's global batch; refuses a batch that cannot hold every source."""
     if not _is_positive_int(total_batch_size) or total_batch_size % world_size:
         raise ValueError(
             f"{_NAME}(total_batch_size=) must be a positive multiple of the world size {world_size}; got "
             f'{total_batch_size!r}. Give it the loader\'s: total_batch_size="${{..total_batch_size}}".'
         )
-    per_rank = int(total_batch_size) // world_size
-    shares = _largest_remainder(ratios, per_rank)
+    total = int(total_batch_size)
+    shares = _largest_remainder(ratios, total)
     empty = [label for label, share in zip(labels, shares) if share == 0]
     if empty:
-        enough = next(b for b in itertools.count(per_rank + 1) if min(_largest_remainder(ratios, b)) > 0)
+        # Largest remainder is not monotone in the batch size (the Alabama paradox), so name one that works.
+        first = (total // world_size + 1) * world_size
+        enough = next(n for n in itertools.count(first, world_size) if min(_largest_remainder(ratios, n)) > 0)
         raise ValueError(
             f"{_NAME}(ratios=): the ratios {':'.join(f'{float(r):g}' for r in ratios)} give "
-            f"{', '.join(empty)} no image of the {per_rank} each rank takes per step (total_batch_size="
-            f"{total_batch_size}, world_size={world_size}); expected at least one image of every source per "
-            f"rank and step. Set total_batch_size to {enough * world_size} or more, or raise the smallest "
-            "ratios."
+            f"{', '.join(empty)} no image of the {total} per step (total_batch_size={total} over "
+            f"world_size={world_size}); expected at least one image of every source in every step's batch. "
+            f"total_batch_size={enough} is enough, or raise the smallest ratios."
         )
     return shares
+
+
+def _deal_starts(shares: Sequence[int], world_size: int, step: int) -> list[int]:
+    """The rank that takes the first of each source's items of step `step` (dealt round-robin from there).
+
+    The extras (``share mod world_size`` per source) are laid end to end, each source's after the previous
+    ones', and shifted by the step: every rank takes the same number of extras in a step, and each extra
+    visits every rank once in any `world_size` steps. Without extras nothing rotates, so rank r takes items
+    r, r + W, ... of every source, as the other training samplers shard.
+    """
+    extras = [share % world_size for share in shares]
+    rotation = step % world_size if any(extras) else 0
+    laid = itertools.accumulate(extras, initial=0)
+    return [(before + rotation) % world_size for before, _ in zip(laid, extras)]
 
 
 def _check_sizes(sizes: Any) -> list[int]:
@@ -178,15 +206,17 @@ def _source_seed(seed: int, source: int) -> int:
 
 
 class MixtureTrainingSampler(Sampler[int]):
-    """Infinite stream over concatenated sources in which every batch holds a fixed share of each source.
+    """Infinite stream over concatenated sources in which every step's global batch holds a fixed share of
+    each source.
 
-    The module docstring says how shares are rounded, how a rank's stream is laid out and how it resumes.
+    The module docstring says how shares are rounded, how the ranks split each step and how it resumes.
     Configs build it with `from_dataset_names` (a data set name per source, the loader's ``names``); this
     constructor takes the sources' sizes and, for RFS, their factors.
 
     Args:
         sizes: images per source, in the order the sources are concatenated in the dataset.
-        ratios: share of each source in every batch, finite and > 0 (``[2, 1, 1]``: a half, two quarters).
+        ratios: share of each source in every step's batch over all ranks, finite and > 0 (``[2, 1, 1]``: a
+            half, two quarters).
         total_batch_size: images per step over all ranks, the loader's ``total_batch_size``.
         repeat_factors: per source, None for shuffled epochs or its per-image RFS factors (length = its size).
         shuffle: shuffle each source's epochs.
@@ -211,25 +241,28 @@ class MixtureTrainingSampler(Sampler[int]):
         labels = [f"source {k}" for k in range(len(self._sizes))]
         fractions = _check_ratios(ratios, labels)
         self._rank, self._world_size = resolve_rank(_NAME, rank, world_size)
-        self._shares = _source_shares(fractions, total_batch_size, self._world_size, labels)
+        self._shares = _step_shares(fractions, total_batch_size, self._world_size, labels)
         self._total_batch_size = int(total_batch_size)
+        self._per_rank = self._total_batch_size // self._world_size
         factors = _check_factors(repeat_factors, self._sizes)
         self._seed = resolve_seed(seed)
         self._offsets = [0, *itertools.accumulate(self._sizes)][:-1]
+        # Every rank reads each source's whole stream (world size 1) and keeps its own items of each step.
         self._sources = [
             self._source_sampler(size, source_factors, shuffle, _source_seed(self._seed, k))
             for k, (size, source_factors) in enumerate(zip(self._sizes, factors))
         ]
-        # Source of each slot of a rank's per-step block.
-        self._layout = [k for k, share in enumerate(self._shares) for _ in range(share)]
-        self._resume_position = 0  # where the next iteration starts
-        self._position = 0  # items yielded so far
+        self._position = 0  # items yielded so far; the step is position // per-rank batch
+        # The sources' states at the start of a step, by step: the current one and, once its items are drawn,
+        # the next (the state after a rank's last item of a step is the start of the next step).
+        self._step_sources = {0: [source.state_dict() for source in self._sources]}
+        self._resume = (self._position, self._step_sources)  # where the next iteration starts
         _log_shares(fractions, self._shares, self._world_size, labels)
 
     def _source_sampler(
         self, size: int, factors: torch.Tensor | Sequence[float] | None, shuffle: bool, seed: int
     ) -> TrainingSampler | RepeatFactorTrainingSampler:
-        common = dict(shuffle=shuffle, seed=seed, rank=self._rank, world_size=self._world_size)
+        common = dict(shuffle=shuffle, seed=seed, rank=0, world_size=1)
         if factors is None:
             return TrainingSampler(size, **common)
         return RepeatFactorTrainingSampler(factors, **common)
@@ -251,21 +284,47 @@ class MixtureTrainingSampler(Sampler[int]):
 
     @property
     def shares(self) -> list[int]:
-        """Images of each source in every rank's batch (times world size: in the global batch)."""
+        """Images of each source in every step's batch over all ranks (`get_rank_shares`: one rank's)."""
         return list(self._shares)
+
+    def get_rank_shares(self, step: int, rank: int | None = None) -> list[int]:
+        """Images of each source that `rank` (default: this sampler's) takes in step `step`.
+
+        Args:
+            step: the training step (0-based; the rank's ``position // (total_batch_size / world_size)``).
+            rank: a rank in [0, world_size); None for this sampler's.
+        """
+        rank = self._rank if rank is None else rank
+        starts = _deal_starts(self._shares, self._world_size, step)
+        return [
+            len(range((rank - start) % self._world_size, share, self._world_size))
+            for start, share in zip(starts, self._shares)
+        ]
 
     @property
     def total_batch_size(self) -> int:
         """Images per step over all ranks, the batch the shares are for."""
         return self._total_batch_size
 
-    def check_batching(self, total_batch_size: int, aspect_ratio_grouping: bool) -> None:
+    def check_batching(
+        self, total_batch_size: int, aspect_ratio_grouping: bool, world_size: int | None = None
+    ) -> None:
         """Refuse a train loader whose batches would not keep the shares.
+
+        Each rank's stream is one block of ``total_batch_size / world_size`` items per step, so the loader
+        must batch that many consecutive items.
 
         Args:
             total_batch_size: the loader's images per step over all ranks; must equal the sampler's.
             aspect_ratio_grouping: whether the loader groups batches by aspect ratio; must be False.
+            world_size: the loader's number of processes; must equal the sampler's (None: not checked).
         """
+        if world_size is not None and world_size != self._world_size:
+            raise ValueError(
+                f"{_NAME}: the train loader's world size is {world_size} but the sampler was built for "
+                f"world_size={self._world_size}, so its per-step blocks are not the loader's batches; leave "
+                "the sampler's rank and world_size unset (the live process group's)."
+            )
         if total_batch_size != self._total_batch_size:
             raise ValueError(
                 f"{_NAME}: dataloader.train.total_batch_size={total_batch_size} but the sampler's shares are "
@@ -315,7 +374,7 @@ class MixtureTrainingSampler(Sampler[int]):
 
         Args:
             names: the registered data sets, in the loader's order.
-            ratios: share of each source in every batch.
+            ratios: share of each source in every step's batch over all ranks.
             total_batch_size: the loader's images per step over all ranks.
             repeat_thresh: RFS threshold t for every source, or a list with one per source; None or 0 samples
                 that source uniformly (shuffled epochs).
@@ -332,7 +391,7 @@ class MixtureTrainingSampler(Sampler[int]):
         if not labels or not all(isinstance(name, str) for name in labels):
             raise ValueError(f"{_NAME}.from_dataset_names(names=) must be data set names; got {names!r}")
         _, checked_world_size = resolve_rank(_NAME, rank, world_size)
-        _source_shares(_check_ratios(ratios, labels), total_batch_size, checked_world_size, labels)
+        _step_shares(_check_ratios(ratios, labels), total_batch_size, checked_world_size, labels)
         thresholds = _check_thresholds(repeat_thresh, labels)
         sizes, factors = _load_sources(
             labels, thresholds, filter_empty, sqrt=sqrt, instance_aware=instance_aware
@@ -342,66 +401,105 @@ class MixtureTrainingSampler(Sampler[int]):
         return cls(sizes, ratios, total_batch_size, repeat_factors=factors, **common)
 
     def __iter__(self) -> Iterator[int]:
-        position = self._resume_position
-        self._position = position
+        self._position, self._step_sources = self._resume
+        step, slot = divmod(self._position, self._per_rank)
         streams = [iter(source) for source in self._sources]  # each starts at its loaded state
-        layout, offsets = self._layout, self._offsets
-        slot = position % len(layout)
         while True:
-            source = layout[slot]
-            index = next(streams[source]) + offsets[source]
-            position += 1
-            self._position = position
-            yield index
-            slot = slot + 1 if slot + 1 < len(layout) else 0
+            start = self._step_sources[step]
+            drawn = [list(itertools.islice(stream, share)) for stream, share in zip(streams, self._shares)]
+            self._step_sources = {step: start, step + 1: [source.state_dict() for source in self._sources]}
+            for index in self._rank_block(step, drawn)[slot:]:
+                self._position += 1
+                yield index
+            step, slot = step + 1, 0
 
-    def _source_positions(self, position: int) -> list[int]:
-        """Items each source has given this rank once the rank has taken `position` items."""
-        steps, slot = divmod(position, len(self._layout))
-        positions = [steps * share for share in self._shares]
-        for source in self._layout[:slot]:
-            positions[source] += 1
-        return positions
+    def _rank_block(self, step: int, drawn: Sequence[list[int]]) -> list[int]:
+        """This rank's items of a step, source by source, from every source's items of the step."""
+        world_size, block = self._world_size, []
+        starts = _deal_starts(self._shares, world_size, step)
+        for items, start, offset in zip(drawn, starts, self._offsets):
+            block.extend(index + offset for index in items[(self._rank - start) % world_size :: world_size])
+        return block
 
     def state_dict(self) -> dict[str, Any]:
-        """The state after the items yielded so far: ``seed``, per-rank ``position``, ``shares`` and
-        ``sources`` (each source sampler's `state_dict`, from which it regenerates one epoch to resume)."""
+        """The state after the items yielded so far: ``seed``, per-rank ``position``, the ``world_size``,
+        ``total_batch_size`` and ``shares`` it was saved with and ``sources`` (each source sampler's
+        `state_dict` at the start of the current step, from which it regenerates one epoch to resume)."""
+        step = self._position // self._per_rank
         return {
             "seed": self._seed,
             "position": self._position,
+            "world_size": self._world_size,
+            "total_batch_size": self._total_batch_size,
             "shares": list(self._shares),
-            "sources": [source.state_dict() for source in self._sources],
+            "sources": [dict(source) for source in self._step_sources[step]],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Start the next iteration where `state` (from `state_dict`, or just ``{"position": k}``) points.
 
-        A ``seed`` in the state replaces the constructor's seed (the checkpoint describes the run).
+        A ``seed`` in the state replaces the constructor's seed (the checkpoint describes the run). The module
+        docstring says what a state saved with another world size or batch resumes to.
         """
         self._seed = resumed_seed(_NAME, state, self._seed)
-        if state.get("shares") is not None and list(state["shares"]) != self._shares:
-            logger.warning(
-                "%s: resuming a state saved with shares %s per rank into shares %s: the sources continue "
-                "from their positions, but the batches differ from those of an uninterrupted run.",
-                _NAME,
-                list(state["shares"]),
-                self._shares,
-            )
-        position = int(state["position"])
         sources = state.get("sources")
-        if sources is None:
-            sources = [
-                {"position": p, "seed": _source_seed(self._seed, k)}
-                for k, p in enumerate(self._source_positions(position))
-            ]
-        if len(sources) != len(self._sources):
+        if sources is not None and len(sources) != len(self._sources):
             raise ValueError(
                 f"{_NAME}.load_state_dict: the state holds {len(sources)} sources, this sampler has "
                 f"{len(self._sources)}; resume with the names the state was saved with."
             )
+        current = (self._world_size, self._total_batch_size)
+        # A state without a world size is only a position, or one from when the shares were per rank.
+        per_rank_state = state.get("world_size") is None
+        saved = current if per_rank_state else (int(state["world_size"]), int(state["total_batch_size"]))
+        step, slot = divmod(int(state["position"]), saved[1] // saved[0])
+        if saved != current:
+            self._log_resized_resume(saved, slot)
+            slot = 0
+        if state.get("shares") is not None:
+            saved_shares = [
+                int(share) * (self._world_size if per_rank_state else 1) for share in state["shares"]
+            ]
+            if saved_shares != self._shares:
+                logger.warning(
+                    "%s: resuming a state saved with shares %s per step into shares %s: the sources continue "
+                    "from their positions, but the batches differ from those of an uninterrupted run.",
+                    _NAME,
+                    saved_shares,
+                    self._shares,
+                )
+        if per_rank_state or sources is None:
+            # The sources' positions follow from the step (per-rank source states were sharded by rank).
+            sources = [
+                {"position": step * share, "seed": _source_seed(self._seed, k)}
+                for k, share in enumerate(self._shares)
+            ]
         for source, source_state in zip(self._sources, sources):
             source.load_state_dict(source_state)
-        self._resume_position = self._position = position
+        self._step_sources = {step: [source.state_dict() for source in self._sources]}
+        self._position = step * self._per_rank + slot
+        self._resume = (self._position, self._step_sources)
+
+    def _log_resized_resume(self, saved: tuple[int, int], slot: int) -> None:
+        """Say what resuming a state saved with (world size, total batch size) `saved` continues."""
+        if slot:
+            logger.warning(
+                "%s: the state was saved in the middle of a step with world size %d and batch %d; with world "
+                "size %d and batch %d that step starts again (its images taken before the stop come again).",
+                _NAME,
+                *saved,
+                self._world_size,
+                self._total_batch_size,
+            )
+        else:
+            logger.info(
+                "%s: resuming a state of world size %d and batch %d with world size %d and batch %d: the "
+                "sources continue from the step's positions, split over the ranks anew.",
+                _NAME,
+                *saved,
+                self._world_size,
+                self._total_batch_size,
+            )
 
 
 def _load_sources(
@@ -435,4 +533,16 @@ def _log_shares(ratios: Sequence[Fraction], shares: list[int], world_size: int, 
     text = ", ".join(f"{label} {share}" for label, share in zip(labels, shares))
     rounded = f" (rounded from {', '.join(f'{float(q):.2f}' for q in exact)})" if exact != shares else ""
     log = logger.warning if rounded else logger.info
-    log("%s: each rank's batch of %d holds %s%s, x%d ranks.", _NAME, sum(shares), text, rounded, world_size)
+    log("%s: every step's batch of %d over all ranks holds %s%s.", _NAME, sum(shares), text, rounded)
+    if any(share % world_size for share in shares):
+        spread = ", ".join(
+            f"{label} {share // world_size}" + ("-" + str(share // world_size + 1)) * bool(share % world_size)
+            for label, share in zip(labels, shares)
+        )
+        logger.info(
+            "%s: each of the %d ranks takes %d per step: %s, the ranks that take one more rotating every step.",
+            _NAME,
+            world_size,
+            sum(shares) // world_size,
+            spread,
+        )

@@ -1,6 +1,8 @@
-"""MixtureTrainingSampler: fixed per-source shares in every batch, uniform or RFS sampling inside a source,
-seeding, exact resume, rank shards, argument errors, and a config using it with two registered data sets."""
+"""MixtureTrainingSampler: fixed per-source shares in every step's global batch, split over the ranks, uniform
+or RFS sampling inside a source, seeding, exact resume (another world size too), rank shards, argument errors,
+and a config using it with two registered data sets."""
 
+import collections
 import functools
 import io
 import itertools
@@ -42,6 +44,18 @@ def source_of(index):
     return 0 if index < 30 else 1 if index < 41 else 2
 
 
+def global_batches(steps, world_size, sizes=SIZES, **kwargs):
+    """Each step's batch over all ranks (rank 0's items, then rank 1's, ...), and the rank samplers."""
+    ranks = [
+        MixtureTrainingSampler(sizes, rank=rank, world_size=world_size, **kwargs)
+        for rank in range(world_size)
+    ]
+    per_rank = kwargs["total_batch_size"] // world_size
+    shards = [take(sampler, steps * per_rank) for sampler in ranks]
+    batches = [sum((shard[s * per_rank : (s + 1) * per_rank] for shard in shards), []) for s in range(steps)]
+    return batches, ranks
+
+
 def round_trip(state):
     buffer = io.BytesIO()
     torch.save(state, buffer)  # only what weights_only loading accepts
@@ -53,23 +67,63 @@ def round_trip(state):
     "ratios, total_batch_size, world_size, shares",
     [
         pytest.param([2, 1, 1], 16, 1, [8, 4, 4], id="2:1:1-of-16"),
-        pytest.param([0.5, 0.25, 0.25], 8, 2, [2, 1, 1], id="fractions-two-ranks"),
+        pytest.param([0.5, 0.25, 0.25], 8, 2, [4, 2, 2], id="fractions-two-ranks"),
         pytest.param([0.1, 0.2, 0.7], 10, 1, [1, 2, 7], id="decimal-ratios-as-written"),
         pytest.param([1, 1, 1], 16, 1, [6, 5, 5], id="rounded-largest-remainder"),
         pytest.param([3, 1, 1], 6, 1, [4, 1, 1], id="rounded-3.6-1.2-1.2"),
         pytest.param([1, 1, 2], 6, 1, [2, 1, 3], id="tie-goes-to-the-earlier-source"),
+        pytest.param([1, 1, 1], 12, 4, [4, 4, 4], id="per-rank-3-of-3-sources"),
     ],
 )
 def test_every_batch_holds_the_shares(ratios, total_batch_size, world_size, shares, caplog):
     with caplog.at_level(logging.WARNING, logger="lazytrain.data.mixture_sampler"):
         sampler = mixture(1, 0, world_size, total_batch_size, ratios)
     assert sampler.shares == shares
-    assert ("rounded from" in caplog.text) == (ratios in ([1, 1, 1], [3, 1, 1], [1, 1, 2]))
+    assert ("rounded from" in caplog.text) == (
+        ratios in ([1, 1, 1], [3, 1, 1], [1, 1, 2]) and world_size == 1
+    )
     per_rank = total_batch_size // world_size
     stream = take(sampler, 300 * per_rank)
-    expected = [k for k, share in enumerate(shares) for _ in range(share)]
+    expected = [k for k, share in enumerate(shares) for _ in range(share // world_size)]
     for step in range(300):
         assert [source_of(i) for i in stream[step * per_rank : (step + 1) * per_rank]] == expected
+
+
+@pytest.mark.parametrize(
+    "ratios, shares, rank_mixes",
+    [
+        # 10.67/5.33 rounded to 11/5: 3 ranks take 2 of source 0 and 5 take one of each, the three moving on
+        # by one rank per step.
+        pytest.param([2, 1], [11, 5], {(2, 0): 3, (1, 1): 5}, id="2:1-is-11/5-not-8/8"),
+        # README's [3, 1] at LVIS's 2 images per GPU: per rank it rounded source 1 to no image (an error).
+        pytest.param([3, 1], [12, 4], {(2, 0): 4, (1, 1): 4}, id="3:1-at-2-per-rank"),
+    ],
+)
+def test_the_shares_hold_over_the_global_batch_of_eight_ranks(ratios, shares, rank_mixes):
+    sizes, steps = [1000, 500], 40
+    kwargs = dict(ratios=ratios, total_batch_size=16, seed=21)
+    batches, ranks = global_batches(steps, 8, sizes, **kwargs)
+    assert all(rank.shares == shares for rank in ranks)
+    streams = [
+        take(TrainingSampler(size, seed=_source_seed(21, k), rank=0, world_size=1), 1000)
+        for k, size in enumerate(sizes)
+    ]
+    for step, batch in enumerate(batches):
+        # the next items of each source's one stream, each taken by one rank
+        assert sorted(i for i in batch if i < 1000) == sorted(
+            streams[0][step * shares[0] : (step + 1) * shares[0]]
+        )
+        assert sorted(i - 1000 for i in batch if i >= 1000) == sorted(
+            streams[1][step * shares[1] : (step + 1) * shares[1]]
+        )
+        mixes = [tuple(r.get_rank_shares(step)) for r in ranks]
+        assert collections.Counter(mixes) == rank_mixes
+        assert [sum(i < 1000 for i in batch[2 * r : 2 * r + 2]) for r in range(8)] == [m[0] for m in mixes]
+    # every 8 steps each rank has taken the global mix: 11 (12) of source 0 and 5 (4) of source 1
+    for rank in range(8):
+        for start in range(0, steps - 8):
+            window = [tuple(ranks[rank].get_rank_shares(s)) for s in range(start, start + 8)]
+            assert [sum(m[k] for m in window) for k in range(2)] == shares
 
 
 def test_uniform_source_draws_shuffled_epochs_of_its_own_images():
@@ -107,24 +161,70 @@ def test_rfs_inside_a_source_follows_its_repeat_factors():
 def test_same_seed_same_stream_other_seed_differs():
     assert take(mixture(7), 500) == take(mixture(7), 500)
     assert take(mixture(7), 500) != take(mixture(8), 500)
+    # Where the ranks divide the shares, the streams are those of before the shares held over the global batch
+    # (these are 4dfff16's).
+    assert take(mixture(31), 12) == [8, 13, 16, 18, 10, 6, 1, 4, 36, 35, 37, 38]
+    assert take(mixture(31, 1, 2), 12) == [13, 18, 6, 4, 35, 38, 43, 42, 29, 17, 0, 12]
+    assert take(mixture(31, 3, 4, 12, [1, 1, 1]), 12) == [18, 38, 42, 4, 30, 42, 17, 30, 41, 12, 36, 43]
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("world_size, ratios", [(1, [2, 1, 1]), (2, [2, 1, 1]), (8, [3, 2, 1])])
 @pytest.mark.parametrize("stop", [1, 13, 40, 333])
-def test_resume_from_state_equals_continuing(world_size, stop):
+def test_resume_from_state_equals_continuing(world_size, ratios, stop):
     for rank in range(world_size):
-        sampler = mixture(9, rank, world_size)
+        sampler = mixture(9, rank, world_size, ratios=ratios)
         stream = iter(sampler)
         head = [next(stream) for _ in range(stop)]
         state = sampler.state_dict()
         tail = [next(stream) for _ in range(200)]
         assert state["position"] == stop
-        resumed = mixture(9, rank, world_size)
+        resumed = mixture(9, rank, world_size, ratios=ratios)
         resumed.load_state_dict(round_trip(state))
         assert head + take(resumed, 200) == head + tail
-        positional = mixture(9, rank, world_size)
+        positional = mixture(9, rank, world_size, ratios=ratios)
         positional.load_state_dict({"position": stop})
         assert take(positional, 200) == tail
+
+
+def test_a_state_saved_on_eight_ranks_continues_the_global_batches_on_two_or_one(caplog):
+    sizes, kwargs = [1000, 500], dict(ratios=[2, 1], total_batch_size=16, seed=23)
+    uninterrupted, _ = global_batches(12, 8, sizes, **kwargs)
+    states = []
+    for rank in range(8):  # stopped after 5 steps, where the train loader saves
+        sampler = MixtureTrainingSampler(sizes, rank=rank, world_size=8, **kwargs)
+        take(sampler, 5 * 2)
+        states.append(round_trip(sampler.state_dict()))
+    for state in states[1:]:  # at a step boundary the state is every rank's
+        torch.testing.assert_close(state, states[0], rtol=0, atol=0)
+    assert states[0]["position"] == 10 and [s["position"] for s in states[0]["sources"]] == [55, 25]
+    for world_size in (2, 1):
+        ranks = [
+            MixtureTrainingSampler(sizes, rank=r, world_size=world_size, **kwargs) for r in range(world_size)
+        ]
+        for sampler in ranks:
+            sampler.load_state_dict(states[0])
+        shards = [take(sampler, 7 * 16 // world_size) for sampler in ranks]
+        per_rank = 16 // world_size
+        resumed = [sum((shard[s * per_rank : (s + 1) * per_rank] for shard in shards), []) for s in range(7)]
+        assert [sorted(batch) for batch in resumed] == [sorted(batch) for batch in uninterrupted[5:]]
+    # In the middle of a step only the same world size and batch are exact; another restarts the step.
+    sampler = MixtureTrainingSampler(sizes, rank=0, world_size=8, **kwargs)
+    take(sampler, 5 * 2 + 1)
+    one = MixtureTrainingSampler(sizes, rank=0, world_size=1, **kwargs)
+    with caplog.at_level(logging.WARNING, logger="lazytrain.data.mixture_sampler"):
+        one.load_state_dict(sampler.state_dict())
+    assert "that step starts again" in caplog.text
+    assert sorted(take(one, 16)) == sorted(uninterrupted[5])
+
+
+def test_a_state_saved_with_per_rank_shares_resumes_from_its_step():
+    # What this sampler saved when shares were per rank (sources sharded per rank): where the shares are the
+    # same the stream continues exactly; where they changed, with a warning.
+    expected = take(mixture(25, 1, 2), 8 * 30)
+    resumed = mixture(0, 1, 2)
+    sharded = [{"position": 99, "seed": 1}] * 3
+    resumed.load_state_dict({"seed": 25, "position": 8 * 12, "shares": [4, 2, 2], "sources": sharded})
+    assert take(resumed, 8 * 18) == expected[8 * 12 :]
 
 
 def test_state_after_resume_matches_an_uninterrupted_run_and_carries_the_seed():
@@ -145,7 +245,7 @@ def test_two_ranks_cover_the_global_batch_with_the_shares_and_no_overlap():
     full = take(one, total * 20)
     shards = [take(sampler, total // 2 * 20) for sampler in ranks]
     for rank, shard in enumerate(shards):
-        assert ranks[rank].shares == [4, 2, 2]
+        assert ranks[rank].shares == [8, 4, 4] and ranks[rank].get_rank_shares(7) == [4, 2, 2]
         assert shard == full[rank::2]  # rank r takes positions r, r + 2, ... of every source's stream
     for step in range(20):  # all within each source's first epoch: no image twice in a step
         batch = shards[0][step * 8 : (step + 1) * 8] + shards[1][step * 8 : (step + 1) * 8]
@@ -178,12 +278,18 @@ def test_the_train_loader_refuses_settings_that_break_the_shares():
         build(sampler=mixture(total_batch_size=8), total_batch_size=8, aspect_ratio_grouping=True)
     with pytest.raises(ValueError, match=r"dataloader.train.total_batch_size=16 but the sampler's shares"):
         build(sampler=mixture(total_batch_size=8), total_batch_size=16, aspect_ratio_grouping=False)
+    with pytest.raises(ValueError, match=r"world size is 1 but the sampler was built for world_size=2"):
+        build(
+            sampler=mixture(world_size=2, total_batch_size=8), total_batch_size=8, aspect_ratio_grouping=False
+        )
     build(sampler=mixture(total_batch_size=8), total_batch_size=8, aspect_ratio_grouping=False)
 
 
 def test_check_batching_refuses_a_loader_that_breaks_the_shares():
     sampler = mixture(total_batch_size=8)
-    sampler.check_batching(8, aspect_ratio_grouping=False)
+    sampler.check_batching(8, aspect_ratio_grouping=False, world_size=1)
+    with pytest.raises(ValueError, match=r"world size is 2 but the sampler was built for world_size=1"):
+        sampler.check_batching(8, aspect_ratio_grouping=False, world_size=2)
     with pytest.raises(
         ValueError, match=r"total_batch_size=16 but the sampler's shares are for total_batch_size=8"
     ):
@@ -204,9 +310,9 @@ def test_check_batching_refuses_a_loader_that_breaks_the_shares():
         pytest.param(dict(ratios="211"), r"needs one ratio per source", id="string"),
         pytest.param(
             dict(ratios=[10, 1, 1], total_batch_size=8, world_size=2),
-            r"the ratios 10:1:1 give source 1, source 2 no image of the 4 each rank takes per step "
-            r"\(total_batch_size=8, world_size=2\); expected at least one image of every source per rank "
-            r"and step. Set total_batch_size to 18 or more",
+            r"the ratios 10:1:1 give source 2 no image of the 8 per step \(total_batch_size=8 over "
+            r"world_size=2\); expected at least one image of every source in every step's batch. "
+            r"total_batch_size=10 is enough",
             id="share-rounds-to-zero",
         ),
         pytest.param(
@@ -276,7 +382,7 @@ def test_from_dataset_names_checks_arguments_before_loading(two_sources):
     names = ["_mixture_train", "_mixture_val"]
     for kwargs, message in [
         (dict(ratios=[1]), r"needs one ratio per source \(2: _mixture_train, _mixture_val\)"),
-        (dict(ratios=[9, 1], total_batch_size=4), r"give _mixture_val no image of the 4"),
+        (dict(ratios=[9, 1], total_batch_size=4), r"give _mixture_val no image of the 4 per step"),
         (dict(repeat_thresh=[0.1]), r"repeat_thresh=\) must be None, a number >= 0.*got \[0.1\]"),
         (dict(repeat_thresh=-1), r"repeat_thresh=\) must be None"),
     ]:
