@@ -24,10 +24,10 @@ import tempfile
 import threading
 import traceback
 
+from lazytrain.utils.preemption import JOB_SIGNALS
+
 # What `python -m lazytrain CONFIG ...` imports before its checks: the slow part of starting it.
 _PRELOAD = ["torch", "torchvision", "hydra.main", "lazytrain.program.default", "lazytrain.program.preflight"]
-# A server started by `lazytrain.launch.rank_server` (a test that launched ranks in this process) blocks these.
-_JOB_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def warm_context() -> multiprocessing.context.BaseContext:
@@ -175,7 +175,9 @@ def _start_as_a_new_interpreter(env: dict[str, str]) -> None:
         import torch
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _JOB_SIGNALS)
+    # A server started by `lazytrain.launch.rank_server` (a test that launched ranks in this process) blocks
+    # these (`lazytrain.utils.preemption`, rule 4).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, JOB_SIGNALS)
 
 
 def _end_as_an_interpreter() -> None:

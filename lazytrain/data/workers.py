@@ -9,17 +9,13 @@ workers comes from a generator of the loader's, never from the global RNG (`make
 Workers are forked on Linux (`worker_context`): they never touch CUDA, and forking spares them re-importing
 torch and unpickling the records, and shares the parent's records copy-on-write (`start_workers` keeps the
 garbage collector from writing to them). Forked workers also outlive a SIGTERM sent to every process of a job
-until their rank exits (`outlive_job_sigterm`).
+until their rank exits (`lazytrain.utils.preemption`, which owns what every process does on a stop signal).
 """
 
 from __future__ import annotations
 
-import atexit
 import gc
-import mmap
 import multiprocessing
-import os
-import signal
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -28,11 +24,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from lazytrain.data.common import seed_sample_rngs
+from lazytrain.utils.preemption import outlive_job_sigterm, share_rank_exit_flag
 
 __all__ = [
     "WorkerSeeder",
     "make_base_seed_generator",
-    "outlive_job_sigterm",
     "sample_seed",
     "start_workers",
     "worker_context",
@@ -59,7 +55,7 @@ def sample_seed(seed: int, global_position: int) -> int:
 
 class WorkerSeeder:
     """Picklable ``worker_init_fn``: seed a worker's RNGs from (seed, rank, worker id); the worker outlives a
-    SIGTERM to the whole job (`outlive_job_sigterm`).
+    SIGTERM to the whole job (`lazytrain.utils.preemption.outlive_job_sigterm`).
 
     Args:
         seed: the loader's seed.
@@ -99,61 +95,14 @@ def worker_context() -> multiprocessing.context.BaseContext | None:
 class _LoaderWorkerContext(multiprocessing.context.ForkContext):
     """Fork, after flushing the parent's stdout/stderr (a forked worker inherits their buffers and flushes
     them when it exits, which repeats earlier output in a log redirected to a file, as under SLURM), workers
-    that share `_rank_exit_flag` with their rank."""
+    that share their rank's exit flag (`lazytrain.utils.preemption.share_rank_exit_flag`)."""
 
     def Process(self, *args: Any, **kwargs: Any) -> multiprocessing.context.ForkProcess:  # noqa: N802 (torch's name)
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
-        _rank_exit_flag()
+        share_rank_exit_flag()
         return multiprocessing.context.ForkProcess(*args, **kwargs)
-
-
-def outlive_job_sigterm(worker_id: int | None = None) -> None:
-    """In a forked loader worker (a ``worker_init_fn``; `worker_id` is unused): ignore SIGTERM until the rank
-    begins to exit.
-
-    SLURM's preemption (like a SIGTERM to a job's process group) signals every process of the job, the
-    workers included. A worker killed by it makes torch raise "DataLoader worker ... is killed by signal:
-    Terminated" in its rank, at whatever line the rank is on, so the rank fails instead of finishing its step
-    and writing the stop checkpoint (`lazytrain.utils.preemption`). Ignoring SIGTERM for good is no better:
-    torch's loader shutdown and Python's exit end a worker that did not stop by itself with SIGTERM, and then
-    wait for it. So once its rank has begun to exit, a SIGTERM ends the worker as torch's own handler (replaced
-    here) ends it when the rank sends it: exit status 0, which the rank's loader does not report. A rank that
-    dies without exiting is noticed by torch's workers themselves within seconds.
-    """
-    if _rank_exit is None or _rank_exit[0] != os.getppid():  # not forked by `worker_context()`
-        return
-    flag = _rank_exit[1]
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        if flag[0]:
-            os._exit(0)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-
-
-# (pid, flag) of the process whose workers share the flag: a process forked from it (a warm-forked command)
-# makes its own, so one exiting does not change what the other's workers do.
-_rank_exit: tuple[int, mmap.mmap] | None = None
-
-
-def _rank_exit_flag() -> mmap.mmap:
-    """A byte shared with the workers forked after this call, set to 1 when this process exits.
-
-    Its exit function is registered when the first worker is forked, later than torch's and multiprocessing's
-    (which send the workers SIGTERM), so it runs before them: exit functions run last registered first.
-    """
-    global _rank_exit
-    if _rank_exit is None or _rank_exit[0] != os.getpid():
-        _rank_exit = (os.getpid(), mmap.mmap(-1, 1))
-        atexit.register(_set_rank_exit_flag, *_rank_exit)
-    return _rank_exit[1]
-
-
-def _set_rank_exit_flag(pid: int, flag: mmap.mmap) -> None:
-    if os.getpid() == pid:  # a forked child runs its parent's exit functions too
-        flag[0] = 1
 
 
 def start_workers(data_loader: DataLoader) -> Iterator[Any]:

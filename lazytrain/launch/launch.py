@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from lazytrain.launch.environment import RankInfo, get_env_rank_info, get_slurm_
 from lazytrain.launch.process_group import get_rendezvous_url, get_tcp_url, run_in_group
 from lazytrain.launch.rank_server import RANK_START_METHOD, enter_rank, get_rank_context, start_rank_server
 from lazytrain.launch.rank_watch import is_peer_failure
-from lazytrain.utils.preemption import StopRequest, TrainingInterrupted, signal_name
+from lazytrain.utils.preemption import StopForwarder, TrainingInterrupted, prepare_rank_signals, signal_name
 
 __all__ = [
     "RankFailedError",
@@ -119,12 +118,7 @@ def _spawned_worker(
     cpu_threads: int,
     environment: dict[str, str],
 ) -> None:
-    # Ctrl-C reaches every process of the terminal's group; only the parent reacts and forwards a SIGTERM,
-    # so that each rank sees exactly one stop request (and its data-loader workers, forked later, none).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # SLURM's --signal reaches every process of the job (the default action would kill a rank); the parent
-    # handles it (under submitit) and forwards a SIGTERM.
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    prepare_rank_signals()
     enter_rank(environment)
     rank = machine_rank * num_per_machine + local_rank
     os.environ.update(LOCAL_RANK=str(local_rank), RANK=str(rank), LOCAL_WORLD_SIZE=str(num_per_machine))
@@ -325,7 +319,7 @@ def _spawn(main_func, args, num_per_machine, world_size, machine_rank, dist_url,
     context = mp.start_processes(
         _spawned_worker, args=worker_args, nprocs=num_per_machine, start_method=RANK_START_METHOD, join=False
     )
-    forwarder = _ForwardStopSignals(context.processes)
+    forwarder = StopForwarder(context.processes)
     try:
         _wait_for_ranks(context, forwarder, machine_rank, num_per_machine)
     finally:
@@ -336,9 +330,7 @@ def _spawn(main_func, args, num_per_machine, world_size, machine_rank, dist_url,
     return result
 
 
-def _wait_for_ranks(
-    context: Any, forwarder: _ForwardStopSignals, machine_rank: int, num_per_machine: int
-) -> None:
+def _wait_for_ranks(context: Any, forwarder: StopForwarder, machine_rank: int, num_per_machine: int) -> None:
     """Join the spawned ranks while `forwarder` passes stop signals on; a rank that raises or dies becomes a
     `RankFailedError` naming it (the others are terminated)."""
     import torch.multiprocessing as mp
@@ -371,27 +363,6 @@ def _all_ranks_interrupted(signum: int, world_size: int) -> TrainingInterrupted:
         f"Training stopped by {signal_name(signum)}: all {world_size} ranks saved a checkpoint and stopped at "
         "the same iteration; run the same command with train.resume=true to continue.",
     )
-
-
-class _ForwardStopSignals(StopRequest):
-    """In the parent of spawned ranks: the first SIGTERM or SIGINT is passed on to every rank as SIGTERM
-    (each finishes its step, they checkpoint together and exit); a second SIGINT raises KeyboardInterrupt,
-    which terminates them."""
-
-    def __init__(self, processes: list) -> None:
-        super().__init__()
-        self.processes = processes
-
-    def _on_first_request(self, signum: int) -> None:
-        logger.warning(
-            "Received %s: asking %d rank(s) to finish their step, save a checkpoint and stop%s.",
-            signal_name(signum),
-            len(self.processes),
-            " (Ctrl-C again stops them at once)" if signum == signal.SIGINT else "",
-        )
-        for process in self.processes:
-            if process.is_alive():
-                os.kill(process.pid, signal.SIGTERM)
 
 
 def _terminate(processes: list, grace_seconds: float = 5.0) -> None:

@@ -10,11 +10,10 @@ sweep run one after another in that process (Hydra's basic launcher) share it.
 What differs from a spawned rank, and how `launch` keeps it the same:
 - the server's environment is that of the launching process when it started the server (the first job of a
   sweep): each rank takes the launching process's environment of its own job (`enter_rank`);
-- stop signals: the scheduler and the terminal signal every process of a job (SLURM's preemption SIGTERM, its
-  ``--signal`` SIGUSR2, Ctrl-C's SIGINT). The server must survive them, or the launching process would lose
-  its ranks' exit statuses, which the server reports. It is started with those signals blocked, so they stay
-  pending in it and never act; a forked rank unblocks them first thing (`enter_rank`), and a signal that
-  reached the rank meanwhile then takes effect;
+- stop signals: the scheduler and the terminal signal every process of a job. The server must survive them,
+  or the launching process would lose its ranks' exit statuses, which the server reports: it is started with
+  them blocked, and a forked rank sets what they do before it unblocks them (`lazytrain.utils.preemption`,
+  rule 4: `job_signals_blocked`, `prepare_rank_signals`);
 - a rank's parent process is the server, whose parent is the launching process;
 - a rank writes to the stdout and stderr that the launching process had when it started the server.
 """
@@ -23,15 +22,14 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 from collections.abc import Iterable, Mapping
 from multiprocessing import forkserver, resource_tracker
+
+from lazytrain.utils.preemption import job_signals_blocked
 
 __all__ = ["RANK_START_METHOD", "enter_rank", "get_rank_context", "start_rank_server"]
 
 RANK_START_METHOD = "forkserver"
-# Signals a scheduler or a terminal sends to every process of a job or process group.
-_JOB_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def get_rank_context() -> multiprocessing.context.BaseContext:
@@ -46,16 +44,12 @@ def start_rank_server(modules: Iterable[str]) -> None:
     # Started first because starting it unblocks SIGINT and SIGTERM in this thread.
     resource_tracker.ensure_running()
     # The server inherits the signal mask of the thread that starts it, across its exec.
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _JOB_SIGNALS)
-    try:
+    with job_signals_blocked():
         forkserver.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def enter_rank(environment: Mapping[str, str]) -> None:
-    """First thing in a rank forked from the server: the environment of the launching process's job, and the
-    job signals unblocked (a rank sets what each one does before calling this)."""
+    """In a rank forked from the server, after `lazytrain.utils.preemption.prepare_rank_signals`: the
+    environment of the launching process's job."""
     os.environ.clear()
     os.environ.update(environment)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _JOB_SIGNALS)
