@@ -295,6 +295,11 @@ class MixtureTrainingSampler(Sampler[int]):
             rank: a rank in [0, world_size); None for this sampler's.
         """
         rank = self._rank if rank is None else rank
+        if not 0 <= rank < self._world_size:
+            raise ValueError(
+                f"{_NAME}.get_rank_shares(rank=) must be in [0, {self._world_size}), the sampler's world size; "
+                f"got {rank}."
+            )
         starts = _deal_starts(self._shares, self._world_size, step)
         return [
             len(range((rank - start) % self._world_size, share, self._world_size))

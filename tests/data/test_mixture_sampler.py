@@ -340,6 +340,10 @@ def test_bad_sizes_and_states_are_value_errors():
         MixtureTrainingSampler([3, 0], [1, 1], 2, seed=0, rank=0, world_size=1)
     with pytest.raises(ValueError, match=r"load_state_dict: the state needs a 'position'"):
         mixture().load_state_dict({})
+    with pytest.raises(
+        ValueError, match=r"get_rank_shares\(rank=\) must be in \[0, 2\), the sampler's world"
+    ):
+        mixture(world_size=2, total_batch_size=8).get_rank_shares(0, rank=2)
     with pytest.raises(ValueError, match=r"the state holds 2 sources, this sampler has 3"):
         mixture().load_state_dict({"position": 3, "sources": [{"position": 1}] * 2})
 
