@@ -99,7 +99,7 @@ def _describe_sampler(cfg: DictConfig, data_loader: Any) -> tuple[str, float | N
     shares = getattr(sampler, "shares", None)
     if shares is not None:
         return (
-            f"{type(sampler).__name__}: {'/'.join(map(str, shares))} images per rank batch from sources of "
+            f"{type(sampler).__name__}: {'/'.join(map(str, shares))} images per step (all ranks) from sources of "
             f"{'/'.join(map(str, sampler.sizes))} images"
         ), None
     size = getattr(sampler, "size", None)

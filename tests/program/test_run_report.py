@@ -113,5 +113,5 @@ def test_the_header_gives_a_mixture_samplers_shares_per_source():
     sampler = MixtureTrainingSampler([10, 30], ratios=[1, 3], total_batch_size=8, rank=0, world_size=1)
     loader = SimpleNamespace(batch_sampler=SimpleNamespace(sampler=sampler))
     line, epoch = _describe_sampler(OmegaConf.create({}), loader)
-    assert line == "MixtureTrainingSampler: 2/6 images per rank batch from sources of 10/30 images"
+    assert line == "MixtureTrainingSampler: 2/6 images per step (all ranks) from sources of 10/30 images"
     assert epoch is None
