@@ -24,6 +24,17 @@ Every checkpoint is torch's non-reentrant kind (``use_reentrant=False``), becaus
 - recomputes under the forward's autocast state (bf16 stays bf16) and can be captured by ``torch.compile``.
 The RNG state is saved before each block and restored for its recompute (torch's ``preserve_rng_state``
 default), so dropout and drop-path draw the same masks twice and the gradients are those of the plain run.
+
+Batch norms: a checkpointed part's running statistics end each step as the plain run's. The recompute runs a
+batch norm in training mode a second time, which would move ``running_mean``/``running_var`` again and count
+``num_batches_tracked`` twice; so each norm with running statistics in a checkpointed part gets a hook pair that
+keeps its statistics as they were before any forward that runs while autograd executes a backward (the only
+place a non-reentrant checkpoint recomputes). This covers lazytrain's checkpoints and timm's own alike (timm
+gives its checkpoints no recompute context to pass), and the recompute still normalises with the batch's
+statistics, so the saved tensors and the gradients are unchanged. Under ``torch.compile`` the hooks stand
+aside: the captured graph applies the forward's update once and its recompute updates nothing.
+`torch.nn.SyncBatchNorm` is refused in a checkpointed part: its recompute would all-reduce its statistics a
+second time, inside the backward, next to DDP's gradient all-reduces.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
 
 __all__ = [
@@ -53,7 +65,8 @@ class CheckpointedSequential(nn.Sequential):
 
     It checkpoints only in training mode while autograd records (``torch.is_grad_enabled()``): evaluation and
     ``torch.no_grad`` run the blocks as a plain ``nn.Sequential`` does, with no recompute and no RNG bookkeeping.
-    Make one from a stage with `checkpoint_blocks`, which keeps the children and their names.
+    Make one from a stage with `checkpoint_blocks`, which keeps the children and their names and keeps the
+    running statistics of their batch norms out of the recompute (module docstring).
     """
 
     def forward(self, input: Tensor) -> Tensor:
@@ -78,10 +91,12 @@ def has_trainable_parameters(module: nn.Module) -> bool:
 def checkpoint_blocks(parent: nn.Module, names: Iterable[str]) -> None:
     """Replace each named child of `parent`, an ``nn.Sequential`` of blocks, by a `CheckpointedSequential` that
     holds the same block modules under the same names (state-dict keys, frozen parameters and folded frozen
-    batch norms are unchanged: the blocks are the same objects).
+    batch norms are unchanged: the blocks are the same objects). Their batch norms' running statistics are
+    updated by the forward only, not again by the recompute (module docstring).
 
     Raises:
         TypeError: a named child is not an ``nn.Sequential``.
+        ValueError: a named child holds a ``SyncBatchNorm``.
     """
     for name in names:
         stage = getattr(parent, name)
@@ -89,9 +104,56 @@ def checkpoint_blocks(parent: nn.Module, names: Iterable[str]) -> None:
             raise TypeError(
                 f"checkpoint_blocks(names=): {name!r} must be an nn.Sequential of blocks; got {type(stage).__name__}"
             )
+        _keep_statistics_in_recompute(stage, name)
         checkpointed = CheckpointedSequential(OrderedDict(stage.named_children()))
         checkpointed.train(stage.training)
         setattr(parent, name, checkpointed)
+
+
+def _keep_statistics_in_recompute(part: nn.Module, name: str) -> None:
+    """Hook each norm with running statistics in `part`, a module whose blocks are checkpointed (called `name`
+    in messages), so that its recompute leaves the statistics as the forward left them (module docstring).
+
+    Raises:
+        ValueError: `part` holds a `torch.nn.SyncBatchNorm`.
+    """
+    for path, module in part.named_modules(prefix=name):
+        if isinstance(module, nn.SyncBatchNorm):
+            raise ValueError(
+                f"grad_checkpointing=True cannot checkpoint {path!r}, a SyncBatchNorm: its recompute in the "
+                "backward pass would all-reduce the batch statistics a second time; use per-process batch "
+                "norms there (norm='BN') or frozen ones (norm='FrozenBN'), or grad_checkpointing=False"
+            )
+        if isinstance(module, _NormBase) and module.track_running_stats:
+            module.register_forward_pre_hook(_save_statistics_before_recompute)
+            # always_call: the recompute may stop early by raising inside the norm, once the backward has all
+            # the tensors it needs (torch's checkpoint early stop), after the statistics have moved.
+            module.register_forward_hook(_restore_statistics_after_recompute, always_call=True)
+
+
+_SAVED_STATISTICS = "_statistics_before_recompute"
+_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def _save_statistics_before_recompute(module: nn.Module, args: tuple) -> None:
+    # A dynamo trace must not see the autograd engine's state; the compiled graph updates once by itself.
+    if torch.compiler.is_compiling() or not module.training:
+        return
+    # -1 outside a backward (the id torch's own checkpoint keys its recomputations by). A forward inside a
+    # backward is a recompute: nothing else runs modules there.
+    if torch._C._current_graph_task_id() != -1:
+        saved = [getattr(module, key) for key in _STATISTICS]
+        setattr(module, _SAVED_STATISTICS, [None if t is None else t.clone() for t in saved])
+
+
+def _restore_statistics_after_recompute(module: nn.Module, args: tuple, output: object) -> None:
+    saved = module.__dict__.pop(_SAVED_STATISTICS, None)
+    if saved is None:
+        return
+    with torch.no_grad():
+        for key, value in zip(_STATISTICS, saved):
+            if value is not None:
+                getattr(module, key).copy_(value)
 
 
 def _is_block_sequence(module: nn.Module) -> bool:
@@ -118,20 +180,27 @@ def prepare_timm_checkpointing(body: nn.Module, trunk: nn.Module) -> list[str]:
     Returns:
         The names, relative to `body`, of the checkpointed modules (timm's switches, which
         `set_timm_checkpointing` turns, and the new `CheckpointedSequential` stages); empty when nothing
-        trainable could be checkpointed.
+        trainable could be checkpointed. The batch norms of all of them keep their statistics out of the
+        recompute (module docstring).
+
+    Raises:
+        ValueError: a checkpointed module holds a ``SyncBatchNorm``.
     """
     if trunk is not body:
         name = next(name for name, module in body.named_modules() if module is trunk)
         usable = callable(getattr(trunk, "set_grad_checkpointing", None)) and has_trainable_parameters(trunk)
-        return [name] if usable else []
-    switches, sequences = [], []
-    for name, stage in body.named_children():
-        if not has_trainable_parameters(stage):
-            continue
-        if isinstance(getattr(stage, _TIMM_SWITCH, None), bool):
-            switches.append(name)
-        elif _is_block_sequence(stage):
-            sequences.append(name)
+        switches, sequences = ([name] if usable else []), []
+    else:
+        switches, sequences = [], []
+        for name, stage in body.named_children():
+            if not has_trainable_parameters(stage):
+                continue
+            if isinstance(getattr(stage, _TIMM_SWITCH, None), bool):
+                switches.append(name)
+            elif _is_block_sequence(stage):
+                sequences.append(name)
+    for name in switches:
+        _keep_statistics_in_recompute(body.get_submodule(name), name)
     checkpoint_blocks(body, sequences)
     return switches + sequences
 

@@ -1,5 +1,6 @@
-"""Activation checkpointing (`lazytrain.modeling.checkpointing`) in the ResNet and timm backbones: the same loss
-and gradients as the plain run, blocks recomputed only in training steps, and the one config key.
+"""Activation checkpointing (`lazytrain.modeling.checkpointing`) in the ResNet and timm backbones: the same loss,
+gradients and batch-norm statistics as the plain run, blocks recomputed only in training steps, and the one
+config key.
 
 Equality is exact (``torch.equal``), not within a tolerance: on the CPU the recompute runs the same kernels on
 the same inputs with the same RNG state, so the backward reads bit-identical saved tensors. (A GPU with
@@ -334,3 +335,87 @@ def test_every_runnable_config_takes_the_one_key(name):
     cfg = LazyConfig.load(os.path.join(REPO, "conf", name))
     LazyConfig.apply_overrides(cfg, ["model.backbone.grad_checkpointing=true"])
     assert cfg.model.backbone.grad_checkpointing is True
+
+
+def _toy_batch_norm_stage(momentum: float | None, grad_checkpointing: bool) -> nn.Module:
+    """Two conv-norm blocks as the stage of a parent, checkpointed with `checkpoint_blocks` or not."""
+    torch.manual_seed(0)
+    parent = nn.Module()
+    blocks = [
+        nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=momentum)) for _ in range(2)
+    ]
+    parent.stage = nn.Sequential(*blocks)
+    if grad_checkpointing:
+        checkpoint_blocks(parent, ["stage"])
+    return parent.stage
+
+
+# name -> builder taking grad_checkpointing; each has batch norms with running statistics in a checkpointed part.
+BATCH_NORM_MODELS = {
+    "resnet-bn": lambda gc: build_resnet_fpn_backbone(
+        18, norm="BN", trainable_layers=5, out_channels=16, grad_checkpointing=gc
+    ),
+    # lazytrain's CheckpointedSequential over timm's ResNet layers (BatchNormAct2d), with drop-path.
+    "timm-resnet": lambda gc: TimmBackbone(
+        "resnet10t", out_channels=16, model_kwargs=dict(drop_path_rate=0.2), grad_checkpointing=gc
+    ),
+    # timm's own switch: each RegStage checkpoints its blocks with timm's checkpoint_seq.
+    "timm-regnet": lambda gc: TimmBackbone("regnetx_002", out_channels=16, grad_checkpointing=gc),
+    "toy-momentum-0.1": lambda gc: _toy_batch_norm_stage(0.1, gc),
+    # momentum=None: a cumulative average, whose factor 1 / num_batches_tracked a second count would change.
+    "toy-cumulative-average": lambda gc: _toy_batch_norm_stage(None, gc),
+}
+
+
+def _train_three_steps(model: nn.Module) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(3):
+        torch.manual_seed(10 + step)  # the same images and drop-path masks for both runs
+        images = torch.randn(2, 4 if isinstance(model, nn.Sequential) else 3, 64, 64)
+        outputs = model(images)
+        maps = outputs.values() if isinstance(outputs, dict) else [outputs]
+        optimizer.zero_grad()
+        sum((m.double() ** 2).mean() for m in maps).backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("name", list(BATCH_NORM_MODELS))
+def test_after_three_steps_every_parameter_gradient_and_batch_norm_statistic_equals_the_plain_run(name):
+    """The recompute leaves the running statistics alone: each norm counts one batch per step
+    (``num_batches_tracked`` 3, not 6) and moves its running mean and variance once, as the plain run does.
+    Exact, as above: the forward's update is the plain run's, and the recompute's is undone by a copy."""
+    torch.manual_seed(0)
+    plain = BATCH_NORM_MODELS[name](False)
+    torch.manual_seed(0)
+    checkpointed = BATCH_NORM_MODELS[name](True)
+    _train_three_steps(plain)
+    _train_three_steps(checkpointed)
+    buffers, plain_buffers = dict(checkpointed.named_buffers()), dict(plain.named_buffers())
+    counts = {v.item() for k, v in plain_buffers.items() if k.endswith("num_batches_tracked")}
+    assert counts == {3}
+    assert buffers.keys() == plain_buffers.keys()
+    unequal = [k for k in buffers if not torch.equal(buffers[k], plain_buffers[k])]
+    assert not unequal, unequal
+    parameters, plain_parameters = dict(checkpointed.named_parameters()), dict(plain.named_parameters())
+    assert all(torch.equal(parameters[k], plain_parameters[k]) for k in plain_parameters)
+    assert all(torch.equal(parameters[k].grad, plain_parameters[k].grad) for k in plain_parameters)
+
+
+def test_sync_batch_norm_in_a_checkpointed_stage_is_refused_when_built():
+    """Its recompute would all-reduce in the backward a second time; refused before any process group exists."""
+    with pytest.raises(ValueError, match=r"cannot checkpoint 'layer2\.0\.bn1', a SyncBatchNorm: .*norm='BN'"):
+        build_resnet_fpn_backbone(18, norm="SyncBN", trainable_layers=3, grad_checkpointing=True)
+    build_resnet_fpn_backbone(18, norm="SyncBN", trainable_layers=3)  # without checkpoints: as before
+
+
+def test_under_torch_compile_batch_norm_statistics_equal_the_eager_plain_run():
+    """The hooks stand aside under a dynamo trace: the compiled graph updates the statistics once by itself."""
+    plain, stage = _toy_batch_norm_stage(0.1, False), _toy_batch_norm_stage(0.1, True)
+    compiled = torch.compile(stage, backend="aot_eager", dynamic=False)
+    for _ in range(3):
+        images = torch.randn(2, 4, 8, 8)
+        (plain(images) ** 2).sum().backward()
+        (compiled(images) ** 2).sum().backward()
+    buffers = dict(stage.named_buffers())
+    assert all(torch.equal(v, buffers[k]) for k, v in plain.named_buffers())
+    assert buffers["0.1.num_batches_tracked"].item() == 3
