@@ -37,7 +37,7 @@ dataloader.train.sampler.repeat_thresh = 0.3
 # Off ("none") unless mode=uniform or rare. The rare-aware weights r_c take their own threshold, the sampler's
 # t=0.3, written out so that they stay rare-aware when the sampler is uniform (repeat_thresh=0).
 dataloader.train.mapper.copy_paste = L(CopyPaste)(
-    mode="none", prob=1.0, max_objects=20, min_area=16, repeat_thresh=0.3
+    mode="none", prob=1.0, max_objects=20, min_area=1, repeat_thresh=0.3
 )
 # LVIS evaluates up to 300 detections per image, so low-scoring ones still count toward AP (0.01 -> 0.001:
 # +0.4 box AP, +1.7 box APr on the same weights; docs/results.md).

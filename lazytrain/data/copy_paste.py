@@ -8,9 +8,14 @@ augmentations (its own random resize, flip and crop: large-scale jitter on both 
 and pastes the chosen objects that its jitter keeps (`paste_objects`):
 
 - their pixels replace the image's, and their masks join the image's instances;
-- the image's own masks lose the pasted pixels, and an instance left with fewer than `min_area` pixels (a
-  fully covered one among them) is dropped;
+- the image's own masks lose the pasted pixels, and an instance left with no visible pixel is dropped: as the
+  paper does, fully occluded objects are removed and partly occluded ones keep their visible part, however
+  small, so a small object with one pixel covered is kept as an uncovered one of its size is;
 - the boxes of the pasted objects and of the instances that lost pixels become the extents of their masks.
+
+`min_area` applies to the pasted objects only: one with fewer pixels on the image (after the cut at the image's
+edges) is not pasted. Its default, 1, pastes every object that shows (the paper's rule); the image's own
+instances are never dropped for their size, so mapping with and without copy-paste labels them alike.
 
 ``mode`` says how the pasted objects are chosen:
 
@@ -88,7 +93,8 @@ class CopyPaste:
         mode: "uniform", "rare" (objects weighted by their category's repeat factor) or "none" (off).
         prob: probability of pasting onto an image.
         max_objects: the most objects pasted onto one image (it bounds the cost per image too).
-        min_area: instances of the image left with fewer visible pixels than this are dropped.
+        min_area: the fewest pixels a pasted object must have on the image to be pasted (1: any that shows,
+            the paper's rule). The image's own instances are dropped only when fully covered, whatever this is.
         repeat_thresh: t of the repeat factors r_c that weigh the objects in "rare" mode (LVIS's RFS uses
             0.001; any t >= 0, independent of the sampler's, so uniform sampling can paste rare-aware too).
 
@@ -102,7 +108,7 @@ class CopyPaste:
         *,
         prob: float = 1.0,
         max_objects: int = 20,
-        min_area: int = 16,
+        min_area: int = 1,
         repeat_thresh: float = 0.001,
     ) -> None:
         settings = dict(
@@ -231,17 +237,17 @@ def paste_objects(
 ) -> tuple[torch.Tensor, Instances]:
     """Paste the objects of `source_instances` (their pixels of `source_image`) onto `image` and `instances`.
 
-    The source is laid on the image from the top-left corner; objects that fall outside the image are left
-    out. The image's instances lose the pasted pixels; those left with fewer than `min_area` pixels (at least
-    1) are dropped, and those that lost pixels get the extents of their masks as boxes. The inputs are not
-    modified.
+    The source is laid on the image from the top-left corner; objects left with fewer than `min_area` pixels
+    (at least 1) on the image are not pasted. The image's instances lose the pasted pixels; those with no pixel
+    left (fully occluded) are dropped, and those that lost pixels get the extents of their masks as boxes, as
+    Ghiasi et al. do. The inputs are not modified.
 
     Args:
         image: uint8 [C, H, W].
         instances: ``boxes`` float32 [N, 4] XYXY, ``classes`` int64 [N], ``masks`` uint8 [N, H, W].
         source_image: uint8 [C, Hs, Ws].
         source_instances: the objects to paste, as `instances` at the source's size.
-        min_area: the fewest visible pixels an instance of the image keeps after the paste.
+        min_area: the fewest pixels on the image that a pasted object needs to be pasted.
 
     Returns:
         The image and its instances: those of the image that stay, then the pasted ones (boxes from masks).
@@ -250,7 +256,8 @@ def paste_objects(
     height, width = image.shape[-2:]
     h, w = min(height, source_image.shape[-2]), min(width, source_image.shape[-1])
     pasted = source_instances["masks"].numpy()[:, :h, :w]
-    on_image = pasted.max(axis=(1, 2), initial=0) > 0
+    # one mask at a time: numpy counts a whole array far faster than along axes
+    on_image = np.array([np.count_nonzero(mask) >= max(min_area, 1) for mask in pasted], dtype=bool)
     pasted = pasted[on_image]
     if not len(pasted):
         return image, instances
@@ -260,7 +267,7 @@ def paste_objects(
     rows, cols = np.flatnonzero(union.any(axis=1)), np.flatnonzero(union.any(axis=0))
     window = slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1)
     own = instances["masks"].numpy()
-    keep, occluded = _visible(own, window, union[window], max(min_area, 1))
+    keep, occluded = _visible(own, window, union[window])
     masks = torch.from_numpy(_compose_masks(own, keep, window, union[window], pasted, (height, width)))
     kept = torch.from_numpy(keep)
     boxes = instances["boxes"][kept]
@@ -294,17 +301,17 @@ def _compose_masks(
 
 
 def _visible(
-    masks: np.ndarray, window: tuple[slice, slice], covered: np.ndarray, min_area: float
+    masks: np.ndarray, window: tuple[slice, slice], covered: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Which of `masks` [N, H, W] keep at least `min_area` pixels outside `covered` (bool, the pixels of
-    `window`, the extent of the pasted objects, that they cover), and which lose pixels to it."""
+    """Which of `masks` [N, H, W] keep a pixel outside `covered` (bool, the pixels of `window`, the extent of
+    the pasted objects, that they cover), and which lose pixels to it."""
     # one mask at a time: numpy counts a whole array far faster than along axes
     parts = masks[:, window[0], window[1]]
     lost = np.array([np.count_nonzero(np.logical_and(part, covered)) for part in parts], dtype=np.int64)
     occluded = lost > 0
     keep = np.ones(len(masks), dtype=bool)
     for i in np.flatnonzero(occluded):
-        keep[i] = np.count_nonzero(masks[i]) - lost[i] >= min_area
+        keep[i] = np.count_nonzero(masks[i]) > lost[i]
     return keep, occluded
 
 

@@ -71,19 +71,50 @@ def test_paste_removes_covered_pixels_drops_covered_instances_and_boxes_follow_m
     assert (image == 0).all()
 
 
-def test_min_area_drops_instances_left_with_few_pixels_only_when_occluded():
-    tiny = rect(20, 30, 0, 2, 20, 22)  # 4 pixels, not covered: kept whatever min_area
-    partly = rect(20, 30, 5, 8, 5, 10)  # 15 pixels, 12 covered
-    instances = instances_of([tiny, partly], [1, 2])
-    source = instances_of([rect(20, 30, 5, 9, 6, 10)], [3])
+@pytest.mark.parametrize("min_area", [1, 16], ids=["min_area-1", "min_area-16-the-old-default"])
+def test_only_fully_covered_instances_are_dropped_and_small_partly_covered_ones_stay(min_area):
+    """Ghiasi et al.: fully occluded objects are removed, partly occluded ones keep their visible part. A
+    15-pixel object with one pixel covered stays as an uncovered 15-pixel one does, whatever `min_area`."""
+    line = rect(20, 30, 10, 11, 5, 20)  # 15 pixels in a row, its leftmost one covered
+    apart = rect(20, 30, 15, 18, 20, 25)  # 15 pixels, not covered
+    covered = rect(20, 30, 1, 4, 0, 5)  # 15 pixels, all covered
+    instances = instances_of([line, apart, covered], [1, 2, 3])
+    instances["boxes"][0] = torch.tensor([4.5, 9.5, 20.5, 11.5])  # loose: recomputed once pixels are lost
+    source = instances_of([rect(20, 30, 0, 11, 0, 6)], [4])
     image, source_image = (
         torch.zeros((3, 20, 30), dtype=torch.uint8),
         torch.ones((3, 20, 30), dtype=torch.uint8),
     )
-    _, out = paste_objects(image, instances, source_image, source, min_area=4)
-    assert out["classes"].tolist() == [1, 3]
-    _, out = paste_objects(image, instances, source_image, source, min_area=3)
-    assert out["classes"].tolist() == [1, 2, 3] and out["boxes"][1].tolist() == [5, 5, 6, 8]
+    _, out = paste_objects(image, instances, source_image, source, min_area=min_area)
+    assert out["classes"].tolist() == [1, 2, 4]
+    visible = line.clone()
+    visible[10, 5] = 0
+    assert torch.equal(out["masks"][0], visible) and int(out["masks"][0].sum()) == 14
+    assert out["boxes"][0].tolist() == [6, 10, 20, 11]
+    assert torch.equal(out["masks"][1], apart) and out["boxes"][1].tolist() == [20, 15, 25, 18]
+    assert_boxes_are_mask_extents(out)
+
+
+def test_min_area_leaves_out_pasted_objects_with_fewer_pixels_on_the_image():
+    """Counted on the image: a 20-pixel object with 5 of its pixels beyond the image's edge has 15."""
+    instances = instances_of([rect(20, 30, 0, 20, 0, 30)], [1])  # the whole image
+    small, large, cut = rect(24, 30, 0, 3, 0, 5), rect(24, 30, 5, 9, 0, 4), rect(24, 30, 17, 21, 10, 15)
+    source = {
+        "boxes": torch.zeros((3, 4)),
+        "classes": torch.tensor([3, 4, 5]),
+        "masks": torch.stack([small, large, cut]),
+    }
+    image, source_image = (
+        torch.zeros((3, 20, 30), dtype=torch.uint8),
+        torch.ones((3, 24, 30), dtype=torch.uint8),
+    )
+    out_image, out = paste_objects(image, instances, source_image, source, min_area=16)
+    assert out["classes"].tolist() == [1, 4]  # the 15-pixel one and the cut one are not pasted
+    assert int(out_image[0].sum()) == 16  # only the pasted object's pixels replace the image's
+    assert int(out["masks"][0].sum()) == 20 * 30 - 16
+    _, out = paste_objects(image, instances, source_image, source, min_area=15)
+    assert out["classes"].tolist() == [1, 3, 4, 5]
+    assert_boxes_are_mask_extents(out)
 
 
 @pytest.mark.parametrize("source_size", [(12, 40), (30, 18)], ids=["wider", "taller"])
