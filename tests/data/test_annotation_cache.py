@@ -1,6 +1,10 @@
 """The annotation cache: records from the cache file equal the plain loaders', one parse shared by processes
-(a lock), a rebuild when the json changes, nothing half-written read after a kill, and the arrays the samplers
-and the aspect grouping read equal to what they computed from the records."""
+(a lock), a new file when the json's content changes (even with its size and time kept), nothing half-written
+read after a kill, a planted or damaged file never run nor crashing (moved aside, rebuilt), and the arrays the
+samplers and the aspect grouping read equal to what they computed from the records.
+
+The shared-file-system cases (several machines, locks that fail or hang, full or read-only folders) are in
+test_annotation_cache_cluster.py."""
 
 import copy
 import glob
@@ -10,6 +14,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import struct
 import time
 
 import numpy as np
@@ -61,7 +66,29 @@ def _lvis_rich():
 def cache_dir(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     monkeypatch.setenv("LAZYTRAIN_CACHE", str(folder))
+    (tmp_path / "shm").mkdir()  # the node-local fallback folder, instead of the machine's /dev/shm
+    monkeypatch.setattr(annotation_cache, "_NODE_LOCAL_ROOT", str(tmp_path / "shm"), raising=False)
     return folder
+
+
+def read_table(path):
+    """The JSON table at the end of a cache file (its key and arrays)."""
+    data = open(path, "rb").read()
+    _, offset, length = struct.unpack_from("<8sQQ", data, 0)
+    return json.loads(data[offset : offset + length])
+
+
+def write_layout(path, key, arrays):
+    """A file in the cache's layout (header, 64-byte aligned arrays, JSON table): name -> (dtype, bytes)."""
+    out, table = bytearray(64), {}
+    for name, (dtype, data) in arrays.items():
+        out += bytes(-len(out) % 64)
+        table[name] = [dtype, len(data) // np.dtype(dtype).itemsize, len(out)]
+        out += data
+    blob = json.dumps({"key": key, "arrays": table}).encode()
+    out[:24] = struct.pack("<8sQQ", b"LZTCACHE", len(out), len(blob))
+    with open(path, "wb") as f:
+        f.write(out + blob)
 
 
 @pytest.fixture
@@ -158,28 +185,111 @@ def test_malformed_and_missing_json_errors(tmp_path):
     assert not annotation_cache.list_cache_files()
 
 
-def test_changed_json_rebuilds(tmp_path):
+def test_changed_json_gets_a_new_file_and_the_old_name_is_never_replaced(tmp_path):
     json_file = write(tmp_path, COCO)
     first = load_cached_json(json_file, "/images", lvis=False)
+    (old_path,) = first.cache_paths
+    old_inode = os.stat(old_path).st_ino
+    blob = pickle.dumps(first)  # what a loader worker started later receives
     data = copy.deepcopy(COCO)
     data["images"][0]["width"] = 51
     time.sleep(0.01)
     write(tmp_path, data)
     second = load_cached_json(json_file, "/images", lvis=False)
     assert first[0]["width"] == 50 and second[0]["width"] == 51  # the old map still serves its holder
-    assert len(annotation_cache.list_cache_files()) == 1
+    assert second.cache_paths != [old_path] and len(annotation_cache.list_cache_files()) == 2
+    assert os.stat(old_path).st_ino == old_inode  # a name, once written, is never rewritten or replaced
+    assert pickle.loads(blob)[0]["width"] == 50  # a worker reopening the old file reads the same records
 
 
-def test_content_hash_catches_a_same_size_same_time_rewrite(tmp_path):
+def test_a_rewrite_with_size_and_time_kept_is_not_served_stale(tmp_path):
     json_file = write(tmp_path, COCO)
     stat = os.stat(json_file)
     assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 50
     text = open(json_file).read().replace('"width": 50', '"width": 51')
-    with open(json_file, "w") as f:  # in place: same inode, same size
+    with open(json_file, "w") as f:  # in place: same inode, same size (cp -p, rsync -t, an archive again)
         f.write(text)
     os.utime(json_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 50  # stale: key unchanged
-    assert load_cached_json(json_file, "/images", lvis=False, content_hash=True)[0]["width"] == 51
+    assert os.stat(json_file).st_size == stat.st_size and os.stat(json_file).st_ino == stat.st_ino
+    assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 51
+
+
+class _RunsCode:
+    """Pickled, it runs a shell command when unpickled (what a planted pickle cache file could do)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _planted(path, key, marker):
+    """A file with the cache's layout and `key` whose record and metadata are pickles that run code."""
+    record = pickle.dumps(_RunsCode(marker))
+    write_layout(
+        path,
+        key,
+        {
+            "record_bytes": ("|u1", record),
+            "record_offsets": ("<i8", np.array([0, len(record)], np.int64).tobytes()),
+            "annotation_counts": ("<i8", np.zeros(1, np.int64).tobytes()),
+            "category_offsets": ("<i8", np.zeros(2, np.int64).tobytes()),
+            "categories": ("<i4", b""),
+            "instances": ("<i4", b""),
+            "heights": ("<f8", np.ones(1).tobytes()),
+            "widths": ("<f8", np.ones(1).tobytes()),
+            "metadata": ("|u1", pickle.dumps({"categories": [_RunsCode(marker)]})),
+        },
+    )
+
+
+def test_a_planted_pickle_runs_nothing_and_is_moved_aside(tmp_path, caplog):
+    json_file = write(tmp_path, COCO)
+    (path,) = load_cached_json(json_file, "/images", lvis=False).cache_paths
+    marker = tmp_path / "code_ran"
+    _planted(path + ".new", read_table(path)["key"], marker)
+    os.replace(path + ".new", path)  # planted by anyone who can write the cache folder
+    with caplog.at_level(logging.WARNING):
+        records = load_cached_json(json_file, "/images", lvis=False)
+        assert list(records) == load_coco_json(json_file, "/images")
+    assert not marker.exists()
+    (warning,) = [r.getMessage() for r in caplog.records if "cache file" in r.getMessage()]
+    assert warning.startswith(f"{path} is not a valid annotation cache file") and "Moved it to" in warning
+    (aside,) = glob.glob(path + ".damaged-*")
+    assert aside in warning and records.cache_paths == [path]
+
+
+def _offset_past_end(path):
+    blob = open(path, "rb").read()
+    _, offset, _ = struct.unpack_from("<8sQQ", blob, 0)
+    table = json.loads(blob[offset:])
+    table["arrays"]["categories"][2] = len(blob) * 2
+    text = json.dumps(table).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<8sQQ", b"LZTCACHE", offset, len(text)) + blob[24:offset] + text)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(_offset_past_end, id="offset-past-the-end"),
+        pytest.param(lambda p: os.truncate(p, os.path.getsize(p) // 2), id="truncated"),
+        pytest.param(lambda p: open(p, "wb").write(os.urandom(4096)), id="foreign"),
+        pytest.param(lambda p: open(p, "wb").close(), id="empty"),
+    ],
+)
+def test_a_damaged_file_is_one_warning_then_rebuilt(tmp_path, damage, caplog):
+    json_file = write(tmp_path, COCO)
+    (path,) = load_cached_json(json_file, "/images", lvis=False).cache_paths
+    damage(path)
+    with caplog.at_level(logging.WARNING):
+        records = load_cached_json(json_file, "/images", lvis=False)
+    assert list(records) == load_coco_json(json_file, "/images")
+    warnings = [r.getMessage() for r in caplog.records if "cache file" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith(path) and "parsing" in warnings[0]
+    assert load_cached_json(json_file, "/images", lvis=False).cache_paths == [path]  # good again, no warning
+    assert len([r for r in caplog.records if "cache file" in r.getMessage()]) == 1
 
 
 def _load_and_report(json_file, barrier, results):
@@ -218,15 +328,19 @@ def test_concurrent_processes_parse_once(tmp_path, monkeypatch):
 
 
 def _write_until_killed(json_file, ready):
-    def stall(records):
-        for index, record in enumerate(records):
-            if index == 2:
-                ready.set()
-                time.sleep(60)
-            yield record
+    original = annotation_cache.CacheWriter.write
 
-    original = annotation_cache.write_cache_file
-    cached_records.write_cache_file = lambda path, records, *args: original(path, stall(records), *args)
+    def stall(self, records, *args):
+        def slow():
+            for index, record in enumerate(records):
+                if index == 2:
+                    ready.set()
+                    time.sleep(60)
+                yield record
+
+        original(self, slow(), *args)
+
+    annotation_cache.CacheWriter.write = stall
     load_cached_json(json_file, "/images", lvis=True)
 
 
@@ -237,17 +351,17 @@ def test_kill_during_write_leaves_nothing_read_later(tmp_path, cache_dir):
     writer = context.Process(target=_write_until_killed, args=(json_file, ready))
     writer.start()
     assert ready.wait(timeout=60)
-    path = annotation_cache.get_cache_path(json_file, "/images", lvis=True)
-    assert list(cache_dir.glob(".*.tmp*")) and not os.path.exists(path)  # mid-write: only the temporary
+    assert list(cache_dir.glob(".*.tmp*")) and not annotation_cache.list_cache_files()  # only the temporary
     os.kill(writer.pid, signal.SIGKILL)
     writer.join()
-    assert annotation_cache.read_cache_file(path) is None
     records = load_cached_json(json_file, "/images", lvis=True)  # the lock was released with the process
     assert list(records) == load_lvis_json(json_file, "/images")
-    assert not list(cache_dir.glob(".*.tmp*"))  # the killed writer's temporary file removed
+    assert not list(
+        cache_dir.glob(".*.tmp*")
+    )  # the dead writer's temporary file removed (this host, pid gone)
 
 
-def test_read_only_data_folder_and_unwritable_cache(tmp_path, monkeypatch):
+def test_read_only_data_folder(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     json_file = write(data, COCO)
@@ -255,11 +369,6 @@ def test_read_only_data_folder_and_unwritable_cache(tmp_path, monkeypatch):
     try:
         records = load_cached_json(json_file, str(data), lvis=False)
         assert isinstance(records, CachedRecords) and os.listdir(data) == ["ann.json"]
-        blocker = tmp_path / "not_a_folder"
-        blocker.write_text("")
-        monkeypatch.setenv("LAZYTRAIN_CACHE", str(blocker / "cache"))
-        fallback = load_cached_json(json_file, str(data), lvis=False)
-        assert isinstance(fallback, list) and fallback == list(records)
     finally:
         data.chmod(0o755)
 
@@ -271,9 +380,12 @@ def test_cache_location(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert annotation_cache.get_cache_dir() == str(tmp_path / "home" / ".cache" / "lazytrain")
-    path = annotation_cache.get_cache_path("/data/lvis_v1_train.json", "/coco", lvis=True)
+    json_file = write(tmp_path, COCO, "lvis_v1_train.json")
+    key = annotation_cache.get_cache_key(json_file, "/coco", lvis=True)
+    path = annotation_cache.get_cache_path(key)
     assert os.path.basename(path).startswith("lvis_v1_train-") and path.endswith(".records")
-    assert path != annotation_cache.get_cache_path("/data/lvis_v1_train.json", "/coco", lvis=False)
+    assert path != annotation_cache.get_cache_path({**key, "lvis": False})
+    assert path == annotation_cache.get_cache_path({**key, "json_file": "/elsewhere/lvis_v1_train.json"})
 
 
 def _two_files(tmp_path):
@@ -310,7 +422,7 @@ def test_pickled_records_are_paths_and_keys(tmp_path):
     assert len(blob) < 2000
     assert list(pickle.loads(blob)) == list(records)
     os.remove(records.cache_paths[0])
-    with pytest.raises(Exception, match="changed or went away while a run used it"):
+    with pytest.raises(Exception, match="went away or changed while a run used it"):
         pickle.loads(blob)
 
 
@@ -343,11 +455,10 @@ def test_a_damaged_record_names_the_cache_file_and_how_to_clear_it(tmp_path):
     json_file = os.path.join(root, "lvis_v1_train.json")
     load_cached_json(json_file, root, lvis=True)  # writes the file
     (path,) = glob.glob(os.path.join(os.environ["LAZYTRAIN_CACHE"], "lvis_v1_train-*.records"))
-    data = bytearray(open(path, "rb").read())
-    record_start = data.find(b"\x80")  # the first pickle's protocol marker, in the record bytes
-    data[record_start : record_start + 64] = b"n" * 64
-    with open(path, "r+b") as f:
-        f.write(data)
+    _, _, record_start = read_table(path)["arrays"]["record_bytes"]
+    with open(path, "r+b") as f:  # the bytes of a record changed after the file was published
+        f.seek(record_start)
+        f.write(b"\xc1" * 64)  # never used in msgpack
     damaged = load_cached_json(json_file, root, lvis=True)
     with pytest.raises(
         LazytrainError, match=r"annotation cache file .*lvis_v1_train-.*\.records is damaged"

@@ -1,10 +1,13 @@
 """``python -m lazytrain cache``: where a data set's annotation cache file is, its state, and clearing it."""
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 
+from lazytrain.data.datasets import annotation_cache
 from lazytrain.data.datasets.annotation_cache import list_cache_files
 from lazytrain.data.datasets.cached_records import load_cached_json
 from lazytrain.program.entrypoint import main as lazytrain_main
@@ -15,6 +18,7 @@ from tests.data.test_coco_lvis import COCO, lvis_data, write
 def files(tmp_path, monkeypatch):
     """A built-in lvis_v1_val under $LAZYTRAIN_DATASETS and a user's COCO json, both loaded once."""
     monkeypatch.setenv("LAZYTRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(annotation_cache, "_NODE_LOCAL_ROOT", str(tmp_path / "shm"), raising=False)
     monkeypatch.setenv("LAZYTRAIN_DATASETS", str(tmp_path / "datasets"))
     (tmp_path / "datasets" / "lvis").mkdir(parents=True)
     lvis = write(tmp_path / "datasets" / "lvis", lvis_data(), "lvis_v1_val.json")
@@ -56,6 +60,37 @@ def test_clear_one_then_all(files, capsys):
     assert "json=" + files["coco"] in _cache(capsys, files["coco"])
     _cache(capsys, "--clear")
     assert list_cache_files() == [] and _cache(capsys).splitlines()[1:] == ["no cache files"]
+
+
+def test_clear_says_what_it_does_to_running_jobs_and_removes_leftovers(files, capsys):
+    (path, _) = list_cache_files()
+    aside, temporary = (
+        path + ".damaged-host~1~2~ab",
+        os.path.join(files["cache"], ".x.records.tmp~host~1~2~ab"),
+    )
+    for leftover in (aside, temporary):
+        open(leftover, "w").close()
+    out = _cache(capsys, "--clear")
+    assert f"removed {aside}" in out and f"removed {temporary}" in out and not os.listdir(files["cache"])
+    assert out.splitlines()[-1] == (
+        "Jobs that mapped a removed file keep reading it on a local disk; on NFS and other network file systems "
+        "they can fail (SIGBUS, ESTALE): clear only when no job uses these files."
+    )
+    assert "SIGBUS" in _cache(capsys, "--help")
+
+
+def test_a_reader_that_stops_early_is_no_error(files):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `| head` that has already exited
+    done = subprocess.run(
+        [sys.executable, "-m", "lazytrain", "cache"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+    os.close(write_end)
+    assert done.stderr == "" and done.returncode == 0
 
 
 def test_errors_are_one_line(files, capsys):

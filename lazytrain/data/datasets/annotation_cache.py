@@ -1,25 +1,32 @@
 """One parse of a COCO/LVIS json per machine: the records in a file every process maps read-only.
 
-The cache file of a json holds its records (each pickled, in one byte array with int64 offsets), the arrays
-the samplers and the aspect grouping read (each image's distinct categories and their instance counts in CSR
-form, its annotation count, height, width and aspect group) and the data set's metadata. Every rank and every
-loader worker maps the same file: its pages are the page cache's, shared, not copies.
+Invariant: a cache file is data only, named after the content it was built from, and never changed once it has
+its name; so any process may map any cache file it finds, on any machine, for as long as it likes.
 
-Where: ``$LAZYTRAIN_CACHE``, else ``$XDG_CACHE_HOME/lazytrain``, else ``~/.cache/lazytrain``; one file per
-(json's real path, image root, format), named after the json. Its key: the json's size, modification time
-and inode (and its sha256 when asked), the format (COCO or LVIS), the image root and `FORMAT_VERSION`. A json
-that changed is parsed again and its cache file replaced.
+The file holds the records (each msgpack-encoded, in one byte array with int64 offsets), the arrays the
+samplers and the aspect grouping read (each image's distinct categories and their instance counts in CSR form,
+its annotation count, height, width and aspect group) and the data set's metadata (msgpack), then a JSON table
+of the arrays' dtypes, counts and offsets. Reading it decodes JSON and msgpack and maps numpy arrays of a fixed
+set of dtypes, every offset checked against the file's length first: nothing in a file can run code, and a
+damaged or foreign file is refused (`CacheFileError`) before any of it is used.
 
-Safety:
-- the first process takes an exclusive lock on ``<cache file>.lock`` (`filelock`: ``flock``), parses and
-  writes; the others wait on the lock, then map the file. A process killed while it holds the lock releases
-  it (the kernel drops it with the descriptor).
-- the file is written under a temporary name in the same folder, fsynced and renamed over the cache file
-  (`atomic_write`): a reader sees a complete file or none. A temporary file left by a killed process is
-  never read; the next writer removes it.
-- where locks do not work (some network file systems), two processes may parse at once; each renames a
-  complete file, and every reader checks the key it finds, so a cache shared by several machines stays
-  correct.
+Where: ``$LAZYTRAIN_CACHE``, else ``$XDG_CACHE_HOME/lazytrain``, else ``~/.cache/lazytrain``; where that folder
+cannot be written (read-only, full), a node-local folder under ``/dev/shm`` (`get_node_local_dir`). The name:
+the json's file name and a digest of its key (`get_cache_key`: the json's sha256 and size, the image root, the
+format, `FORMAT_VERSION`). A json changed in any way, even with its size and modification time kept, has a new
+name; copies of one json on several machines (other inodes, other paths) share one file, whoever built it.
+
+Rules (what runs first, who may touch what):
+- a writer writes under a temporary name unique across machines and containers (host, pid namespace, pid,
+  random), fsyncs, then publishes with a hard link that fails when the name exists: a name, once given, is
+  never replaced. Where two writers race (no working locks), the loser drops its copy and maps the winner's.
+- a writer removes only temporary files of writers provably dead: same host and pid namespace, pid gone.
+- a file found damaged or foreign under a name is renamed aside (``<name>.damaged-...``), one warning naming
+  it, and the name is written again: processes that map the damaged file keep their inode.
+- the lock (``<name>.lock``, ``flock``) only spares duplicate parses; correctness never depends on it. A file
+  system without locks (ENOSYS, ENOLCK, ...) parses without one; every wait on a lock is bounded
+  (`LOCK_WAIT_S`, `LOCK_CALL_S`) by an error naming ``LAZYTRAIN_CACHE``.
+- only ``python -m lazytrain cache --clear`` removes cache files (see its help for running jobs).
 """
 
 from __future__ import annotations
@@ -31,39 +38,69 @@ import json
 import logging
 import mmap
 import os
-import pickle
+import re
+import secrets
+import socket
 import struct
+import threading
+import time
 from collections.abc import Iterable
 from typing import IO, Any
 
+import msgspec
 import numpy as np
-from filelock import FileLock, Timeout
 
 from lazytrain.errors import LazytrainError
-from lazytrain.utils.file_io import atomic_write
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; the cache then works without a lock (see the module docstring)
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "FORMAT_VERSION",
+    "LOCK_CALL_S",
+    "LOCK_WAIT_S",
     "CacheFile",
+    "CacheFileError",
     "CacheLock",
+    "CacheWriter",
     "get_cache_dir",
     "get_cache_key",
     "get_cache_path",
+    "get_node_local_dir",
+    "hash_file",
+    "is_same_source",
     "list_cache_files",
+    "move_aside",
     "read_cache_file",
     "write_cache_file",
 ]
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bump when the records, the arrays or the file layout change: older files are then rebuilt."""
+
+LOCK_WAIT_S = 1800.0
+"""Longest wait for another process's parse (LVIS takes minutes); then an error says what to do."""
+
+LOCK_CALL_S = 120.0
+"""Longest one lock call may take (NFS without lockd can hang in it); then an error says what to do."""
 
 _MAGIC = b"LZTCACHE"
 _PREAMBLE = struct.Struct("<8sQQ")  # magic, offset and length of the JSON table at the end
 _DATA_START = 64
 _ALIGN = 64
 _SUFFIX = ".records"
+_DTYPES = frozenset({"<i8", "<i4", "<f8", "|i1", "|u1"})
+_REQUIRED = ("record_offsets", "record_bytes", "annotation_counts", "category_offsets", "categories")
+_PER_IMAGE = ("annotation_counts", "heights", "widths", "aspect_groups")
+_IDENTITY = ("version", "sha256", "size", "image_root", "lvis")
+_NO_LOCK_ERRNOS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
+_NODE_LOCAL_ROOT = "/dev/shm"
+_DECODER = msgspec.msgpack.Decoder()
+_ENCODER = msgspec.msgpack.Encoder()
 
 
 def get_cache_dir() -> str:
@@ -75,43 +112,67 @@ def get_cache_dir() -> str:
     return os.path.abspath(os.path.expanduser(folder))
 
 
-def get_cache_path(json_file: str, image_root: str, *, lvis: bool) -> str:
-    """The cache file of `json_file` read with `image_root` as COCO or LVIS (it may not exist)."""
-    identity = "\0".join((os.path.realpath(json_file), image_root, "lvis" if lvis else "coco"))
-    digest = hashlib.sha1(identity.encode()).hexdigest()[:16]
-    stem = os.path.splitext(os.path.basename(json_file))[0]
-    return os.path.join(get_cache_dir(), f"{stem}-{digest}{_SUFFIX}")
+def get_node_local_dir() -> str | None:
+    """The folder used when the cache folder cannot be written: ``/dev/shm/lazytrain-cache-<uid>`` (memory of
+    this machine, shared by its processes, gone at reboot); None where there is no ``/dev/shm``."""
+    if not os.path.isdir(_NODE_LOCAL_ROOT):
+        return None
+    return os.path.join(_NODE_LOCAL_ROOT, f"lazytrain-cache-{os.getuid()}")
 
 
-def _sha256(path: str) -> str:
+def hash_file(path: str) -> str:
+    """The sha256 of the file at `path` (hex), read through a map (no copy of the file in memory)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
+        if os.fstat(f.fileno()).st_size:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                digest.update(mapped)
     return digest.hexdigest()
 
 
-def get_cache_key(json_file: str, image_root: str, *, lvis: bool, content_hash: bool = False) -> dict:
+def get_cache_key(json_file: str, image_root: str, *, lvis: bool) -> dict:
     """What a cache file must have been built from to serve `json_file` now (JSON-serializable).
 
-    Args:
-        content_hash: add the json's sha256 (reads the whole file; catches a json rewritten in place with the
-            same size and modification time).
+    The json's content (sha256, about 1 s per GB) is the key, not its path, inode or modification time: a
+    json fixed in place with its size and time kept gets a new cache file, and copies of one json on several
+    machines share one. ``json_file`` is kept for ``lazytrain cache``'s listing only.
     """
     path = os.path.realpath(json_file)
-    stat = os.stat(path)
-    key = {
+    return {
         "version": FORMAT_VERSION,
-        "json_file": path,
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-        "inode": stat.st_ino,
+        "sha256": hash_file(path),
+        "size": os.path.getsize(path),
         "image_root": image_root,
         "lvis": lvis,
+        "json_file": path,
     }
-    if content_hash:
-        key["sha256"] = _sha256(path)
-    return key
+
+
+def is_same_source(key: dict, other: dict) -> bool:
+    """Whether two keys describe the same records (same content, image root, format and version)."""
+    return all(key.get(field) == other.get(field) for field in _IDENTITY)
+
+
+def get_cache_path(key: dict, folder: str | None = None) -> str:
+    """The cache file of `key` (`get_cache_key`) in `folder` (default `get_cache_dir`); it may not exist."""
+    identity = "\0".join(str(key[field]) for field in _IDENTITY)
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    stem = os.path.splitext(os.path.basename(key["json_file"]))[0]
+    return os.path.join(folder or get_cache_dir(), f"{stem}-{digest}{_SUFFIX}")
+
+
+class CacheFileError(LazytrainError):
+    """A file under a cache file's name that is not a valid cache file (damaged, foreign, another version).
+
+    Attributes:
+        path: the file.
+        reason: what is wrong with it.
+        stat: its `os.stat_result` when read (to move aside that file and not a newer one).
+    """
+
+    def __init__(self, path: str, reason: str, stat: os.stat_result | None = None) -> None:
+        super().__init__(f"{path} is not a valid annotation cache file: {reason}")
+        self.path, self.reason, self.stat = path, reason, stat
 
 
 class CacheFile:
@@ -135,39 +196,176 @@ class CacheFile:
         offsets = self.arrays["record_offsets"]
         start, end = int(offsets[index]), int(offsets[index + 1])
         try:
-            return pickle.loads(memoryview(self.arrays["record_bytes"][start:end]))
-        except Exception as e:  # overwritten bytes: any unpickling error, named with the way out
+            record = _DECODER.decode(self.arrays["record_bytes"][start:end])
+            if not isinstance(record, dict):
+                raise TypeError(f"a {type(record).__name__}, not a dict")
+        except (
+            msgspec.DecodeError,
+            TypeError,
+        ) as e:  # bytes changed after the file was checked and published
             raise LazytrainError(
-                f"The annotation cache file {self.path} is damaged (record {index}: {type(e).__name__}: {e}). "
-                f"Remove it with: python -m lazytrain cache {self.key.get('json_file', '')} --clear (the next run "
-                "parses the json again)."
+                f"The annotation cache file {self.path} is damaged (record {index}: {e}). Remove it with: "
+                f"python -m lazytrain cache {self.key.get('json_file', '')} --clear (the next run parses the json "
+                "again)."
             ) from e
+        return record
+
+
+def _read_table(mapped: mmap.mmap) -> tuple[dict, int]:
+    """(table, its offset) of a mapped file, after checking the header and the table's place."""
+    if len(mapped) < _DATA_START:
+        raise ValueError(f"{len(mapped)} bytes, shorter than the header")
+    magic, offset, length = _PREAMBLE.unpack_from(mapped, 0)
+    if magic != _MAGIC:
+        raise ValueError("no lazytrain cache header")
+    if offset < _DATA_START or offset + length != len(mapped):
+        raise ValueError("its table is not where its header says (a truncated or overwritten file)")
+    table = json.loads(bytes(mapped[offset:]))
+    if not isinstance(table, dict) or not isinstance(table.get("key"), dict):
+        raise ValueError("its table has no key")
+    if table["key"].get("version") != FORMAT_VERSION:
+        raise ValueError(
+            f"format version {table['key'].get('version')!r}, this lazytrain reads {FORMAT_VERSION}"
+        )
+    if not isinstance(table.get("arrays"), dict):
+        raise ValueError("its table has no arrays")
+    return table, offset
+
+
+def _map_arrays(mapped: mmap.mmap, entries: dict, end: int) -> dict[str, np.ndarray]:
+    """The arrays the table lists, each checked to lie inside the data part of the file."""
+    arrays = {}
+    for name, entry in entries.items():
+        if not (isinstance(entry, list) and len(entry) == 3 and entry[0] in _DTYPES):
+            raise ValueError(f"array {name!r}: bad table entry {entry!r}")
+        dtype, count, offset = entry
+        if type(count) is not int or type(offset) is not int or count < 0 or offset < _DATA_START:
+            raise ValueError(f"array {name!r}: bad count or offset {entry!r}")
+        if offset + count * np.dtype(dtype).itemsize > end:
+            raise ValueError(f"array {name!r} runs past the data ({offset} + {count} x {dtype} > {end})")
+        arrays[name] = np.frombuffer(mapped, dtype=dtype, count=count, offset=offset)
+    return arrays
+
+
+def _check_csr(offsets: np.ndarray, values: int, name: str) -> None:
+    if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != values or np.any(np.diff(offsets) < 0):
+        raise ValueError(f"{name} are not increasing offsets from 0 to {values}")
+
+
+def _check_arrays(arrays: dict[str, np.ndarray]) -> None:
+    """Offsets that index inside their arrays, per-image arrays of the image count, the expected dtypes."""
+    missing = [
+        name for name in (*_REQUIRED, "instances", "heights", "widths", "metadata") if name not in arrays
+    ]
+    if missing:
+        raise ValueError(f"arrays missing: {', '.join(missing)}")
+    if arrays["record_offsets"].dtype != np.int64 or arrays["category_offsets"].dtype != np.int64:
+        raise ValueError("offsets are not int64")
+    _check_csr(arrays["record_offsets"], len(arrays["record_bytes"]), "record offsets")
+    _check_csr(arrays["category_offsets"], len(arrays["categories"]), "category offsets")
+    images = len(arrays["record_offsets"]) - 1
+    if len(arrays["category_offsets"]) != images + 1 or len(arrays["instances"]) != len(arrays["categories"]):
+        raise ValueError("category arrays of another image count")
+    if any(name in arrays and len(arrays[name]) != images for name in _PER_IMAGE):
+        raise ValueError(f"per-image arrays of another length than {images} images")
 
 
 def read_cache_file(path: str) -> CacheFile | None:
-    """Map the cache file at `path`; None when it is absent or not a complete cache file of this version."""
+    """Map the cache file at `path`; None when there is no file.
+
+    Raises:
+        CacheFileError: the file is not a complete, valid cache file of this version (damaged, truncated,
+            foreign); nothing of it was decoded beyond its JSON table.
+    """
     try:
         with open(path, "rb") as f:
+            status = os.fstat(f.fileno())
+            if status.st_size == 0:
+                raise CacheFileError(path, "empty", status)
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):  # absent or unreadable; ValueError: an empty file cannot be mapped
+    except FileNotFoundError:
         return None
-    if len(mapped) < _DATA_START:
-        return None
-    magic, table_offset, table_length = _PREAMBLE.unpack_from(mapped, 0)
-    if magic != _MAGIC or table_offset + table_length != len(mapped):
-        return None
+    except OSError as e:
+        raise CacheFileError(path, f"cannot be read ({e.strerror})") from None
+    # Any failure below means "not a cache file we wrote": JSON, msgpack and numpy views cannot run code, and
+    # whatever they raise on hostile bytes (ValueError, RecursionError, ...) must become a rebuild, not a crash.
     try:
-        table = json.loads(bytes(mapped[table_offset : table_offset + table_length]))
-    except ValueError:
-        return None
-    if table.get("key", {}).get("version") != FORMAT_VERSION:
-        return None
-    arrays = {
-        name: np.frombuffer(mapped, dtype=dtype, count=count, offset=offset)
-        for name, (dtype, count, offset) in table["arrays"].items()
-    }
-    metadata = pickle.loads(memoryview(arrays.pop("metadata")))
+        table, end = _read_table(mapped)
+        arrays = _map_arrays(mapped, table["arrays"], end)
+        _check_arrays(arrays)
+        metadata = _DECODER.decode(arrays.pop("metadata"))
+        if not isinstance(metadata, dict) or not isinstance(metadata.get("categories"), list):
+            raise ValueError("its metadata has no categories")
+    except Exception as e:
+        raise CacheFileError(path, f"{type(e).__name__}: {e}", status) from None
     return CacheFile(path, table["key"], arrays, metadata)
+
+
+def move_aside(error: CacheFileError) -> str | None:
+    """Rename the invalid file `error` names to ``<name>.damaged-<host>-<pid>-<random>`` (the processes that map
+    it keep it; ``lazytrain cache --clear`` removes it); returns the new name, None when another process
+    already moved or replaced it."""
+    aside = f"{error.path}.damaged-{_writer_tag()}"
+    try:
+        if error.stat is not None and not os.path.samestat(os.stat(error.path), error.stat):
+            return None  # a good file was published there since
+        os.rename(error.path, aside)
+    except FileNotFoundError:
+        return None
+    return aside
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+
+
+def _pid_namespace() -> str:
+    """The pid namespace's inode: two containers on one host can run the same pid under the same hostname."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def _writer_tag() -> str:
+    return f"{_host()}~{_pid_namespace()}~{os.getpid()}~{secrets.token_hex(4)}"
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _remove_dead_writers_files(path: str) -> None:
+    """Remove the temporary files of writers of `path` that provably died: this host, this pid namespace, a pid
+    that no longer exists. Another machine's or container's files are left alone (their writer may live)."""
+    folder, name = os.path.split(path)
+    for tmp in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.tmp~*")):
+        host, namespace, pid = (tmp.rsplit(".tmp~", 1)[1].split("~") + ["", "", ""])[:3]
+        if host == _host() and namespace == _pid_namespace() and pid.isdigit() and not _is_alive(int(pid)):
+            try:
+                os.remove(tmp)
+            except FileNotFoundError:
+                pass
+
+
+def _fsync_folder(folder: str) -> None:
+    """Make the new name durable; best effort, as some file systems cannot open or sync a folder."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class _ArrayWriter:
@@ -248,35 +446,86 @@ class _Arrays:
             writer.add("aspect_groups", np.asarray(self.groups, dtype=np.int8))
 
 
-def _write_contents(f: IO[bytes], records: Iterable[dict], metadata: dict, key: dict) -> None:
-    writer = _ArrayWriter(f)
-    arrays = _Arrays()
-    writer.begin("record_bytes", "|u1")
-    for record in records:
-        blob = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
-        f.write(blob)
-        arrays.add(record, len(blob))
-    writer.end("record_bytes")
-    arrays.write(writer)
-    writer.add("metadata", np.frombuffer(pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL), np.uint8))
-    writer.finish(key)
+class CacheWriter:
+    """A cache file written under a temporary name unique to this process, published under `path` only whole.
+
+    Creating it creates the temporary file: an unwritable folder fails here, before anything is parsed. Use it
+    as a context manager; leaving the block removes the temporary file unless `publish` linked it.
+
+    Args:
+        path: the cache file's name (`get_cache_path`).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        _remove_dead_writers_files(path)
+        folder, name = os.path.split(path)
+        self._tmp = os.path.join(folder, f".{name}.tmp~{_writer_tag()}")
+        self._file: IO[bytes] = os.fdopen(
+            os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb"
+        )
+
+    def write(self, records: Iterable[dict], metadata: dict, key: dict) -> None:
+        """Write the file's contents (again, from the start, when called twice)."""
+        f = self._file
+        f.seek(0)
+        f.truncate()
+        writer = _ArrayWriter(f)
+        arrays = _Arrays()
+        writer.begin("record_bytes", "|u1")
+        for record in records:
+            blob = _ENCODER.encode(record)
+            f.write(blob)
+            arrays.add(record, len(blob))
+        writer.end("record_bytes")
+        arrays.write(writer)
+        writer.add("metadata", np.frombuffer(_ENCODER.encode(metadata), np.uint8))
+        writer.finish(key)
+
+    def publish(self) -> bool:
+        """fsync the file and give it its name unless the name exists; False when another writer's file has it
+        (same content: use that one)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        try:
+            os.link(self._tmp, self.path)
+            published = True
+        except FileExistsError:
+            published = False
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+                raise
+            # No hard links here: rename while the name is free. Two writers of the same content racing in
+            # between give the name twice, with equal bytes; a reader's map of the first stays valid locally.
+            published = not os.path.exists(self.path)
+            if published:
+                os.rename(self._tmp, self.path)
+        _fsync_folder(os.path.dirname(self.path))
+        return published
+
+    def __enter__(self) -> CacheWriter:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._file.close()
+        try:
+            os.remove(self._tmp)
+        except FileNotFoundError:
+            pass
 
 
-def write_cache_file(path: str, records: Iterable[dict], metadata: dict, key: dict) -> None:
-    """Write `records` and their arrays to `path` atomically (`lazytrain.utils.file_io.atomic_write`).
-
-    Call it holding the lock of `path` (`CacheLock`): temporary files left next to `path` are removed first,
-    as only a killed writer can have left them.
+def write_cache_file(path: str, records: Iterable[dict], metadata: dict, key: dict) -> bool:
+    """Write `records` and their arrays to `path` (see `CacheWriter`); False when a file already had the name.
 
     Args:
         records: the records in order; consumed once, one at a time.
-        metadata: picklable metadata stored with them.
+        metadata: msgpack-encodable metadata stored with them.
         key: `get_cache_key` of the json read.
     """
-    folder, name = os.path.split(path)
-    for stale in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.tmp*")):
-        os.remove(stale)
-    atomic_write(path, lambda f: _write_contents(f, records, metadata, key))
+    with CacheWriter(path) as writer:
+        writer.write(records, metadata, key)
+        return writer.publish()
 
 
 def list_cache_files(folder: str | None = None) -> list[str]:
@@ -284,8 +533,42 @@ def list_cache_files(folder: str | None = None) -> list[str]:
     return sorted(glob.glob(os.path.join(glob.escape(folder or get_cache_dir()), "*" + _SUFFIX)))
 
 
+def _try_lock(fd: int, lock_path: str) -> bool | None:
+    """One non-blocking ``flock``: True when taken, False when another process holds it, None where the file
+    system has no locks. The call runs in a thread, so that one that hangs (NFS without lockd) is bounded."""
+    outcome: dict[str, BaseException] = {}
+
+    def attempt() -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException as e:  # handed to the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=attempt, name="lazytrain-cache-lock", daemon=True)
+    thread.start()
+    thread.join(LOCK_CALL_S)
+    if thread.is_alive():
+        raise LazytrainError(
+            f"The annotation cache's lock {lock_path} did not answer in {LOCK_CALL_S:.0f} s: this file system's "
+            "locks hang (NFS without lockd?). Set LAZYTRAIN_CACHE to a folder on a local disk."
+        )
+    error = outcome.get("error")
+    if error is None:
+        return True
+    if isinstance(error, OSError) and error.errno in (errno.EAGAIN, errno.EACCES):
+        return False
+    if isinstance(error, NotImplementedError) or (
+        isinstance(error, OSError) and error.errno in _NO_LOCK_ERRNOS
+    ):
+        return None
+    raise error
+
+
 class CacheLock:
     """Hold ``<path>.lock`` while the block runs; `held` is False where the file system has no locks.
+
+    Every wait is bounded: a lock held longer than `LOCK_WAIT_S`, or a lock call that does not return within
+    `LOCK_CALL_S`, raises a `LazytrainError` that says to put ``LAZYTRAIN_CACHE`` on a local disk.
 
     Args:
         path: the cache file.
@@ -293,25 +576,51 @@ class CacheLock:
     """
 
     def __init__(self, path: str, what: str) -> None:
-        self._lock = FileLock(path + ".lock", mode=0o666)  # any user of a shared cache folder may take it
+        self._lock_path = path + ".lock"
         self._what = what
+        self._fd: int | None = None
         self.held = False
 
-    def __enter__(self) -> CacheLock:
+    def _open(self) -> int:
         try:
-            try:
-                self._lock.acquire(blocking=False)
-            except Timeout:
-                logger.info("Waiting for another process to parse %s.", self._what)
-                self._lock.acquire()
-        except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            logger.debug("No file lock for %s (%s): parsing without one.", self._what, e)
+            return os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:  # another user's lock file in a shared folder: flock needs only a read handle
+            return os.open(self._lock_path, os.O_RDONLY)
+
+    def __enter__(self) -> CacheLock:
+        if fcntl is None:
             return self
-        self.held = True
+        self._fd = self._open()
+        deadline = time.monotonic() + LOCK_WAIT_S
+        delay = 0.05
+        try:
+            while (taken := _try_lock(self._fd, self._lock_path)) is False:
+                if delay == 0.05:
+                    logger.info("Waiting for another process to parse %s.", self._what)
+                if time.monotonic() > deadline:
+                    raise LazytrainError(
+                        f"Waited {LOCK_WAIT_S:.0f} s for the annotation cache's lock {self._lock_path} (another "
+                        f"process parsing {self._what}). If none is, this file system's locks are stuck: set "
+                        "LAZYTRAIN_CACHE to a folder on a local disk."
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        except BaseException:
+            self._close()
+            raise
+        if taken is None:
+            logger.debug(
+                "No file lock for %s: parsing without one (the file is still published once).", self._what
+            )
+            self._close()
+        self.held = bool(taken)
         return self
 
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
     def __exit__(self, *exc_info: Any) -> None:
-        if self.held:
-            self._lock.release()
+        self._close()
+        self.held = False

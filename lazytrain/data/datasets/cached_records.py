@@ -12,6 +12,7 @@ keys: the receiving process maps the same files.
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -21,11 +22,16 @@ import numpy as np
 
 from lazytrain.data.datasets.annotation_cache import (
     CacheFile,
+    CacheFileError,
     CacheLock,
+    CacheWriter,
+    get_cache_dir,
     get_cache_key,
     get_cache_path,
+    get_node_local_dir,
+    is_same_source,
+    move_aside,
     read_cache_file,
-    write_cache_file,
 )
 from lazytrain.data.datasets.coco import read_json, records_from_coco_dict, set_coco_metadata
 from lazytrain.data.datasets.lvis import get_class_image_count, records_from_lvis_dict, set_lvis_metadata
@@ -67,13 +73,20 @@ def _parse_plain(json_file: str, image_root: str, lvis: bool) -> tuple[list[dict
     return records, metadata
 
 
-def _build(path: str, json_file: str, image_root: str, lvis: bool, key: dict) -> None:
-    """Parse `json_file` and write its cache file (under the lock)."""
+# Errors that make a folder unusable for the cache (then the next folder is tried); any other OSError is raised.
+_UNUSABLE_FOLDER = frozenset(
+    {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST}
+)
+_SIZE_RATIO = 1.25  # cache file bytes per json byte, with margin (1.1 GB for LVIS's 900 MiB json)
+
+
+def _build(writer: CacheWriter, json_file: str, image_root: str, lvis: bool, key: dict) -> bool:
+    """Parse `json_file` into `writer` and publish it; False when another process published the name first."""
     typed = _parse_typed(json_file, image_root, lvis)
     if typed is not None:
         decoded, metadata = typed
         try:
-            write_cache_file(path, decoded.records(), metadata, key)
+            writer.write(decoded.records(), metadata, key)
         except (TypeError, KeyError, IndexError, AttributeError, ValueError):
             typed = None  # an annotation the plain loader must judge (a box that is not a list, ...)
         else:
@@ -82,43 +95,118 @@ def _build(path: str, json_file: str, image_root: str, lvis: bool, key: dict) ->
                 logger.warning("%s: dropped %s.", json_file, summary)
     if typed is None:
         records, metadata = _parse_plain(json_file, image_root, lvis)
-        write_cache_file(path, records, metadata, key)
-    logger.info("Wrote the cache file %s of %s.", path, json_file)
+        writer.write(records, metadata, key)
+    return writer.publish()
 
 
-def open_cache(
-    json_file: str, image_root: str, *, lvis: bool, content_hash: bool = False
-) -> CacheFile | None:
-    """The cache file of `json_file`, written first when absent or stale; None when it cannot be written
-    (the cache folder is read-only) and none is valid.
+def _get_folders() -> list[str]:
+    """Where cache files are looked for and written, in order: the cache folder, then this machine's memory."""
+    folders = [get_cache_dir()]
+    node_local = get_node_local_dir()
+    if node_local is not None and node_local != folders[0]:
+        folders.append(node_local)
+    return folders
+
+
+def _find(key: dict, folders: list[str], repair: str | None = None) -> CacheFile | None:
+    """The valid cache file of `key` in the first folder that has one. An invalid file at `repair` (whose lock
+    the caller holds) is moved aside with one warning; elsewhere invalid files are passed over."""
+    for folder in folders:
+        path = get_cache_path(key, folder)
+        try:
+            cache = read_cache_file(path)
+            if cache is not None and not is_same_source(cache.key, key):
+                raise CacheFileError(path, f"built from another json (sha256 {cache.key.get('sha256')!r})")
+        except CacheFileError as e:
+            if path == repair:
+                aside = move_aside(e)
+                if aside is not None:
+                    logger.warning("%s. Moved it to %s; parsing %s again.", e, aside, key["json_file"])
+            continue
+        if cache is not None:
+            return cache
+    return None
+
+
+def _check_room(folder: str, json_size: int) -> None:
+    """Refuse a folder without room for the file before parsing (raises ENOSPC), rather than after."""
+    try:
+        status = os.statvfs(folder)
+    except OSError:
+        return
+    free, needed = status.f_bavail * status.f_frsize, int(json_size * _SIZE_RATIO)
+    if free < needed:
+        raise OSError(
+            errno.ENOSPC, f"{free / 2**20:.0f} MiB free, the cache file needs about {needed / 2**20:.0f}"
+        )
+
+
+def _build_in(folder: str, key: dict, folders: list[str]) -> CacheFile:
+    """The cache file of `key` in `folder`, parsed and written by this process unless another one (on this
+    machine or another) wrote it first. OSErrors of the folder propagate."""
+    path = get_cache_path(key, folder)
+    json_file = key["json_file"]
+    os.makedirs(folder, exist_ok=True)
+    with CacheLock(path, json_file):
+        cache = _find(key, folders, repair=path)  # written by the process this one waited for
+        if cache is not None:
+            return cache
+        _check_room(folder, key["size"])
+        with CacheWriter(
+            path
+        ) as writer:  # the temporary file exists before the parse: a read-only folder fails
+            published = _build(writer, json_file, key["image_root"], key["lvis"], key)
+        cache = read_cache_file(path)  # ours, or the equal one another writer published first
+    if cache is None or not is_same_source(cache.key, key):
+        raise LazytrainError(
+            f"The annotation cache file {path} of {json_file} went away or changed right after it was written "
+            "(`lazytrain cache --clear` while this run started?). Start the run again."
+        )
+    if published:
+        logger.info("Wrote the cache file %s of %s.", path, json_file)
+    return cache
+
+
+def open_cache(json_file: str, image_root: str, *, lvis: bool) -> CacheFile:
+    """The cache file of `json_file`, written first when there is none for its content.
+
+    Where the cache folder cannot be written (read-only, full), the file goes to this machine's memory
+    (`get_node_local_dir`), still parsed once per machine, with one warning.
 
     Raises:
         FileNotFoundError, ValueError: the plain loaders' errors for a missing or bad json (before anything is
             written).
+        LazytrainError: no folder can hold the file (before any parse), or a lock hangs; the message names the
+            folders and ``LAZYTRAIN_CACHE``.
     """
     if not os.path.isfile(json_file):
         read_json(json_file)  # its error names the file and $LAZYTRAIN_DATASETS
-    key = get_cache_key(json_file, image_root, lvis=lvis, content_hash=content_hash)
-    path = get_cache_path(json_file, image_root, lvis=lvis)
-    cache = read_cache_file(path)
-    if cache is not None and cache.key == key:
+    key = get_cache_key(json_file, image_root, lvis=lvis)
+    folders = _get_folders()
+    cache = _find(key, folders)
+    if cache is not None:
         return cache
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with CacheLock(path, json_file):
-            cache = read_cache_file(path)  # written by the process this one waited for
-            if cache is None or cache.key != key:
-                _build(path, json_file, image_root, lvis, key)
-                cache = read_cache_file(path)
-    except OSError as e:  # a read-only or full cache folder: the plain loader still gives the records
-        logger.warning(
-            "Cannot write the annotation cache for %s (%s); each process parses the json. Set LAZYTRAIN_CACHE to "
-            "a writable folder.",
-            json_file,
-            e,
-        )
-        return None
-    return cache
+    problems = []
+    for folder in folders:
+        try:
+            cache = _build_in(folder, key, folders)
+        except OSError as e:
+            if e.errno not in _UNUSABLE_FOLDER:
+                raise
+            problems.append(f"{folder} ({e.strerror or e})")
+            continue
+        if problems:
+            logger.warning(
+                "Cannot write the annotation cache in %s; using %s (this machine's memory, until reboot). Set "
+                "LAZYTRAIN_CACHE to a writable folder on a local disk to keep it on disk.",
+                "; ".join(problems),
+                folder,
+            )
+        return cache
+    raise LazytrainError(
+        f"Cannot write the annotation cache of {json_file} in {'; nor in '.join(problems)}. Set LAZYTRAIN_CACHE "
+        f"to a writable folder on a local disk with {key['size'] * _SIZE_RATIO / 2**20:.0f} MiB free."
+    )
 
 
 def _set_metadata(dataset_name: str, cache: CacheFile, json_file: str, image_root: str, lvis: bool) -> None:
@@ -133,32 +221,26 @@ def _set_metadata(dataset_name: str, cache: CacheFile, json_file: str, image_roo
 
 
 def load_cached_json(
-    json_file: str,
-    image_root: str,
-    dataset_name: str | None = None,
-    *,
-    lvis: bool,
-    content_hash: bool = False,
+    json_file: str, image_root: str, dataset_name: str | None = None, *, lvis: bool
 ) -> CachedRecords | list[dict]:
     """The records of `load_lvis_json` (``lvis=True``) or `load_coco_json`, served from the json's cache file.
 
-    Falls back to the plain loader for a file iopath reads from elsewhere (a URL) and where the cache cannot
-    be written.
+    Falls back to the plain loader only for a file iopath reads from elsewhere (a URL). A local json is parsed
+    once per machine or not at all: where no folder can hold its cache file, every process stops with the same
+    one-line error before parsing (see `open_cache`).
 
     Args:
         json_file: the annotation file.
         image_root: joined before each image's ``file_name``.
         dataset_name: when given, its `MetadataCatalog` entry is set as the plain loader sets it.
         lvis: read LVIS's fields (``coco_url``, negative and not-exhaustive category ids, frequencies).
-        content_hash: key the cache on the json's sha256 too (see `get_cache_key`).
     """
-    local = os.path.isfile(json_file) or not PathManager.exists(json_file)
-    cache = open_cache(json_file, image_root, lvis=lvis, content_hash=content_hash) if local else None
-    if cache is None:
+    if not (os.path.isfile(json_file) or not PathManager.exists(json_file)):
         from lazytrain.data.datasets.coco import load_coco_json
         from lazytrain.data.datasets.lvis import load_lvis_json
 
         return (load_lvis_json if lvis else load_coco_json)(json_file, image_root, dataset_name)
+    cache = open_cache(json_file, image_root, lvis=lvis)
     if dataset_name is not None:
         _set_metadata(dataset_name, cache, json_file, image_root, lvis)
     records = CachedRecords([cache])
@@ -173,11 +255,18 @@ def load_cached_json(
 
 
 def _reopen(path: str, key: dict) -> CacheFile:
-    cache = read_cache_file(path)
-    if cache is None or cache.key != key:
+    """The cache file a pickled `CachedRecords` names, in a spawned process. Files are never replaced under
+    their names, so it is the same file unless `lazytrain cache --clear` removed it."""
+    try:
+        cache = read_cache_file(path)
+    except CacheFileError as e:
+        cache, reason = None, f" ({e.reason})"
+    else:
+        reason = ""
+    if cache is None or not is_same_source(cache.key, key):
         raise LazytrainError(
-            f"the annotation cache file {path} of {key['json_file']} changed or went away while a run used it "
-            "(the json was modified, or the cache cleared). Restart the run; it rebuilds the file."
+            f"the annotation cache file {path} of {key['json_file']} went away or changed while a run used it"
+            f"{reason} (`lazytrain cache --clear` during the run?). Restart the run; it rebuilds the file."
         )
     return cache
 
