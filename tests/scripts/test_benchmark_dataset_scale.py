@@ -29,4 +29,6 @@ def test_generated_set_is_lvis_shaped_and_loads(tmp_path, monkeypatch):
         "landscape.jpg" if first["width"] > first["height"] else "portrait.jpg"
     )
     assert list(load_cached_json(json_file, image_root, lvis=True)) == load_lvis_json(json_file, image_root)
+    key = script.measure_content_key(json_file)
+    assert set(key) == {"sha256", "blake2b"} and all(0 < seconds < 10 for seconds in key.values())
     assert script._private_bytes() > 0 and script._sample_pss([os.getpid()]) > script._private_bytes() // 2
