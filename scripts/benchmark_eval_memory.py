@@ -2,6 +2,15 @@
 
     python scripts/benchmark_eval_memory.py                                    # LVIS val scale: 20,000 x 300
     python scripts/benchmark_eval_memory.py --images 200 --detections 50       # quick
+    python scripts/benchmark_eval_memory.py --ap-fixed 10000 --detections 1000 --standard-detections 1
+                                                     # AP-fixed's top K per category: its gather and merge
+
+--ap-fixed K adds AP-fixed and AP-pool (`LVISEvaluator(ap_fixed=True, ap_pool=True, max_dets_per_category=K)`):
+each rank's detections go into its running top K per category as `process` puts them, and rank 0's report
+has the phases of the top K too (its gather and merge, the exact cut, `evaluate_fixed_ap`) and each rank's
+top-K state as pickled for the gather. --standard-detections keeps fewer of each image's detections for the
+standard metrics (the best ones), to measure the top K apart from them; --no-fixed-metrics stops after the top
+K's gather, merge and cut (the metrics themselves take minutes per million kept detections).
 
 Data (written to --workdir, deleted afterwards unless --keep): a ground-truth json shaped like LVIS v1 val (the
 1203 categories with their frequencies and train image counts from --counts; per image 1 + Poisson(2.5)
@@ -48,7 +57,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from lazytrain.data.catalog import MetadataCatalog  # noqa: E402
-from lazytrain.evaluation import LVISEvaluator, coco_evaluation  # noqa: E402
+from lazytrain.evaluation import LVISEvaluator, coco_evaluation, lvis_evaluation  # noqa: E402
+from lazytrain.evaluation.fixed_ap import CategoryTopK, take_detections  # noqa: E402
 from lazytrain.evaluation.predictions import ImagePredictions, pack_instances  # noqa: E402
 from lazytrain.utils import comm  # noqa: E402
 
@@ -278,11 +288,20 @@ class Phases:
         setattr(owner, attribute, timed)
 
 
-def instrument(phases: Phases) -> None:
+def instrument(phases: Phases, fixed_metrics: bool = True) -> None:
     """Time the gather and each step of rank 0's evaluation (the evaluator's own code runs unchanged)."""
+    if not fixed_metrics:
+        lvis_evaluation.evaluate_fixed_ap = lambda *args, **kwargs: {}
     from faster_coco_eval import COCO, COCOeval_faster
 
-    phases.wrap(comm, "gather", "gather (pickle, send, unpickle)")
+    gathers = iter(range(1, 1000))
+    phases.wrap(comm, "gather", lambda *args, **kwargs: f"gather #{next(gathers)} (pickle, send, unpickle)")
+    # AP-fixed: before gather_in_turn the top K came through the first gather; with it, the merge receives them.
+    phases.wrap(CategoryTopK, "merge", "top K: merge (receiving each rank's share in turn, if streamed)")
+    phases.wrap(CategoryTopK, "get_detections", "top K: exact cut (get_detections)")
+    phases.wrap(
+        lvis_evaluation, "evaluate_fixed_ap", lambda gt, dets, task, *a, **kw: f"{task}: evaluate_fixed_ap"
+    )
     phases.wrap(coco_evaluation, "write_coco_results", "write lvis_instances_results.json")
     phases.wrap(LVISEvaluator, "_load_ground_truth", "load ground truth")
     phases.wrap(coco_evaluation, "DetectionTable", "detections as flat arrays")
@@ -318,7 +337,10 @@ def measure_rank(rank: int, world_size: int, args: argparse.Namespace, json_file
     images = data["images"][rank * per_rank : (rank + 1) * per_rank]
     del data  # rank 0 loads the ground truth again inside the evaluator, as in a real run
     output_dir = os.path.join(args.workdir, "output") if args.write_results else None
-    evaluator = LVISEvaluator(DATASET_NAME, max_dets_per_image=args.detections, output_dir=output_dir)
+    options = dict(ap_fixed=True, ap_pool=True, max_dets_per_category=args.ap_fixed) if args.ap_fixed else {}
+    evaluator = LVISEvaluator(
+        DATASET_NAME, max_dets_per_image=args.detections, output_dir=output_dir, **options
+    )
     evaluator.reset()
     rng = np.random.default_rng(args.seed + 1000 + rank)
     checker = LVISEvaluator(DATASET_NAME, max_dets_per_image=args.detections)  # its own list of predictions
@@ -330,16 +352,22 @@ def measure_rank(rank: int, world_size: int, args: argparse.Namespace, json_file
         kept = stored_prediction(evaluator, image["id"], instances, rles)
         if rank == 0 and index < args.check_images:
             process_seconds.append(check_against_process(checker, image, instances, rles, kept))
+        if args.ap_fixed:  # as `process`: the running top K, and the best few for the standard metrics
+            evaluator._top_k.add(kept)
+            kept = take_detections(kept, np.arange(min(args.standard_detections, kept.num_detections)))
         evaluator._predictions.append(kept)
     build_seconds = time.perf_counter() - start
     del by_image
+    top_k_pickled = len(pickle.dumps(evaluator._top_k.get_state())) if args.ap_fixed else 0
     pickled = len(pickle.dumps(evaluator._predictions, protocol=pickle.DEFAULT_PROTOCOL))
     sample = evaluator._predictions[: args.sample_images]
     object_bytes = deep_size(sample) * len(images) / max(len(sample), 1)
-    sizes = comm.all_gather((len(images), pickled, object_bytes, read_status("VmRSS") - rss_start))
+    sizes = comm.all_gather(
+        (len(images), pickled, object_bytes, read_status("VmRSS") - rss_start, top_k_pickled)
+    )
     if rank == 0:
         phases = Phases()
-        instrument(phases)
+        instrument(phases, args.fixed_metrics)
         rss_before, start, cpu = read_status("VmRSS"), time.perf_counter(), time.process_time()
         results = evaluator.evaluate()
         peak = max(row[5] for row in phases.rows.values())
@@ -353,7 +381,7 @@ def measure_rank(rank: int, world_size: int, args: argparse.Namespace, json_file
 def report(
     args: argparse.Namespace,
     world_size: int,
-    sizes: list[tuple[int, int, float, float]],
+    sizes: list[tuple[int, int, float, float, int]],
     build_seconds: float,
     process_seconds: list[float],
     rss_before: float,
@@ -374,10 +402,14 @@ def report(
           f"{objects / GB:.2f} | {objects / detections:.0f} |")  # fmt: skip
     print(f"| rank 0's own shard: RSS growth while building it | {sizes[0][3]:.2f} | "
           f"{sizes[0][3] * GB / (sizes[0][0] * args.detections):.0f} |")  # fmt: skip
-    gather_rss = next(row[4] for row in rows if row[0].startswith("gather"))
+    gather_rss = max(row[4] for row in rows if row[0].startswith("gather"))
     print(f"| unpickled by the gather on rank 0 (RSS growth) | {gather_rss - rss_before:.2f} | "
           f"{(gather_rss - rss_before) * GB / detections:.0f} |")  # fmt: skip
     print(f"| RSS of rank 0 before evaluate() | {rss_before:.2f} | |")
+    if args.ap_fixed:
+        top_k = [s[4] / GB for s in sizes]
+        print(f"| top K per category ({args.ap_fixed}), pickled: each rank's / all | "
+              f"{' + '.join(f'{t:.3f}' for t in top_k)} / {sum(top_k):.3f} | |")  # fmt: skip
     print(f"\nrank 0 built its {sizes[0][0]} images in {build_seconds:.1f} s (synthetic RLEs); ", end="")
     if process_seconds:
         print(f"real process() on decoded masks: {np.mean(process_seconds):.2f} s / image")
@@ -402,6 +434,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--images", type=int, default=20000, help="val images (LVIS v1 val: 19,809)")
     parser.add_argument("--detections", type=int, default=300, help="detections per image (LVIS: 300)")
     parser.add_argument("--categories", type=int, default=1203)
+    parser.add_argument("--ap-fixed", type=int, default=0, help="K of AP-fixed / AP-pool; 0: off")
+    parser.add_argument("--no-fixed-metrics", dest="fixed_metrics", action="store_false",
+                        help="with --ap-fixed: stop after the top K's gather, merge and cut (no evaluate_fixed_ap)")  # fmt: skip
+    parser.add_argument("--standard-detections", type=int, default=300,
+                        help="with --ap-fixed: each image's best detections kept for the standard metrics")  # fmt: skip
     parser.add_argument("--world-size", type=int, default=2, help="gloo processes; 1: no process group")
     parser.add_argument("--counts", default=DEFAULT_COUNTS, help="LVIS v1 category image counts json")
     parser.add_argument("--check-images", type=int, default=2, help="images also run through process()")
