@@ -241,27 +241,27 @@ def run_case(world_size: int, plain: bool, root: str) -> dict:
             [*command, "--rank", str(rank), *(["--plain"] if plain else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            text=True,
             env={**os.environ, "LAZYTRAIN_DATASETS": root, "LAZYTRAIN_CACHE": os.path.join(root, "cache")},
         )
         for rank in range(world_size)
     ]
     peak, reports = 0, []
     selector = selectors.DefaultSelector()
+    pending = {process.stdout.fileno(): b"" for process in ranks}
     for process in ranks:
-        os.set_blocking(process.stdout.fileno(), False)
-        selector.register(process.stdout, selectors.EVENT_READ)
+        selector.register(process.stdout.fileno(), selectors.EVENT_READ)
     while len(reports) < world_size:
         peak = max(peak, _sample_pss([p.pid for p in ranks]))
         for key, _ in selector.select(timeout=0.05):
-            line = key.fileobj.readline()
-            if line:
-                reports.append(json.loads(line))
+            # Raw reads, kept until a whole line is there: a non-blocking readline can return half a report.
+            pending[key.fd] += os.read(key.fd, 65536)
+            *lines, pending[key.fd] = pending[key.fd].split(b"\n")
+            reports += [json.loads(line) for line in lines if line.strip().startswith(b"{")]
         if any(p.poll() not in (None, 0) for p in ranks):
             raise RuntimeError("a rank failed; run one with --rank 0 --rank-of 1 to see why")
     peak = max(peak, _sample_pss([p.pid for p in ranks]))
     for process in ranks:
-        process.stdin.write("\n")
+        process.stdin.write(b"\n")
         process.stdin.flush()
         process.wait()
     return {"reports": reports, "peak_pss": peak}
