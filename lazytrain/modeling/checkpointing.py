@@ -31,8 +31,11 @@ batch norm in training mode a second time, which would move ``running_mean``/``r
 keeps its statistics as they were before any forward that runs while autograd executes a backward (the only
 place a non-reentrant checkpoint recomputes). This covers lazytrain's checkpoints and timm's own alike (timm
 gives its checkpoints no recompute context to pass), and the recompute still normalises with the batch's
-statistics, so the saved tensors and the gradients are unchanged. Under ``torch.compile`` the hooks stand
-aside: the captured graph applies the forward's update once and its recompute updates nothing.
+statistics, so the saved tensors and the gradients are unchanged. A user's own reentrant checkpoint around
+hooked norms recomputes inside the backward too and is kept out the same way (the copy back leaves the buffers'
+version counters alone, which that recompute's graph checks), and a recompute stopped by Ctrl-C leaves no copy
+for the next forward to restore. Under ``torch.compile`` the hooks stand aside: the captured graph applies
+the forward's update once and its recompute updates nothing.
 `torch.nn.SyncBatchNorm` is refused in a checkpointed part: its recompute would all-reduce its statistics a
 second time, inside the backward, next to DDP's gradient all-reduces.
 """
@@ -137,7 +140,13 @@ _STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 
 def _save_statistics_before_recompute(module: nn.Module, args: tuple) -> None:
     # A dynamo trace must not see the autograd engine's state; the compiled graph updates once by itself.
-    if torch.compiler.is_compiling() or not module.training:
+    if torch.compiler.is_compiling():
+        return
+    # A copy still here was left by a recompute that stopped between the two hooks without an Exception (a
+    # KeyboardInterrupt: torch runs always_call hooks on Exception only); restored after this forward, it would
+    # undo this forward's update, so it goes.
+    module.__dict__.pop(_SAVED_STATISTICS, None)
+    if not module.training:
         return
     # -1 outside a backward (the id torch's own checkpoint keys its recomputations by). A forward inside a
     # backward is a recompute: nothing else runs modules there.
@@ -150,10 +159,14 @@ def _restore_statistics_after_recompute(module: nn.Module, args: tuple, output: 
     saved = module.__dict__.pop(_SAVED_STATISTICS, None)
     if saved is None:
         return
-    with torch.no_grad():
-        for key, value in zip(_STATISTICS, saved):
-            if value is not None:
-                getattr(module, key).copy_(value)
+    # Through .data, which shares the buffer's memory but not its version counter: under a reentrant
+    # checkpoint (a user's own, around hooked norms) the recompute's graph saved the running statistics for
+    # the norm's backward, and a version bump would make that backward refuse them ("modified by an inplace
+    # operation"). Safe: a norm in training mode normalises with the batch's statistics, and its backward
+    # reads the running ones not at all.
+    for key, value in zip(_STATISTICS, saved):
+        if value is not None:
+            getattr(module, key).data.copy_(value)
 
 
 def _is_block_sequence(module: nn.Module) -> bool:

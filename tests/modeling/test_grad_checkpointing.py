@@ -419,3 +419,45 @@ def test_under_torch_compile_batch_norm_statistics_equal_the_eager_plain_run():
     buffers = dict(stage.named_buffers())
     assert all(torch.equal(v, buffers[k]) for k, v in plain.named_buffers())
     assert buffers["0.1.num_batches_tracked"].item() == 3
+
+
+def test_a_recompute_stopped_by_keyboard_interrupt_leaves_nothing_to_undo_the_next_forward():
+    """Ctrl-C inside the recompute (torch runs always-called forward hooks on an Exception only, not on a
+    KeyboardInterrupt) must not leave a saved copy that the next training forward would copy back over its own
+    update: after the interrupted step and one more forward the statistics equal the plain run's."""
+    plain, stage = _toy_batch_norm_stage(None, False), _toy_batch_norm_stage(None, True)
+    interrupt = [True]
+
+    def press_ctrl_c_in_the_recompute(module, args):
+        if torch._C._current_graph_task_id() != -1 and interrupt[0]:
+            interrupt[0] = False
+            raise KeyboardInterrupt
+
+    stage[1][1].register_forward_pre_hook(press_ctrl_c_in_the_recompute)
+    images = [torch.randn(2, 4, 8, 8) for _ in range(2)]
+    plain(images[0])
+    with pytest.raises(KeyboardInterrupt):
+        (stage(images[0]) ** 2).sum().backward()
+    plain(images[1])
+    stage(images[1])
+    buffers = dict(stage.named_buffers())
+    assert buffers["1.1.num_batches_tracked"].item() == 2
+    assert all(torch.equal(v, buffers[k]) for k, v in plain.named_buffers())
+
+
+def test_a_users_reentrant_checkpoint_around_hooked_norms_trains_as_the_plain_run():
+    """A user's own ``checkpoint(..., use_reentrant=True)`` around blocks whose norms keep their statistics out
+    of the recompute (the blocks of a checkpointed stage, called one by one): the copy back must not bump the
+    statistics' version, which the reentrant recompute's graph saved for the norm's backward."""
+    plain, stage = _toy_batch_norm_stage(None, False), _toy_batch_norm_stage(None, True)
+    for _ in range(3):
+        images = torch.randn(2, 4, 8, 8)
+        (plain(images) ** 2).sum().backward()
+        output = images.requires_grad_()
+        for block in stage:
+            output = torch.utils.checkpoint.checkpoint(block, output, use_reentrant=True)
+        (output**2).sum().backward()
+    buffers, parameters = dict(stage.named_buffers()), dict(stage.named_parameters())
+    assert buffers["1.1.num_batches_tracked"].item() == 3
+    assert all(torch.equal(v, buffers[k]) for k, v in plain.named_buffers())
+    assert all(torch.equal(p.grad, parameters[k].grad) for k, p in plain.named_parameters())
