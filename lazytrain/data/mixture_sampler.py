@@ -32,8 +32,9 @@ shares hold over each step's global batch, whatever the world size; ranks take d
   that step. Loading it with the same world size and batch continues exactly. With another world size at a
   step boundary (every state the train loader saves) the global batches continue exactly, only split
   differently over the ranks; a state saved mid-step then restarts that step. A state with only
-  ``{"position": k}``, or one saved before the shares were global (no ``world_size``), gets the sources'
-  positions from the step (``step * Q_k``), which continues the stream exactly where the shares are unchanged.
+  ``{"position": k}`` gets the sources' positions from the step (``step * Q_k``). One saved before the shares
+  were global (per-rank ``shares``, no ``world_size``) continues each source after the ``step * W * n_k``
+  items the old run's W ranks drew from it, with today's shares (a warning says when they differ).
 
 The train loader must batch consecutive items of the stream: aspect-ratio grouping puts landscape and
 portrait images in separate batches, which would break the shares, so it is not supported. Set
@@ -447,6 +448,10 @@ class MixtureTrainingSampler(Sampler[int]):
         docstring says what a state saved with another world size or batch resumes to.
         """
         self._seed = resumed_seed(_NAME, state, self._seed)
+        per_rank_shares = None
+        if state.get("world_size") is None and state.get("shares") is not None:
+            per_rank_shares = [int(share) for share in state["shares"]]
+            state = self._from_per_rank_shares(state, self._world_size)
         sources = state.get("sources")
         if sources is not None and len(sources) != len(self._sources):
             raise ValueError(
@@ -454,27 +459,25 @@ class MixtureTrainingSampler(Sampler[int]):
                 f"{len(self._sources)}; resume with the names the state was saved with."
             )
         current = (self._world_size, self._total_batch_size)
-        # A state without a world size is only a position, or one from when the shares were per rank.
-        per_rank_state = state.get("world_size") is None
-        saved = current if per_rank_state else (int(state["world_size"]), int(state["total_batch_size"]))
+        # A state without a world size is only a position, which counts this sampler's steps.
+        saved = (
+            current if state.get("world_size") is None else (state["world_size"], state["total_batch_size"])
+        )
+        saved = (int(saved[0]), int(saved[1]))
         step, slot = divmod(int(state["position"]), saved[1] // saved[0])
         if saved != current:
             self._log_resized_resume(saved, slot)
             slot = 0
-        if state.get("shares") is not None:
-            saved_shares = [
-                int(share) * (self._world_size if per_rank_state else 1) for share in state["shares"]
-            ]
-            if saved_shares != self._shares:
-                logger.warning(
-                    "%s: resuming a state saved with shares %s per step into shares %s: the sources continue "
-                    "from their positions, but the batches differ from those of an uninterrupted run.",
-                    _NAME,
-                    saved_shares,
-                    self._shares,
-                )
-        if per_rank_state or sources is None:
-            # The sources' positions follow from the step (per-rank source states were sharded by rank).
+        if state.get("shares") is not None and [int(share) for share in state["shares"]] != self._shares:
+            logger.warning(
+                "%s: resuming a state saved with shares %s per step%s into shares %s: the sources continue "
+                "from their positions, but the batches differ from those of an uninterrupted run.",
+                _NAME,
+                [int(share) for share in state["shares"]],
+                f" (per rank {per_rank_shares} on {saved[0]} ranks)" if per_rank_shares else "",
+                self._shares,
+            )
+        if sources is None:
             sources = [
                 {"position": step * share, "seed": _source_seed(self._seed, k)}
                 for k, share in enumerate(self._shares)
@@ -484,6 +487,33 @@ class MixtureTrainingSampler(Sampler[int]):
         self._step_sources = {step: [source.state_dict() for source in self._sources]}
         self._position = step * self._per_rank + slot
         self._resume = (self._position, self._step_sources)
+
+    def _from_per_rank_shares(self, state: dict[str, Any], world_size: int) -> dict[str, Any]:
+        """A state saved before the shares were global, by one of `world_size` ranks, in today's form.
+
+        Such a state has per-rank ``shares`` and no ``world_size``, and its sources were sharded by rank: at
+        step s every rank had drawn ``s * share_k`` items of source k, so the run had drawn
+        ``s * world_size * share_k`` of its global stream, where the source continues.
+        """
+        shares = [int(share) for share in state["shares"]]
+        step, slot = divmod(int(state["position"]), sum(shares))
+        if slot:
+            logger.warning(
+                "%s: the state was saved in the middle of a step before the shares were global; that step "
+                "starts again (its images taken before the stop come again).",
+                _NAME,
+            )
+        return {
+            "seed": self._seed,
+            "position": step * sum(shares),
+            "world_size": world_size,
+            "total_batch_size": world_size * sum(shares),
+            "shares": [world_size * share for share in shares],
+            "sources": [
+                {"position": step * world_size * share, "seed": _source_seed(self._seed, k)}
+                for k, share in enumerate(shares)
+            ],
+        }
 
     def _log_resized_resume(self, saved: tuple[int, int], slot: int) -> None:
         """Say what resuming a state saved with (world size, total batch size) `saved` continues."""

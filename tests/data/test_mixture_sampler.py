@@ -227,6 +227,23 @@ def test_a_state_saved_with_per_rank_shares_resumes_from_its_step():
     assert take(resumed, 8 * 18) == expected[8 * 12 :]
 
 
+def test_a_state_saved_with_per_rank_shares_continues_the_sources_the_old_run_drew(caplog):
+    # Rank 0 of 8 before the shares were global: [2, 1] of 16 gave every rank [1, 1] (1:1), and after 10 steps
+    # the run had drawn 10 * 8 of each source's global stream. The sources continue there, with the new shares.
+    sizes, kwargs = [1000, 1000], dict(ratios=[2, 1], total_batch_size=16, seed=5)
+    sharded = [{"position": 10}, {"position": 10}]
+    legacy = {"seed": 5, "position": 20, "shares": [1, 1], "sources": sharded}
+    ranks = [MixtureTrainingSampler(sizes, rank=r, world_size=8, **kwargs) for r in range(8)]
+    with caplog.at_level(logging.WARNING, logger="lazytrain.data.mixture_sampler"):
+        for sampler in ranks:
+            sampler.load_state_dict(round_trip(legacy))
+    assert [source.state_dict()["position"] for source in ranks[0].sources] == [80, 80]
+    assert "saved with shares [8, 8] per step (per rank [1, 1] on 8 ranks) into shares [11, 5]" in caplog.text
+    step = sorted(sum((take(sampler, 2) for sampler in ranks), []))
+    streams = [take(TrainingSampler(1000, seed=_source_seed(5, k), rank=0, world_size=1), 91) for k in (0, 1)]
+    assert step == sorted(streams[0][80:91] + [1000 + i for i in streams[1][80:85]])
+
+
 def test_state_after_resume_matches_an_uninterrupted_run_and_carries_the_seed():
     sampler = mixture(11)
     expected = take(sampler, 300)
