@@ -202,7 +202,17 @@ def parse_override(line: str) -> Any:
 def _describe_grammar_error(line: str, error: Exception) -> str:
     """What is wrong with `line`, which Hydra's grammar refused with `error`, and the fix."""
     key, equal, value = line.partition("=")
+    prefix = key[: len(key) - len(key.lstrip("+~"))]
     key = key.lstrip("+~")
+    words = key.split()
+    if not equal and len(words) > 1 and _KEY_PATTERN.fullmatch(words[0]):
+        # A value after a space (~a.b c, a.b c): the space, not a missing '=', is what the user would fix.
+        name, rest = words[0], " ".join(words[1:])
+        value = rest if len(words) == 2 else f"'{rest}'"
+        fix = f"delete the key with ~{name}, or with ~{name}={value} only while it holds {value}"
+        return f"a space between '{prefix}{name}' and '{rest}' (an override is one word): " + (
+            fix if prefix == "~" else f"write {prefix}{name}={value}"
+        )
     if not equal:
         return f"no '=' (set a key with {key}=VALUE, delete it with ~{key})"
     if not _KEY_PATTERN.fullmatch(key):
@@ -253,6 +263,14 @@ def _find_unbalanced(value: str, offset: int, key: str) -> str | None:
         index += 1
     if quote is not None:
         mark, start = quote
+        text = value.rstrip()
+        escapes = len(text[:-1]) - len(text[:-1].rstrip("\\"))
+        if text.endswith(mark) and escapes % 2 == 1:  # 'C:\' : the backslash escapes the closing quote
+            written = text[: -1 - escapes] + "\\" * (2 * escapes) + mark
+            return (
+                f"the quote {mark} at character {start} is never closed: the \\ before the last {mark} escapes "
+                f"it; write a backslash just before a closing quote as \\\\: {key}={written}"
+            )
         return f"the quote {mark} at character {start} is never closed; close it, or write \\{mark} in text"
     if opened:
         bracket, start = opened[-1]

@@ -243,6 +243,23 @@ def test_unparsable_override(cfg):
             id="equals",
         ),
         param("train.lr", "no '=' (set a key with train.lr=VALUE, delete it with ~train.lr)", id="no-equals"),
+        param(
+            "~train.lr 0.1",
+            "a space between '~train.lr' and '0.1' (an override is one word): delete the key with ~train.lr, "
+            "or with ~train.lr=0.1 only while it holds 0.1",
+            id="delete-with-a-space",
+        ),
+        param(
+            "train.lr 0.1",
+            "a space between 'train.lr' and '0.1' (an override is one word): write train.lr=0.1",
+            id="set-with-a-space",
+        ),
+        param(
+            "train.name='C:\\'",
+            "the quote ' at character 12 is never closed: the \\ before the last ' escapes it; write a backslash "
+            "just before a closing quote as \\\\: train.name='C:\\\\'",
+            id="backslash-before-closing-quote",
+        ),
     ],
 )
 def test_an_override_the_grammar_refuses_is_one_line_saying_what_is_wrong(cfg, override, message):
