@@ -121,12 +121,17 @@ def get_node_local_dir() -> str | None:
 
 
 def hash_file(path: str) -> str:
-    """The sha256 of the file at `path` (hex), read through a map (no copy of the file in memory)."""
+    """The sha256 of the file at `path` (hex), read in 4 MiB chunks into one buffer.
+
+    Not through a map: a mapped json counts in every rank's PSS while it is hashed (+0.66 GiB of peak PSS for
+    2 ranks at LVIS size), and reading into one buffer costs about the same time.
+    """
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size:
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                digest.update(mapped)
+    buffer = bytearray(1 << 22)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while count := f.readinto(buffer):
+            digest.update(view[:count])
     return digest.hexdigest()
 
 
