@@ -114,6 +114,13 @@ def test_bad_value_is_one_line_before_anything_runs(tmp_path, override, fragment
             "lazytrain: model.roi_heads.score_thresh=-0.5: must be a number in [0, 1].",
             id="score-thresh",
         ),
+        param(
+            DEMO,
+            ["model.backbone.norm=SyncBN", "model.backbone.grad_checkpointing=true"],
+            "lazytrain: model.backbone.grad_checkpointing=True with model.backbone.norm='SyncBN': a checkpointed "
+            "stage's recompute would all-reduce",
+            id="checkpointed-sync-batch-norm",
+        ),
     ],
 )
 def test_a_value_a_component_would_refuse_is_one_line_before_the_run_directory_exists(

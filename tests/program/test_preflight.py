@@ -261,6 +261,28 @@ def test_a_timm_model_name_timm_does_not_know_is_named_with_the_closest(tmp_path
     assert problems[0].startswith("model.model_name=resnet18dd: not a timm model. Did you mean: resnet18d")
 
 
+def test_a_checkpointed_resnet_with_sync_batch_norm_is_named_before_the_run(tmp_path):
+    """build_resnet_fpn_backbone refuses it too, but only when the model is built, after the run folder and its
+    config.yaml are written; with no trainable stage nothing is checkpointed and it builds."""
+    cfg = load_primary_config(ENGINE_TOY)
+    cfg.train.output_dir = str(tmp_path)
+    cfg.model = {
+        "_target_": "lazytrain.modeling.build_resnet_fpn_backbone",
+        "depth": 18,
+        "norm": "SyncBN",
+        "grad_checkpointing": True,
+    }
+    assert preflight(cfg, INJECTED_ARGUMENTS) == [
+        "model.grad_checkpointing=True with model.norm='SyncBN': a checkpointed stage's recompute would "
+        "all-reduce the batch statistics a second time, inside the backward pass; set model.norm=BN "
+        "(per-process statistics) or FrozenBN, or model.grad_checkpointing=false."
+    ]
+    cfg.model.trainable_layers = 0
+    assert preflight(cfg, INJECTED_ARGUMENTS) == []
+    cfg.model.trainable_layers, cfg.model.norm = 3, "BN"
+    assert preflight(cfg, INJECTED_ARGUMENTS) == []
+
+
 def test_each_value_of_a_grid_sweep_is_checked_before_hydra_and_a_search_space_is_left_to_the_sweeper():
     cfg = load_primary_config(ENGINE_TOY)
     overrides = ["-m", "train.ema.enabled=true", "train.ema.decay=0.9,1.5,0.99", "train.max_iter=2,3"]

@@ -1,6 +1,7 @@
 """Values a component of the run would refuse when it is built, checked before the run starts: the EMA's
 settings (``train.ema``), a `WandbTracker` hook's ``mode``, a `TimmBackbone`'s ``model_name`` (timm's
-registry, with the closest names), RoI heads' thresholds and the repeat-factor sampler's ``repeat_thresh``.
+registry, with the closest names), RoI heads' thresholds, the repeat-factor sampler's ``repeat_thresh``, and
+a ResNet backbone's ``grad_checkpointing`` with ``norm="SyncBN"``.
 Each problem is one line naming the key and the fix."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from lazytrain.engine.ema import find_setting_problems
 from lazytrain.engine.trackers.wandb import WANDB_MODES, WandbTracker
 from lazytrain.evaluation.long_tail_evaluation import LongTailEvaluator
 from lazytrain.evaluation.lvis_evaluation import LVISEvaluator
+from lazytrain.modeling.backbone import build_resnet_fpn_backbone
 from lazytrain.modeling.timm_backbone import TimmBackbone, find_model_name_problem
 
 __all__ = ["find_component_problems"]
@@ -38,7 +40,7 @@ def find_component_problems(cfg: DictConfig) -> list[str]:
             problems += _copy_paste_problems(path, node)
         elif issubclass(target, (LVISEvaluator, LongTailEvaluator)):
             problems += _fixed_ap_problems(path, node)
-    return problems + _repeat_thresh_problems(cfg)
+    return problems + _repeat_thresh_problems(cfg) + _checkpointed_sync_batch_norm_problems(cfg)
 
 
 def find_ema_problems(cfg: DictConfig) -> list[str]:
@@ -59,6 +61,13 @@ def find_ema_problems(cfg: DictConfig) -> list[str]:
 def _iter_calls(cfg: DictConfig) -> Iterator[tuple[str, DictConfig, type]]:
     """(key path, node, class) of every call node whose target is a class that imports (validation reports
     the others)."""
+    for path, node, located in _iter_targets(cfg):
+        if isinstance(located, type):
+            yield path, node, located
+
+
+def _iter_targets(cfg: DictConfig) -> Iterator[tuple[str, DictConfig, object]]:
+    """(key path, node, target) of every call node whose target imports (a class or a function)."""
     for path, node in tree.nodes(cfg, join=tree.dotted_path):
         target = tree.raw_target(node)
         if not isinstance(target, str) or tree.is_interpolation(tree.child(node, "_target_")):
@@ -67,8 +76,7 @@ def _iter_calls(cfg: DictConfig) -> Iterator[tuple[str, DictConfig, type]]:
             located = locate(target)
         except ImportError:
             continue
-        if isinstance(located, type):
-            yield path, node, located
+        yield path, node, located
 
 
 def _literal(node: DictConfig, key: str) -> object:
@@ -158,3 +166,22 @@ def _repeat_thresh_problems(cfg: DictConfig) -> list[str]:
         f"dataloader.train.sampler.repeat_thresh={value!r}: must be a number >= 0 (0 = uniform sampling; LVIS "
         "uses 0.001), or for MixtureTrainingSampler a list with one per source, each null or >= 0."
     ]
+
+
+def _checkpointed_sync_batch_norm_problems(cfg: DictConfig) -> list[str]:
+    """A ResNet backbone with ``norm="SyncBN"`` and ``grad_checkpointing=True`` and a trainable stage, which
+    `build_resnet_fpn_backbone` refuses only when the model is built (its recompute would all-reduce the batch
+    statistics again inside the backward), after the run folder and its config.yaml are written."""
+    problems = []
+    for path, node, target in _iter_targets(cfg):
+        if target is not build_resnet_fpn_backbone:
+            continue
+        trainable = _literal(node, "trainable_layers")
+        checkpointed = _literal(node, "grad_checkpointing") is True and (trainable is None or trainable != 0)
+        if checkpointed and _literal(node, "norm") == "SyncBN":  # trainable_layers=0 checkpoints nothing
+            problems.append(
+                f"{path}.grad_checkpointing=True with {path}.norm='SyncBN': a checkpointed stage's recompute "
+                "would all-reduce the batch statistics a second time, inside the backward pass; set "
+                f"{path}.norm=BN (per-process statistics) or FrozenBN, or {path}.grad_checkpointing=false."
+            )
+    return problems
