@@ -178,6 +178,35 @@ class TrainLoader:
             )
         self._state = {key: state[key] for key in ("batches", "sampler", "buffers")}
 
+    def reshard_state_dict(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """`state`, saved by rank 0 of a run with another number of processes, as this rank's state at the same
+        point of the global stream, or None when that point cannot be continued exactly.
+
+        A resharded state keeps the global position (a rank's sampler position times the world size, the items
+        all ranks have taken), so the run goes on with the uninterrupted run's images and augmentation seeds.
+        It needs every rank of the saved run to have stood where rank 0 did: batches of consecutive items (no
+        aspect-ratio grouping, which leaves each rank's sampler elsewhere) and a sampler whose own
+        ``reshard_state_dict`` continues its stream at this world size (`TrainingSampler`,
+        `RepeatFactorTrainingSampler`, `MixtureTrainingSampler`).
+        """
+        saved_world_size = state.get("world_size")
+        reshard = getattr(self.batch_sampler.sampler, "reshard_state_dict", None)
+        grouped = self.batch_sampler.groups is not None or any(state["buffers"])
+        if saved_world_size is None or reshard is None or grouped:
+            return None
+        sampler_state = reshard(state["sampler"], int(saved_world_size))
+        world_size = self.batch_sampler.world_size
+        global_position = int(state["sampler"]["position"]) * int(saved_world_size)
+        if sampler_state is None or int(sampler_state["position"]) * world_size != global_position:
+            return None
+        return {
+            "batches": state["batches"],
+            "sampler": sampler_state,
+            "buffers": [[], []],
+            "world_size": world_size,
+            "batch_size": self.batch_sampler.batch_size,
+        }
+
 
 def _infinite_sampler(sampler: Sampler | None, size: int, seed: int) -> Sampler:
     if sampler is None:

@@ -31,7 +31,8 @@ shares hold over each step's global batch, whatever the world size; ranks take d
   world size, total batch size and shares it was saved with, and each source sampler's state at the start of
   that step. Loading it with the same world size and batch continues exactly. With another world size at a
   step boundary (every state the train loader saves) the global batches continue exactly, only split
-  differently over the ranks; a state saved mid-step then restarts that step. A state with only
+  differently over the ranks (`reshard_state_dict`, which the train loader asks when a run is resumed on
+  another number of processes); a state saved mid-step then restarts that step. A state with only
   ``{"position": k}`` gets the sources' positions from the step (``step * Q_k``). One saved before the shares
   were global (per-rank ``shares``, no ``world_size``) continues each source after the ``step * W * n_k``
   items the old run's W ranks drew from it, with today's shares (a warning says when they differ).
@@ -488,6 +489,24 @@ class MixtureTrainingSampler(Sampler[int]):
         self._position = step * self._per_rank + slot
         self._resume = (self._position, self._step_sources)
 
+    def reshard_state_dict(self, state: dict[str, Any], world_size: int) -> dict[str, Any] | None:
+        """`state`, saved by a rank of `world_size` ranks at a step boundary, as this rank's state at the same
+        step: every rank's state is the same there, so rank 0's continues the global batches at any world size.
+
+        None when that is not exact: the state was saved in the middle of a step, with another total batch
+        size (the steps would hold other numbers of items), or holds only a position.
+        """
+        if state.get("world_size") is None:
+            shares = state.get("shares")
+            if shares is None or int(state["position"]) % sum(int(share) for share in shares):
+                return None
+            state = self._from_per_rank_shares(state, int(world_size))
+        saved_world_size, saved_total = int(state["world_size"]), int(state["total_batch_size"])
+        step, slot = divmod(int(state["position"]), saved_total // saved_world_size)
+        if saved_world_size != int(world_size) or saved_total != self._total_batch_size or slot:
+            return None
+        return dict(state, position=step * self._per_rank, world_size=self._world_size)
+
     def _from_per_rank_shares(self, state: dict[str, Any], world_size: int) -> dict[str, Any]:
         """A state saved before the shares were global, by one of `world_size` ranks, in today's form.
 
@@ -495,6 +514,7 @@ class MixtureTrainingSampler(Sampler[int]):
         step s every rank had drawn ``s * share_k`` items of source k, so the run had drawn
         ``s * world_size * share_k`` of its global stream, where the source continues.
         """
+        seed = self._seed if state.get("seed") is None else int(state["seed"])
         shares = [int(share) for share in state["shares"]]
         step, slot = divmod(int(state["position"]), sum(shares))
         if slot:
@@ -504,13 +524,13 @@ class MixtureTrainingSampler(Sampler[int]):
                 _NAME,
             )
         return {
-            "seed": self._seed,
+            "seed": seed,
             "position": step * sum(shares),
             "world_size": world_size,
             "total_batch_size": world_size * sum(shares),
             "shares": [world_size * share for share in shares],
             "sources": [
-                {"position": step * world_size * share, "seed": _source_seed(self._seed, k)}
+                {"position": step * world_size * share, "seed": _source_seed(seed, k)}
                 for k, share in enumerate(shares)
             ],
         }

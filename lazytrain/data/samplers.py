@@ -9,6 +9,8 @@ docs/architecture.md: `state_dict()` describes the items its iterator has yielde
 `load_state_dict(state)` makes the next iteration start right there after regenerating one epoch. A state that
 holds only ``{"position": k}`` is accepted too; whole epochs are then regenerated with tensor code (no Python
 loop over their items) until position k.
+`reshard_state_dict` turns a state saved at another world size, at a step boundary, into this rank's state at
+the same global position (a run resumed on another number of processes, `TrainLoader.reshard_state_dict`).
 
 Repeat Factor Sampling takes per-image factors r_i (`lazytrain.data.repeat_factors`). Each epoch an image
 appears floor(r_i) or ceil(r_i) times (ceil with probability frac(r_i)), in ascending index order, and then the
@@ -157,6 +159,19 @@ class _InfiniteSampler(Sampler[int]):
         self._seed = resumed_seed(type(self).__name__, state, self._seed)
         self._resume = dict(state)
         self._state = dict(state, seed=self._seed)
+
+    def reshard_state_dict(self, state: dict[str, Any], world_size: int) -> dict[str, Any] | None:
+        """`state`, saved by a rank of `world_size` ranks that had all taken as many items, as this rank's
+        state at the same global position (``position * world_size``), or None when this world size does not
+        divide it (the position between two of this rank's items).
+
+        The stream is the same at every world size (rank r takes r, r + W, ...), and ``epoch_start`` and
+        ``generator`` describe global positions, so only the per-rank ``position`` changes.
+        """
+        global_position = int(state["position"]) * int(world_size)
+        if global_position % self._world_size:
+            return None
+        return dict(state, position=global_position // self._world_size)
 
 
 class TrainingSampler(_InfiniteSampler):

@@ -248,17 +248,26 @@ class TrainerBase:
                 logger.warning("checkpoint holds state for hook '%s', which is not registered; ignored", name)
         per_rank = state.get("per_rank", [])
         if len(per_rank) != comm.get_world_size():
+            resharded = bool(per_rank) and self._load_resharded_state(per_rank[0])
             logger.warning(
-                "checkpoint was written by %d process(es), this run has %d: data position and RNG states are "
-                "not restored (training continues, but not bit-exactly).",
+                "checkpoint was written by %d process(es), this run has %d: %s (training continues, but not "
+                "bit-exactly).",
                 len(per_rank),
                 comm.get_world_size(),
+                "the data continue the same global stream, RNG states are not restored"
+                if resharded
+                else "data position and RNG states are not restored",
             )
             return
         self._load_per_rank_state(per_rank[comm.get_rank()])
 
     def _per_rank_state(self) -> dict:
         return {"rng": get_rng_state()}
+
+    def _load_resharded_state(self, state: dict) -> bool:
+        """Continue what can be continued exactly from rank 0's `_per_rank_state`, saved by another number of
+        processes; True when the data position was restored."""
+        return False
 
     def _load_per_rank_state(self, state: dict) -> None:
         # Applied when training starts: whatever runs in between (hook setup, building the evaluator) may
@@ -421,6 +430,10 @@ class SimpleTrainer(TrainerBase):
         if "data_loader" in state:
             self._batches.load_state_dict(state["data_loader"])
         load_rank_local_state(self.model, self._ema_statistics(), state)
+
+    def _load_resharded_state(self, state: dict) -> bool:
+        # Every rank's loader state is the same at a step boundary where the loader can reshard it.
+        return "data_loader" in state and self._batches.load_resharded_state_dict(state["data_loader"])
 
     def _ema_statistics(self) -> dict[str, torch.Tensor] | None:
         return None if self.model_ema is None else self.model_ema.rank_local_statistics()

@@ -64,3 +64,13 @@ class TrainingBatches:
         if hasattr(self.data_loader, "load_state_dict"):
             self.data_loader.load_state_dict(state)
             self._iterator = None
+
+    def load_resharded_state_dict(self, state: dict) -> bool:
+        """Continue from rank 0's position saved by another number of processes, where the loader's
+        ``reshard_state_dict`` can (`TrainLoader.reshard_state_dict`); False (nothing loaded) where it cannot."""
+        reshard = getattr(self.data_loader, "reshard_state_dict", None)
+        resharded = None if reshard is None else reshard(state)
+        if resharded is None:
+            return False
+        self.load_state_dict(resharded)
+        return True

@@ -244,6 +244,28 @@ def test_a_state_saved_with_per_rank_shares_continues_the_sources_the_old_run_dr
     assert step == sorted(streams[0][80:91] + [1000 + i for i in streams[1][80:85]])
 
 
+def test_reshard_state_dict_gives_the_same_step_at_another_world_size_or_none():
+    sizes, kwargs = [1000, 1000], dict(ratios=[2, 1], seed=5)
+    saved = MixtureTrainingSampler(sizes, total_batch_size=16, rank=3, world_size=8, **kwargs)
+    take(saved, 5 * 2)
+    two = MixtureTrainingSampler(sizes, total_batch_size=16, rank=1, world_size=2, **kwargs)
+    state = two.reshard_state_dict(saved.state_dict(), 8)
+    assert (
+        state["position"] == 5 * 8
+        and state["world_size"] == 2
+        and state["sources"] == saved.state_dict()["sources"]
+    )
+    other_batch = MixtureTrainingSampler(sizes, total_batch_size=8, rank=1, world_size=2, **kwargs)
+    assert other_batch.reshard_state_dict(saved.state_dict(), 8) is None
+    take(saved, 1)
+    assert two.reshard_state_dict(saved.state_dict(), 8) is None  # in the middle of a step
+    # Before the shares were global: rank 0 of 8 at step 10 with per-rank shares [1, 1].
+    legacy = {"seed": 5, "position": 20, "shares": [1, 1], "sources": [{"position": 10}] * 2}
+    state = two.reshard_state_dict(legacy, 8)
+    assert state["position"] == 10 * 8 and [source["position"] for source in state["sources"]] == [80, 80]
+    assert two.reshard_state_dict({"position": 20}, 8) is None
+
+
 def test_state_after_resume_matches_an_uninterrupted_run_and_carries_the_seed():
     sampler = mixture(11)
     expected = take(sampler, 300)

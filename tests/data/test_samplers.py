@@ -90,6 +90,20 @@ class TestTrainingSamplerContract:
             positional.load_state_dict({"position": stop})
             assert take(positional, 150) == tail
 
+    def test_a_state_saved_at_another_world_size_reshards_to_the_same_global_position(self, factory):
+        if not hasattr(factory(1, 0, 1), "reshard_state_dict"):
+            pytest.skip("IterationBasedSampler may wrap a DistributedSampler, whose shards are its own")
+        full = take(factory(11, 0, 1), 400)
+        saved = factory(11, 0, 4)
+        take(saved, 37)  # every rank of 4 has taken 37: global position 148
+        for world_size in (1, 2, 4):
+            ranks = [factory(0, rank, world_size) for rank in range(world_size)]
+            for sampler in ranks:
+                sampler.load_state_dict(sampler.reshard_state_dict(saved.state_dict(), 4))
+            shards = [take(sampler, 60 // world_size) for sampler in ranks]
+            assert [shards[i % world_size][i // world_size] for i in range(60)] == full[148:208]
+        assert factory(0, 0, 3).reshard_state_dict(saved.state_dict(), 4) is None  # 148 is no multiple of 3
+
     def test_state_after_resume_matches_an_uninterrupted_run(self, factory):
         sampler = factory(9, 0, 1)
         take(sampler, 250)

@@ -1,4 +1,5 @@
 import functools
+import itertools
 import json
 import math
 import os
@@ -14,6 +15,7 @@ from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.engine.ema import EMAHook, ModelEMA
 from lazytrain.engine.hooks import CallbackHook, EvalHook, LRScheduler, PeriodicCheckpointer
 from lazytrain.engine.lr_schedule import WarmupMultiStepMultiplier
+from lazytrain.engine.rng_state import get_rng_state
 from lazytrain.engine.train_loop import SimpleTrainer
 from lazytrain.errors import is_agreed
 from lazytrain.program.default import do_train, run
@@ -335,3 +337,53 @@ def test_a_stop_every_rank_agreed_on_is_not_taken_for_a_rank_failure(toy_cfg, du
     with pytest.raises(TrainingInterrupted) as stopped:
         run(toy_cfg)
     assert is_agreed(stopped.value) and stopped.value.signum == signal.SIGTERM
+
+
+def _rank_loader(monkeypatch, sampler_kind, rank, world_size):
+    """A train loader of 4 images per step over `world_size` ranks, built as rank `rank`; each item is its
+    image id and the augmentation seed it was mapped with."""
+    from lazytrain.data.build import build_detection_train_loader
+    from lazytrain.data.mixture_sampler import MixtureTrainingSampler
+    from lazytrain.data.samplers import RepeatFactorTrainingSampler
+    from lazytrain.utils import comm
+
+    monkeypatch.setattr(comm, "get_world_size", lambda: world_size)
+    monkeypatch.setattr(comm, "get_rank", lambda: rank)
+    ranks = dict(rank=rank, world_size=world_size)
+    sampler = {
+        "uniform": None,
+        "rfs": RepeatFactorTrainingSampler(torch.linspace(0.5, 2.5, 30), seed=4, **ranks),
+        "mixture": MixtureTrainingSampler([20, 10], [3, 1], 4, seed=4, **ranks),
+    }[sampler_kind]
+    return build_detection_train_loader(
+        [{"image_id": i} for i in range(30)],
+        mapper=lambda record: (record["image_id"], torch.initial_seed()),
+        sampler=sampler,
+        total_batch_size=4,
+        aspect_ratio_grouping=False,
+        seed=4,
+    )
+
+
+def _ids_and_seeds(batches):
+    return [(sorted(i for i, _ in batch), sorted(s for _, s in batch)) for batch in batches]
+
+
+@pytest.mark.parametrize("sampler_kind", ["uniform", "rfs", "mixture"])
+def test_a_run_stopped_on_two_ranks_continues_the_global_stream_on_one(monkeypatch, sampler_kind, caplog):
+    # Every step's global batch is the same whatever the world size (rank r of W takes r, r + W, ... of the
+    # stream), and so is each item's augmentation seed (from its global position).
+    uninterrupted = list(itertools.islice(iter(_rank_loader(monkeypatch, sampler_kind, 0, 1)), 12))
+    two = [_rank_loader(monkeypatch, sampler_kind, rank, 2) for rank in (0, 1)]
+    before = [list(itertools.islice(iter(loader), 5)) for loader in two]
+    assert _ids_and_seeds(a + b for a, b in zip(*before)) == _ids_and_seeds(uninterrupted[:5])
+    per_rank = [{"rng": get_rng_state(), "data_loader": loader.state_dict()} for loader in two]
+    checkpoint = {"iteration": 4, "hooks": {}, "storage": {}, "per_rank": per_rank}
+
+    model = toy.ToyRegressor()
+    loader = _rank_loader(monkeypatch, sampler_kind, 0, 1)
+    resumed = SimpleTrainer(model, loader, torch.optim.SGD(model.parameters(), lr=0.1))
+    resumed.load_state_dict(checkpoint)
+    assert "written by 2 process(es), this run has 1: the data continue the same global stream" in caplog.text
+    after = [resumed._batches.next(step)[0] for step in range(5, 12)]
+    assert _ids_and_seeds(after) == _ids_and_seeds(uninterrupted[5:])
