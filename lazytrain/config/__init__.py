@@ -11,7 +11,8 @@ Choices worth knowing (details in each module):
 - `instantiate` gives callees plain ``dict``/``list`` for containers without ``_target_`` (``_convert_``
   defaults to ``"all"``, not Hydra's ``"none"``); a node shared through interpolation is built once per call.
 - Saved YAML starts with the comment ``# lazytrain-config-version: N``; the version is never a config key.
-  Older files get renamed keys moved on load, with a warning (`versioning.RENAMES`).
+  Older files get renamed keys moved on load, with a warning (`versioning.RENAMES`), and a warning for each
+  argument they set whose meaning changed since (`versioning.MEANING_CHANGES`).
 """
 
 from lazytrain.config.instantiate import InstantiationError, instantiate

@@ -31,6 +31,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lazytrain.config import LazyConfig, instantiate, tree
+from lazytrain.config.versioning import find_meaning_changes, read_version
 from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.engine.ema import EMAHook, ModelEMA
 from lazytrain.engine.hooks.evaluation import flatten_results
@@ -199,21 +200,37 @@ def _wrap_ddp(cfg: DictConfig, model: torch.nn.Module) -> torch.nn.Module:
 def _keep_config_of_resumed_run(path: str, saved: DictConfig) -> None:
     """A resumed run whose config differs from the one it was started with says which values changed (a
     changed ``train.max_iter`` changes the schedule from here on) and keeps the earlier file beside the new one,
-    so that ``config.yaml`` never silently stops describing the iterations already trained."""
-    previous = _flat(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
+    so that ``config.yaml`` never silently stops describing the iterations already trained. So does a run
+    started by an older lazytrain whose config sets an argument that has changed meaning since
+    (`lazytrain.config.versioning.MEANING_CHANGES`), even with the same values."""
+    with open(path, encoding="utf-8") as f:
+        version = read_version(f.read())
+    earlier = OmegaConf.load(path)
+    meanings = find_meaning_changes(earlier, version)
+    previous = _flat(OmegaConf.to_container(earlier, resolve=False))
     current = _flat(OmegaConf.to_container(saved, resolve=False))
     changed = [
         f"{key}: {previous.get(key, '(absent)')!r} -> {current.get(key, '(absent)')!r}"
         for key in sorted(previous.keys() | current.keys())
         if key != "train.resume" and previous.get(key) != current.get(key)
     ]
-    if not changed:
+    if not changed and not meanings:
         return
     number = 1
     while os.path.exists(os.path.join(os.path.dirname(path), f"config.before_resume_{number}.yaml")):
         number += 1
     kept = os.path.join(os.path.dirname(path), f"config.before_resume_{number}.yaml")
     os.replace(path, kept)
+    for meaning in meanings:
+        logger.warning(
+            "train.resume: the iterations already trained ran under config version %d, and %s. The new meaning "
+            "applies from the resumed iteration on; the earlier config is kept as %s.",
+            version,
+            meaning,
+            kept,
+        )
+    if not changed:
+        return
     shown = "; ".join(changed[:8]) + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
     logger.warning(
         "train.resume: this run continues with a config that differs from the one it started with (%s). The "

@@ -3,7 +3,7 @@ import textwrap
 import pytest
 from omegaconf import OmegaConf
 
-from lazytrain.config import ConfigError, L, LazyConfig, instantiate
+from lazytrain.config import CONFIG_VERSION, ConfigError, L, LazyConfig, instantiate
 from tests.config import helpers
 
 
@@ -122,7 +122,7 @@ def test_save_load_round_trip(tmp_path):
     path = tmp_path / "config.yaml"
     LazyConfig.save(cfg, str(path))
     text = path.read_text()
-    assert text.startswith("# lazytrain-config-version: 1")
+    assert text.startswith(f"# lazytrain-config-version: {CONFIG_VERSION}\n")
     assert "${..dataset}" in text  # interpolations are kept, not resolved
     again = LazyConfig.load(str(path))
     assert again == cfg

@@ -91,3 +91,35 @@ def test_lazycall_in_renamed_subtree_round_trips(tmp_path):
     cfg = OmegaConf.create({"dataloader": {"train": {"sampler": L(helpers.Sampler)(dataset_dicts=[1])}}})
     LazyConfig.save(cfg, str(tmp_path / "c.yaml"))
     assert LazyConfig.load(str(tmp_path / "c.yaml")) == cfg
+
+
+COPY_PASTE_FILE = (
+    "# lazytrain-config-version: {version}\n"
+    "dataloader:\n  train:\n    mapper:\n      copy_paste:\n"
+    "        _target_: lazytrain.data.copy_paste.CopyPaste\n        mode: rare\n{setting}"
+)
+
+
+def test_a_saved_config_setting_an_argument_whose_meaning_changed_is_told_in_one_line(tmp_path, caplog):
+    """CopyPaste's min_area (8d6bd6e): the same key and value, another effect; the value is kept, not moved.
+    Silent where the file leaves it at its default or was saved under the new meaning (after a save)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(COPY_PASTE_FILE.format(version=1, setting="        min_area: 16\n"))
+    with caplog.at_level("WARNING", logger="lazytrain.config.versioning"):
+        cfg = LazyConfig.load(str(path))
+    assert cfg.dataloader.train.mapper.copy_paste.min_area == 16
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        f"{path} was saved by config version 1: 'dataloader.train.mapper.copy_paste.min_area' (16) changed "
+        "meaning in config version 2: it now leaves out pasted objects with fewer pixels on the image, where it "
+        "dropped the image's own instances left with fewer visible pixels (those now stay unless fully covered; "
+        "1, the default, pastes every object that shows). Check the value, then save the config again to "
+        "silence this warning."
+    )
+    caplog.clear()
+    LazyConfig.save(cfg, str(path))
+    (tmp_path / "default.yaml").write_text(COPY_PASTE_FILE.format(version=1, setting=""))
+    with caplog.at_level("WARNING", logger="lazytrain.config.versioning"):
+        LazyConfig.load(str(path))
+        LazyConfig.load(str(tmp_path / "default.yaml"))
+    assert caplog.text == ""
