@@ -40,7 +40,9 @@ shares hold over each step's global batch, whatever the world size; ranks take d
 The train loader must batch consecutive items of the stream: aspect-ratio grouping puts landscape and
 portrait images in separate batches, which would break the shares, so it is not supported. Set
 ``dataloader.train.aspect_ratio_grouping=False`` and give the sampler the loader's ``total_batch_size``;
-`build_detection_train_loader` refuses other settings through `MixtureTrainingSampler.check_batching`.
+`build_detection_train_loader` refuses other settings through `MixtureTrainingSampler.check_batching`, and the
+checks before a run refuse them, and ratios that give a source no image, before anything is written or loaded
+(`find_mixture_problems`).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from lazytrain.data.samplers import (
     resumed_seed,
 )
 
-__all__ = ["MixtureTrainingSampler"]
+__all__ = ["MixtureTrainingSampler", "find_mixture_problems"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,16 +117,17 @@ def _largest_remainder(ratios: Sequence[Fraction], slots: int) -> list[int]:
     return shares
 
 
-def _step_shares(
-    ratios: Sequence[Fraction], total_batch_size: Any, world_size: int, labels: Sequence[str]
-) -> list[int]:
-    """Images of each source in every step's global batch; refuses a batch that cannot hold every source."""
+def _check_total_batch_size(total_batch_size: Any, world_size: int) -> int:
     if not _is_positive_int(total_batch_size) or total_batch_size % world_size:
         raise ValueError(
             f"{_NAME}(total_batch_size=) must be a positive multiple of the world size {world_size}; got "
             f'{total_batch_size!r}. Give it the loader\'s: total_batch_size="${{..total_batch_size}}".'
         )
-    total = int(total_batch_size)
+    return int(total_batch_size)
+
+
+def _step_shares(ratios: Sequence[Fraction], total: int, world_size: int, labels: Sequence[str]) -> list[int]:
+    """Images of each source in every step's global batch; refuses a batch that cannot hold every source."""
     shares = _largest_remainder(ratios, total)
     empty = [label for label, share in zip(labels, shares) if share == 0]
     if empty:
@@ -138,6 +141,69 @@ def _step_shares(
             f"total_batch_size={enough} is enough, or raise the smallest ratios."
         )
     return shares
+
+
+def find_mixture_problems(
+    names: Sequence[str],
+    ratios: Any,
+    total_batch_size: Any,
+    world_size: int,
+    *,
+    loader_total_batch_size: Any,
+    aspect_ratio_grouping: bool,
+) -> dict[str, str]:
+    """What `MixtureTrainingSampler.from_dataset_names` and the train loader would refuse in these settings,
+    from the values alone (no source is loaded), by the argument to change: the sampler's ``ratios`` (one per
+    source, each source at least one image per step) or ``total_batch_size`` (a multiple of the world size,
+    the loader's), or the loader's ``aspect_ratio_grouping``. The checks before a run report them with their key
+    paths (`lazytrain.program.preflight.batch`).
+
+    Args:
+        names: the sources' data set names.
+        ratios: the sampler's ratios.
+        total_batch_size: the sampler's images per step over all ranks.
+        world_size: the job's number of processes.
+        loader_total_batch_size: the train loader's ``total_batch_size``.
+        aspect_ratio_grouping: the train loader's ``aspect_ratio_grouping``.
+    """
+    fractions, ratios_problem = _checked(_check_ratios, ratios, names)
+    total, total_problem = _checked(_check_total_batch_size, total_batch_size, world_size)
+    if ratios_problem is None and total_problem is None:
+        _, ratios_problem = _checked(_step_shares, fractions, total, world_size, names)
+    problems = {"ratios": ratios_problem, "total_batch_size": total_problem}
+    loader = _find_loader_problems(total_batch_size, loader_total_batch_size, aspect_ratio_grouping)
+    for argument, problem in loader.items():
+        problems[argument] = problems.get(argument) or problem
+    return {argument: problem for argument, problem in problems.items() if problem is not None}
+
+
+def _checked(check: Any, *args: Any) -> tuple[Any, str | None]:
+    """`check(*args)`'s value and None, or None and the message of the ValueError it raises."""
+    try:
+        return check(*args), None
+    except ValueError as e:
+        return None, str(e)
+
+
+def _find_loader_problems(
+    total_batch_size: Any, loader_total_batch_size: Any, aspect_ratio_grouping: bool
+) -> dict[str, str]:
+    """The train loader's settings that would not keep the shares, by argument (the sampler's
+    ``total_batch_size``, the loader's ``aspect_ratio_grouping``)."""
+    problems = {}
+    if loader_total_batch_size != total_batch_size:
+        problems["total_batch_size"] = (
+            f"{_NAME}: dataloader.train.total_batch_size={loader_total_batch_size} but the sampler's shares are "
+            f"for total_batch_size={total_batch_size}; set "
+            'dataloader.train.sampler.total_batch_size="${..total_batch_size}".'
+        )
+    if aspect_ratio_grouping:
+        problems["aspect_ratio_grouping"] = (
+            f"{_NAME}: dataloader.train.aspect_ratio_grouping=True would form batches of landscape or of "
+            "portrait images only, not of the per-source shares; set "
+            "dataloader.train.aspect_ratio_grouping=False."
+        )
+    return problems
 
 
 def _deal_starts(shares: Sequence[int], world_size: int, step: int) -> list[int]:
@@ -243,7 +309,8 @@ class MixtureTrainingSampler(Sampler[int]):
         labels = [f"source {k}" for k in range(len(self._sizes))]
         fractions = _check_ratios(ratios, labels)
         self._rank, self._world_size = resolve_rank(_NAME, rank, world_size)
-        self._shares = _step_shares(fractions, total_batch_size, self._world_size, labels)
+        total = _check_total_batch_size(total_batch_size, self._world_size)
+        self._shares = _step_shares(fractions, total, self._world_size, labels)
         self._total_batch_size = int(total_batch_size)
         self._per_rank = self._total_batch_size // self._world_size
         factors = _check_factors(repeat_factors, self._sizes)
@@ -332,18 +399,9 @@ class MixtureTrainingSampler(Sampler[int]):
                 f"world_size={self._world_size}, so its per-step blocks are not the loader's batches; leave "
                 "the sampler's rank and world_size unset (the live process group's)."
             )
-        if total_batch_size != self._total_batch_size:
-            raise ValueError(
-                f"{_NAME}: dataloader.train.total_batch_size={total_batch_size} but the sampler's shares are "
-                f"for total_batch_size={self._total_batch_size}; set "
-                'dataloader.train.sampler.total_batch_size="${..total_batch_size}".'
-            )
-        if aspect_ratio_grouping:
-            raise ValueError(
-                f"{_NAME}: dataloader.train.aspect_ratio_grouping=True would form batches of landscape or of "
-                "portrait images only, not of the per-source shares; set "
-                "dataloader.train.aspect_ratio_grouping=False."
-            )
+        problems = _find_loader_problems(self._total_batch_size, total_batch_size, aspect_ratio_grouping)
+        if problems:
+            raise ValueError(next(iter(problems.values())))
 
     @property
     def sources(self) -> list[TrainingSampler | RepeatFactorTrainingSampler]:
@@ -398,7 +456,9 @@ class MixtureTrainingSampler(Sampler[int]):
         if not labels or not all(isinstance(name, str) for name in labels):
             raise ValueError(f"{_NAME}.from_dataset_names(names=) must be data set names; got {names!r}")
         _, checked_world_size = resolve_rank(_NAME, rank, world_size)
-        _step_shares(_check_ratios(ratios, labels), total_batch_size, checked_world_size, labels)
+        fractions = _check_ratios(ratios, labels)
+        total = _check_total_batch_size(total_batch_size, checked_world_size)
+        _step_shares(fractions, total, checked_world_size, labels)
         thresholds = _check_thresholds(repeat_thresh, labels)
         sizes, factors = _load_sources(
             labels, thresholds, filter_empty, sqrt=sqrt, instance_aware=instance_aware

@@ -14,6 +14,13 @@ from tests.launch.test_entrypoint import ENGINE_TOY, REPO, lazytrain
 DEMO = os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")
 DEMO_TIMM = os.path.join(REPO, "conf", "rfs_maskrcnn_demo_timm.py")
 WANDB = "lazytrain.engine.trackers.wandb.WandbTracker"
+# The demo's sampler made a two-source mixture (MixtureTrainingSampler.from_dataset_names).
+MIXTURE = [
+    "dataloader.train.sampler._target_=lazytrain.data.mixture_sampler.MixtureTrainingSampler.from_dataset_names",
+    "~dataloader.train.sampler.dataset_dicts",
+    "+dataloader.train.sampler.names=[synthetic_lt_train,synthetic_lt_val]",
+    "+dataloader.train.sampler.total_batch_size=${..total_batch_size}",
+]
 
 
 def assert_short_error(result, *fragments):
@@ -120,6 +127,24 @@ def test_bad_value_is_one_line_before_anything_runs(tmp_path, override, fragment
             "lazytrain: model.backbone.grad_checkpointing=True with model.backbone.norm='SyncBN': a checkpointed "
             "stage's recompute would all-reduce",
             id="checkpointed-sync-batch-norm",
+        ),
+        param(
+            DEMO,
+            [
+                *MIXTURE,
+                "+dataloader.train.sampler.ratios=[3]",
+                "dataloader.train.aspect_ratio_grouping=false",
+            ],
+            "lazytrain: dataloader.train.sampler.ratios=[3]: MixtureTrainingSampler(ratios=) needs one ratio per "
+            "source (2: synthetic_lt_train, synthetic_lt_val); got [3].",
+            id="mixture-ratios",
+        ),
+        param(
+            DEMO,
+            [*MIXTURE, "+dataloader.train.sampler.ratios=[3,1]"],
+            "lazytrain: dataloader.train.aspect_ratio_grouping=True: MixtureTrainingSampler: "
+            "dataloader.train.aspect_ratio_grouping=True would form batches of landscape or of portrait images",
+            id="mixture-aspect-ratio-grouping",
         ),
     ],
 )

@@ -9,6 +9,7 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
+from lazytrain.config import LazyConfig
 from lazytrain.errors import ConfigError
 from lazytrain.program.default import INJECTED_ARGUMENTS
 from lazytrain.program.preflight import check_command_line, preflight
@@ -21,6 +22,7 @@ from tests.warm_command import run_warm
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENGINE_TOY = os.path.join(REPO, "tests", "engine", "toy_config.py")
 CUSTOM = os.path.join(REPO, "conf", "rfs_maskrcnn_custom.py")
+DEMO = os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")
 
 
 @pytest.fixture(scope="module")
@@ -281,6 +283,61 @@ def test_a_checkpointed_resnet_with_sync_batch_norm_is_named_before_the_run(tmp_
     assert preflight(cfg, INJECTED_ARGUMENTS) == []
     cfg.model.trainable_layers, cfg.model.norm = 3, "BN"
     assert preflight(cfg, INJECTED_ARGUMENTS) == []
+
+
+MIXTURE = [
+    "dataloader.train.sampler._target_=lazytrain.data.mixture_sampler.MixtureTrainingSampler.from_dataset_names",
+    "~dataloader.train.sampler.dataset_dicts",
+    "+dataloader.train.sampler.names=[synthetic_lt_train,synthetic_lt_val]",
+    "+dataloader.train.sampler.ratios=[3,1]",
+    "+dataloader.train.sampler.total_batch_size=${..total_batch_size}",
+    "dataloader.train.aspect_ratio_grouping=false",
+]
+
+
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        pytest.param([], None, id="sound"),
+        pytest.param(
+            ["dataloader.train.sampler.ratios=[1]"],
+            "dataloader.train.sampler.ratios=[1]: MixtureTrainingSampler(ratios=) needs one ratio per source (2: "
+            "synthetic_lt_train, synthetic_lt_val); got [1]. Give e.g. ratios=[1, 1] for equal shares.",
+            id="ratios-length",
+        ),
+        pytest.param(
+            ["dataloader.train.sampler.ratios=[9,1]"],
+            "dataloader.train.sampler.ratios=[9, 1]: MixtureTrainingSampler(ratios=): the ratios 9:1 give "
+            "synthetic_lt_val no image of the 4 per step (total_batch_size=4 over world_size=1); expected at least "
+            "one image of every source in every step's batch. total_batch_size=6 is enough, or raise the "
+            "smallest ratios.",
+            id="source-without-images",
+        ),
+        pytest.param(
+            ["dataloader.train.aspect_ratio_grouping=true"],
+            "dataloader.train.aspect_ratio_grouping=True: MixtureTrainingSampler: "
+            "dataloader.train.aspect_ratio_grouping=True would form batches of landscape or of portrait images "
+            "only, not of the per-source shares; set dataloader.train.aspect_ratio_grouping=False.",
+            id="aspect-ratio-grouping",
+        ),
+        pytest.param(
+            ["dataloader.train.sampler.total_batch_size=8"],
+            "dataloader.train.sampler.total_batch_size=8: MixtureTrainingSampler: "
+            "dataloader.train.total_batch_size=4 but the sampler's shares are for total_batch_size=8; set "
+            'dataloader.train.sampler.total_batch_size="${..total_batch_size}".',
+            id="total-batch-mismatch",
+        ),
+    ],
+)
+def test_mixture_settings_the_sampler_or_loader_would_refuse_are_named_before_the_run(
+    tmp_path, overrides, problem
+):
+    """MixtureTrainingSampler and the train loader refuse them too, but only when the loader is built: after
+    the run folder is written and every source data set loaded."""
+    cfg = load_primary_config(DEMO)
+    cfg.train.output_dir = str(tmp_path)
+    LazyConfig.apply_overrides(cfg, MIXTURE + overrides)
+    assert preflight(cfg, INJECTED_ARGUMENTS) == ([problem] if problem else [])
 
 
 def test_each_value_of_a_grid_sweep_is_checked_before_hydra_and_a_search_space_is_left_to_the_sweeper():

@@ -16,8 +16,9 @@ Two entry points, one per moment:
 
 Modules: `command_line` (overrides, output directories), `json_data` (a user's COCO/LVIS json), `builtin_data`
 (``coco_2017_*``, ``lvis_v1_*``), `checkpoints`, `processes` (``launch.*``), `batch` (``train.images_per_forward``,
-``train.auto_scale_lr``), `backends` (``train.cudnn_benchmark``, ``train.float32_matmul_precision``), `components`
-(``train.ema``, a W&B tracker's mode, a timm backbone's model name).
+``train.auto_scale_lr``, a `MixtureTrainingSampler`'s ratios and batch), `backends` (``train.cudnn_benchmark``,
+``train.float32_matmul_precision``), `components` (``train.ema``, a W&B tracker's mode, a timm backbone's model
+name).
 """
 
 from __future__ import annotations
