@@ -16,8 +16,8 @@ for disk space only.
 Clearing and running jobs: a process that has mapped a file keeps reading it after its removal on a local
 disk, but on NFS and other network file systems a file removed while another machine maps it can kill that
 job (SIGBUS, ESTALE), and a job's loader workers started later cannot reopen it. Clear when no job uses the
-folder. ``--clear`` without names also removes files moved aside as damaged, lock files and unfinished
-temporary files (a writer still running then fails and its run must be started again).
+folder. ``--clear`` without names also removes files moved aside as damaged, lock files, hash memos and
+unfinished temporary files (a writer still running then fails and its run must be started again).
 """
 
 from __future__ import annotations
@@ -80,14 +80,15 @@ def _folders() -> list[str]:
 
 
 def _leftovers() -> list[str]:
-    """Files moved aside as damaged, temporary files of unfinished (or running) writers, and lock files (empty;
-    removing one only lets two processes parse at once, which stays correct)."""
+    """Files moved aside as damaged, temporary files of unfinished (or running) writers, lock files (empty;
+    removing one only lets two processes parse at once, which stays correct) and the jsons' hash memos."""
     found = []
     for folder in _folders():
         escaped = glob.escape(folder)
         found += glob.glob(os.path.join(escaped, "*.records.damaged-*"))
         found += glob.glob(os.path.join(escaped, ".*.records.tmp~*"))
         found += glob.glob(os.path.join(escaped, "*.records.lock"))
+        found += glob.glob(os.path.join(escaped, ".sha256", "*"))
     return sorted(found)
 
 

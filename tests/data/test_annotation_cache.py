@@ -214,6 +214,26 @@ def test_a_rewrite_with_size_and_time_kept_is_not_served_stale(tmp_path):
     assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 51
 
 
+def test_a_machine_hashes_a_json_once_until_it_changes(tmp_path, monkeypatch):
+    json_file = write(tmp_path, COCO)
+    hashed = []
+    original = annotation_cache.hash_file
+    monkeypatch.setattr(annotation_cache, "hash_file", lambda path: hashed.append(path) or original(path))
+    load_cached_json(json_file, "/images", lvis=False)
+    load_cached_json(json_file, "/images", lvis=False)
+    assert len(hashed) == 2  # changed within _RACY_S: its ctime could hide a change, so no memo
+    monkeypatch.setattr(annotation_cache, "_RACY_S", 0.0)
+    load_cached_json(json_file, "/images", lvis=False)
+    assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 50 and len(hashed) == 3
+    stat = os.stat(json_file)
+    time.sleep(0.05)  # past the clock's granularity: the rewrite gets a new ctime
+    text = open(json_file).read().replace('"width": 50', '"width": 51')
+    with open(json_file, "w") as f:
+        f.write(text)
+    os.utime(json_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 51 and len(hashed) == 4
+
+
 class _RunsCode:
     """Pickled, it runs a shell command when unpickled (what a planted pickle cache file could do)."""
 

@@ -15,6 +15,8 @@ cannot be written (read-only, full), a node-local folder under ``/dev/shm`` (`ge
 the json's file name and a digest of its key (`get_cache_key`: the json's sha256 and size, the image root, the
 format, `FORMAT_VERSION`). A json changed in any way, even with its size and modification time kept, has a new
 name; copies of one json on several machines (other inodes, other paths) share one file, whoever built it.
+A machine hashes a json once: ``.sha256/`` in the cache folder keeps each json's sha256 with its device,
+inode, size, mtime and ctime (the kernel sets the ctime on any change; no copy or archive tool restores it).
 
 Rules (what runs first, who may touch what):
 - a writer writes under a temporary name unique across machines and containers (host, pid namespace, pid,
@@ -99,6 +101,7 @@ _PER_IMAGE = ("annotation_counts", "heights", "widths", "aspect_groups")
 _IDENTITY = ("version", "sha256", "size", "image_root", "lvis")
 _NO_LOCK_ERRNOS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
 _NODE_LOCAL_ROOT = "/dev/shm"
+_RACY_S = 2.0  # see _hash_with_memo
 _DECODER = msgspec.msgpack.Decoder()
 _ENCODER = msgspec.msgpack.Encoder()
 
@@ -139,17 +142,60 @@ def hash_file(path: str) -> str:
     return digest.hexdigest()
 
 
+def _stat_signature(status: os.stat_result) -> list[int]:
+    # ctime is set by the kernel on every change (a write, utime, rename) and no user tool can restore it:
+    # `cp -p`, `rsync -t` and archives keep the mtime, never the ctime.
+    return [status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns]
+
+
+def _memo_path(path: str) -> str:
+    """This machine's memo of `path`'s sha256 (another machine sees other devices and inodes)."""
+    digest = hashlib.sha256(f"{_host()}\0{path}".encode()).hexdigest()[:32]
+    return os.path.join(get_cache_dir(), ".sha256", f"{digest}.json")
+
+
+def _hash_with_memo(path: str) -> str:
+    """`hash_file`, skipped when this machine hashed the same file (same device, inode, size, mtime, ctime).
+
+    As git's index does for racy files, a file changed less than `_RACY_S` before its hash is not memoized:
+    a change within the clock's granularity of the last one could leave its ctime as it was.
+    """
+    before = os.stat(path)
+    memo = _memo_path(path)
+    try:
+        with open(memo, "rb") as f:
+            saved = json.loads(f.read(4096))
+        if saved["stat"] == _stat_signature(before) and re.fullmatch(r"[0-9a-f]{64}", saved["sha256"]):
+            return saved["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no memo, or not one of ours: hash
+    digest = hash_file(path)
+    after = os.stat(path)
+    racy = time.time() - max(after.st_mtime, after.st_ctime) < _RACY_S
+    if _stat_signature(after) == _stat_signature(before) and not racy:
+        try:
+            os.makedirs(os.path.dirname(memo), exist_ok=True)
+            tmp = f"{memo}.tmp~{_writer_tag()}"
+            with open(tmp, "w") as f:
+                json.dump({"stat": _stat_signature(after), "sha256": digest}, f)
+            os.replace(tmp, memo)  # a memo is read whole and never mapped: replacing it is safe
+        except OSError:
+            pass  # a read-only cache folder: hash every time
+    return digest
+
+
 def get_cache_key(json_file: str, image_root: str, *, lvis: bool) -> dict:
     """What a cache file must have been built from to serve `json_file` now (JSON-serializable).
 
     The json's content (sha256, about 1 s per GB) is the key, not its path, inode or modification time: a
     json fixed in place with its size and time kept gets a new cache file, and copies of one json on several
-    machines share one. ``json_file`` is kept for ``lazytrain cache``'s listing only.
+    machines share one. ``json_file`` is kept for ``lazytrain cache``'s listing only. A machine hashes a file
+    once: the sha256 is kept with the file's device, inode, size, mtime and ctime (any change sets the ctime).
     """
     path = os.path.realpath(json_file)
     return {
         "version": FORMAT_VERSION,
-        "sha256": hash_file(path),
+        "sha256": _hash_with_memo(path),
         "size": os.path.getsize(path),
         "image_root": image_root,
         "lvis": lvis,
