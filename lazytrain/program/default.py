@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import random
+import shutil
 import time
 import warnings
 from typing import Any
@@ -32,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lazytrain.config import LazyConfig, instantiate, tree
 from lazytrain.config.versioning import find_meaning_changes, read_version
+from lazytrain.engine import HookBase
 from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.engine.ema import EMAHook, ModelEMA
 from lazytrain.engine.hooks.evaluation import flatten_results
@@ -79,6 +81,9 @@ def default_setup(cfg: DictConfig) -> None:
     """Prepare this rank: logging, environment info, config dump to ``output_dir/config.yaml``, seeding, the
     torch backend settings (`set_backend_flags`).
 
+    A resumed run (``train.resume``) over an existing ``config.yaml`` leaves it: `do_train` replaces it after
+    the first step, so that a resume that fails before leaves the run's record as it was.
+
     Each rank seeds ``train.seed + rank``; a negative ``train.seed`` draws one random seed on rank 0, shared
     by all ranks (then also offset by the rank).
 
@@ -100,15 +105,12 @@ def default_setup(cfg: DictConfig) -> None:
 
     if comm.is_main_process() and output_dir:
         path = os.path.join(output_dir, "config.yaml")
-        saved = cfg.copy()
-        # Fed back as CONFIG, the saved file must write to its new run's directory, not over this one: paths
-        # that were resolved from train.output_dir (evaluator, writer hook, ...) point at it again.
-        _point_at_output_dir(saved, str(output_dir))
-        saved.train.output_dir = "./output"
         if cfg.train.get("resume", False) and os.path.isfile(path):
-            _keep_config_of_resumed_run(path, saved)
-        LazyConfig.save(saved, path)
-        logger.debug("Config saved to %s", path)
+            # config.yaml describes what trained: a resumed run replaces it at its first step (do_train).
+            logger.debug("Resuming over %s: it is replaced once the resumed run has trained a step.", path)
+        else:
+            LazyConfig.save(_get_saved_config(cfg), path)
+            logger.debug("Config saved to %s", path)
 
     seed = int(cfg.train.get("seed", 0))
     if seed < 0:
@@ -127,6 +129,16 @@ def set_backend_flags(cfg: DictConfig) -> None:
     torch.backends.cudnn.benchmark = benchmark
     torch.set_float32_matmul_precision(precision)
     logger.debug("cudnn.benchmark=%s, float32 matmul precision %s", benchmark, precision)
+
+
+def _get_saved_config(cfg: DictConfig) -> DictConfig:
+    """What ``config.yaml`` holds: `cfg` with ``train.output_dir`` ``./output``. Fed back as CONFIG, the saved
+    file must write to its new run's directory, not over this one: paths that were resolved from
+    ``train.output_dir`` (evaluator, writer hook, ...) point at it again."""
+    saved = cfg.copy()
+    _point_at_output_dir(saved, str(cfg.train.output_dir))
+    saved.train.output_dir = "./output"
+    return saved
 
 
 def _point_at_output_dir(cfg: DictConfig, output_dir: str) -> None:
@@ -197,12 +209,38 @@ def _wrap_ddp(cfg: DictConfig, model: torch.nn.Module) -> torch.nn.Module:
         )
 
 
-def _keep_config_of_resumed_run(path: str, saved: DictConfig) -> None:
+class _ResumedConfigSaver(HookBase):
+    """Saves a resumed run's config as ``config.yaml`` (rank 0) after the first step, before any other hook
+    (a checkpoint of that step, a tracker logging the config as params) runs.
+
+    The invariant: ``config.yaml`` describes what trained. A resume that fails before (a value refused while
+    the data, model or optimizer are built, a checkpoint that does not load, a first step that fails on any
+    rank: the step's agreement is a collective) leaves the run folder's config files as they were, so that a
+    plain ``train.resume=true`` continues the run again; a process killed before the write leaves them too,
+    beside the previous checkpoint. A resume with nothing left to train leaves them as they were.
+    """
+
+    def __init__(self, path: str, saved: DictConfig) -> None:
+        self.path, self.saved = path, saved
+
+    def after_step(self) -> None:
+        if self.saved is not None:
+            if _keep_config_of_resumed_run(self.path, self.saved):
+                LazyConfig.save(self.saved, self.path)
+                logger.debug("Config saved to %s", self.path)
+            self.saved = None
+
+
+def _keep_config_of_resumed_run(path: str, saved: DictConfig) -> bool:
     """A resumed run whose config differs from the one it was started with says which values changed (a
     changed ``train.max_iter`` changes the schedule from here on) and keeps the earlier file beside the new one,
     so that ``config.yaml`` never silently stops describing the iterations already trained. So does a run
     started by an older lazytrain whose config sets an argument that has changed meaning since
-    (`lazytrain.config.versioning.MEANING_CHANGES`), even with the same values."""
+    (`lazytrain.config.versioning.MEANING_CHANGES`), even with the same values.
+
+    Returns whether `saved` is to replace ``config.yaml`` (the earlier file is then kept as
+    ``config.before_resume_N.yaml``; ``config.yaml`` stays until it is replaced, so that a process killed in
+    between leaves a run folder that resumes)."""
     with open(path, encoding="utf-8") as f:
         version = read_version(f.read())
     earlier = OmegaConf.load(path)
@@ -215,12 +253,12 @@ def _keep_config_of_resumed_run(path: str, saved: DictConfig) -> None:
         if key != "train.resume" and previous.get(key) != current.get(key)
     ]
     if not changed and not meanings:
-        return
+        return False
     number = 1
     while os.path.exists(os.path.join(os.path.dirname(path), f"config.before_resume_{number}.yaml")):
         number += 1
     kept = os.path.join(os.path.dirname(path), f"config.before_resume_{number}.yaml")
-    os.replace(path, kept)
+    shutil.copyfile(path, kept)
     for meaning in meanings:
         logger.warning(
             "train.resume: the iterations already trained ran under config version %d, and %s. The new meaning "
@@ -230,7 +268,7 @@ def _keep_config_of_resumed_run(path: str, saved: DictConfig) -> None:
             kept,
         )
     if not changed:
-        return
+        return True
     shown = "; ".join(changed[:8]) + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
     logger.warning(
         "train.resume: this run continues with a config that differs from the one it started with (%s). The "
@@ -238,6 +276,7 @@ def _keep_config_of_resumed_run(path: str, saved: DictConfig) -> None:
         shown,
         kept,
     )
+    return True
 
 
 def _flat(tree: object, prefix: str = "") -> dict[str, object]:
@@ -301,7 +340,8 @@ def do_train(cfg: DictConfig) -> dict:
 
     ``train.resume=true`` continues from ``output_dir/last_checkpoint`` (weights, optimizer, trainer and hook
     state, data position, RNG states); when there is none, it logs a warning and starts from
-    ``train.init_checkpoint`` (or random init), so the same command both starts and resumes a job.
+    ``train.init_checkpoint`` (or random init), so the same command both starts and resumes a job. A resumed
+    run's config replaces ``config.yaml`` after its first step (`_ResumedConfigSaver`).
 
     ``train.ema.enabled`` adds an EMA of the weights (`lazytrain.engine.ema`: evaluated and saved as the
     checkpoints' ``model``), ``train.images_per_forward`` accumulates gradients (`SimpleTrainer`), and
@@ -311,6 +351,12 @@ def do_train(cfg: DictConfig) -> dict:
     Returns:
         The results of the last evaluation (``{}`` without an eval hook).
     """
+    # A resumed run's config replaces config.yaml only once it has trained a step (`_ResumedConfigSaver`).
+    config_path = os.path.join(cfg.train.output_dir, "config.yaml") if cfg.train.output_dir else ""
+    resumed_config = None
+    if comm.is_main_process() and cfg.train.get("resume", False) and os.path.isfile(config_path):
+        resumed_config = _ResumedConfigSaver(config_path, _get_saved_config(cfg))
+
     # Model: on its device and wrapped in DDP before the optimizer and trainer see it.
     model = build_model(cfg)
     logger.debug("Model:\n%s", model)
@@ -339,7 +385,9 @@ def do_train(cfg: DictConfig) -> dict:
     trainer.test_function = functools.partial(do_test, cfg, comm.unwrap_model(model))
 
     # Hooks: a named mapping in run order; registered before resuming so their states load by name. The EMA
-    # is updated first after each step, so that the checkpoint and evaluation hooks see this step's average.
+    # is updated first after each step, so that the checkpoint and evaluation hooks see this step's average;
+    # before it, a resumed run's config is saved.
+    trainer.register_hooks({"resumed_config": resumed_config})
     if trainer.model_ema is not None:
         trainer.register_hooks({"ema": EMAHook()})
     hooks = instantiate(cfg.train.hooks) if cfg.train.get("hooks") else {}

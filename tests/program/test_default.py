@@ -22,7 +22,7 @@ def test_a_run_resumed_over_an_argument_whose_meaning_changed_says_so_and_keeps_
     first = "# lazytrain-config-version: 1\n" + OmegaConf.to_yaml(cfg)
     path.write_text(first)
     with caplog.at_level(logging.WARNING, logger="lazytrain.program.default"):
-        _keep_config_of_resumed_run(str(path), cfg)
+        assert _keep_config_of_resumed_run(str(path), cfg)  # the program then saves the new config.yaml
     (record,) = caplog.records
     kept = tmp_path / "config.before_resume_1.yaml"
     assert record.getMessage() == (
@@ -32,10 +32,10 @@ def test_a_run_resumed_over_an_argument_whose_meaning_changed_says_so_and_keeps_
         "visible pixels (those now stay unless fully covered; 1, the default, pastes every object that shows). The "
         f"new meaning applies from the resumed iteration on; the earlier config is kept as {kept}."
     )
-    assert kept.read_text() == first and not path.exists()  # the program then saves the new config.yaml
+    assert kept.read_text() == first == path.read_text()  # replaced only by the save, atomically
 
     LazyConfig.save(cfg, str(path))  # resumed again: the config is current and the same
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="lazytrain.program.default"):
-        _keep_config_of_resumed_run(str(path), cfg)
+        assert not _keep_config_of_resumed_run(str(path), cfg)
     assert caplog.text == "" and path.exists()
