@@ -166,6 +166,22 @@ def test_run_dir_under_a_file_is_one_line(tmp_path):
     assert (tmp_path / "file").read_text() == "keep"
 
 
+def test_a_bad_value_over_an_earlier_run_is_named_first_and_the_run_kept(tmp_path):
+    """Before, only the earlier run was named: the user who then added train.resume=true met the value."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "model_final.pth").write_text("weights")
+    result = lazytrain(ENGINE_TOY, "launch.num_processes=two", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-2:] == [
+        "lazytrain: launch.num_processes=two: must be an integer >= 1.",
+        f"hydra.run.dir={tmp_path}/run: holds an earlier run ({tmp_path}/run/model_final.pth); training there "
+        "from scratch would overwrite its weights and mix its metrics. Continue it with train.resume=true, or "
+        "choose another hydra.run.dir (or delete the folder to start over).",
+    ]
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["model_final.pth"]
+    assert (tmp_path / "run" / "model_final.pth").read_text() == "weights"
+
+
 @pytest.mark.parametrize(
     ("override", "fragments"),
     [

@@ -387,3 +387,24 @@ def test_training_from_scratch_over_an_earlier_run_is_refused_before_anything_is
         check_command_line(cfg, overrides, DEFAULT_MAIN, INJECTED_ARGUMENTS)
     assert sorted(p.name for p in run.iterdir()) == ["model_final.pth"]
     check_command_line(cfg, [*overrides, "train.resume=true"], DEFAULT_MAIN, INJECTED_ARGUMENTS)
+
+
+@pytest.mark.parametrize("folder_problem", ["earlier run", "cannot create"])
+def test_a_bad_value_is_named_beside_a_problem_of_the_run_folder(tmp_path, folder_problem):
+    """Following the folder's advice (train.resume=true, another folder) must not be the way to learn of the
+    bad value: each is one line, the value first."""
+    cfg = load_primary_config(ENGINE_TOY)
+    if folder_problem == "earlier run":
+        folder = tmp_path / "run"
+        folder.mkdir()
+        (folder / "model_final.pth").write_bytes(b"weights")
+    else:
+        (tmp_path / "file").write_text("")
+        folder = tmp_path / "file" / "run"
+    overrides = ["launch.num_processes=two", f"hydra.run.dir={folder}"]
+    with pytest.raises(ConfigError) as error:
+        check_command_line(cfg, overrides, DEFAULT_MAIN, INJECTED_ARGUMENTS)
+    value, folder_line = str(error.value).split("\n")
+    assert value == "launch.num_processes=two: must be an integer >= 1."
+    assert folder_line.startswith(f"hydra.run.dir={folder}: ")
+    assert ("holds an earlier run" if folder_problem == "earlier run" else "cannot create") in folder_line

@@ -41,12 +41,12 @@ from lazytrain.program.preflight.builtin_data import find_missing_data
 from lazytrain.program.preflight.checkpoints import find_checkpoint_problems
 from lazytrain.program.preflight.command_line import (
     apply_plain_overrides,
-    check_output_dirs,
+    find_output_dir_problems,
     iter_sweep_overrides,
     iter_swept_values,
 )
 from lazytrain.program.preflight.components import find_component_problems
-from lazytrain.program.preflight.existing_runs import check_existing_runs
+from lazytrain.program.preflight.existing_runs import find_existing_run_problems
 from lazytrain.program.preflight.json_data import find_swept_json_dataset_problems
 from lazytrain.program.preflight.processes import find_launch_problems
 
@@ -72,17 +72,19 @@ def check_command_line(
         injected: arguments the program passes at instantiation time (as `preflight`'s).
 
     Raises:
-        ConfigError: naming every problem found.
+        ConfigError: naming every problem found, a line each: the values' first, then the run folders'.
     """
     overridden = apply_plain_overrides(cfg, overrides)
     check_search(overridden, overrides, default_main)
-    check_output_dirs(overrides)
-    check_existing_runs(overridden, overrides)
+    # Reported with the values' problems, after them: a user who follows a folder's advice (train.resume=true,
+    # another folder) must not meet a bad value only then.
+    folders = find_output_dir_problems(overrides) + find_existing_run_problems(overridden, overrides)
     if INFO_FLAGS.intersection(overrides):
+        raise_problems(folders)
         return
     problems = _find_command_line_json_problems(overridden, overrides)
     problems += find_swept_job_problems(overridden, overrides, injected)
-    raise_problems(list(dict.fromkeys(problems)))
+    raise_problems(list(dict.fromkeys(problems + folders)))
 
 
 def _find_command_line_json_problems(cfg: DictConfig, overrides: list[str]) -> list[str]:

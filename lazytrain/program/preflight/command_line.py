@@ -17,7 +17,7 @@ from lazytrain.errors import ConfigError
 
 __all__ = [
     "apply_plain_overrides",
-    "check_output_dirs",
+    "find_output_dir_problems",
     "iter_config_overrides",
     "iter_sweep_overrides",
     "iter_swept_values",
@@ -85,12 +85,13 @@ def _select(cfg: DictConfig, key: str) -> Any:
     return value
 
 
-def check_output_dirs(overrides: list[str]) -> None:
-    """Fail before Hydra does (with a traceback) when the run or sweep directory cannot be created.
+def find_output_dir_problems(overrides: list[str]) -> list[str]:
+    """A line for the run or sweep directory when it cannot be created (Hydra would fail with a traceback).
 
     A value with interpolations (Hydra's default ``outputs/${now:...}``) is checked up to its fixed prefix.
     """
     given = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in overrides if "=" in o}
+    problems = []
     for key in ("hydra.run.dir", "hydra.sweep.dir"):
         value = given.get(key, "outputs/" if key == "hydra.run.dir" else "multirun/")
         path = os.path.abspath(value.split("${", 1)[0] or ".")
@@ -103,7 +104,8 @@ def check_output_dirs(overrides: list[str]) -> None:
             os.rmdir(tempfile.mkdtemp(prefix=".lazytrain-check-", dir=ancestor))
         except OSError as e:
             reason = e.strerror or str(e)
-            raise ConfigError(
+            problems.append(
                 f"{key}={value}: cannot create a directory under {ancestor} ({reason}); choose a writable place, "
                 f"e.g. {key}=./outputs/my_run."
-            ) from None
+            )
+    return problems

@@ -11,18 +11,17 @@ import os
 
 from omegaconf import DictConfig
 
-from lazytrain.errors import ConfigError
 from lazytrain.launch.environment import get_restart_count
 
-__all__ = ["check_existing_runs"]
+__all__ = ["find_existing_run_problems"]
 
 # Files every training run writes early; any of them means a run was there.
 RUN_FILES = ("last_checkpoint", "metrics.json", "model_final.pth")
 
 
-def check_existing_runs(cfg: DictConfig, overrides: list[str]) -> None:
-    """Raise `ConfigError` when ``hydra.run.dir`` (or a job folder of ``hydra.sweep.dir``) on the command line
-    holds an earlier run and this one would train there from scratch.
+def find_existing_run_problems(cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """A line when ``hydra.run.dir`` (or a job folder of ``hydra.sweep.dir``) on the command line holds an
+    earlier run and this one would train there from scratch (none otherwise).
 
     Args:
         cfg: the config with the command line's plain overrides applied.
@@ -30,21 +29,22 @@ def check_existing_runs(cfg: DictConfig, overrides: list[str]) -> None:
     """
     train = cfg.get("train") or {}
     if train.get("resume", False) or train.get("eval_only", False) or get_restart_count() is not None:
-        return
+        return []
     given = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in overrides if "=" in o}
     sweep = bool({"-m", "--multirun"}.intersection(overrides))
     key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
     value = given.get(key)
     if value is None or "${" in value or not os.path.isdir(value):
-        return  # Hydra's default folders are new for every run (named by the time)
+        return []  # Hydra's default folders are new for every run (named by the time)
     found = _find_run_file(value, sweep)
-    if found is not None:
-        what = "the jobs of an earlier sweep" if sweep else "an earlier run"
-        raise ConfigError(
-            f"{key}={value}: holds {what} ({found}); training there from scratch would overwrite its weights "
-            f"and mix its metrics. Continue it with train.resume=true, or choose another {key} (or delete the "
-            "folder to start over)."
-        )
+    if found is None:
+        return []
+    what = "the jobs of an earlier sweep" if sweep else "an earlier run"
+    return [
+        f"{key}={value}: holds {what} ({found}); training there from scratch would overwrite its weights "
+        f"and mix its metrics. Continue it with train.resume=true, or choose another {key} (or delete the "
+        "folder to start over)."
+    ]
 
 
 def _find_run_file(folder: str, sweep: bool) -> str | None:
