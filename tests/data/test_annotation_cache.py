@@ -8,6 +8,7 @@ test_annotation_cache_cluster.py."""
 
 import copy
 import glob
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -16,6 +17,7 @@ import pickle
 import signal
 import struct
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -74,19 +76,25 @@ def cache_dir(tmp_path, monkeypatch):
 def read_table(path):
     """The JSON table at the end of a cache file (its key and arrays)."""
     data = open(path, "rb").read()
-    _, offset, length = struct.unpack_from("<8sQQ", data, 0)
+    _, offset, length, _ = struct.unpack_from("<8sQQ32s", data, 0)
     return json.loads(data[offset : offset + length])
 
 
 def write_layout(path, key, arrays):
-    """A file in the cache's layout (header, 64-byte aligned arrays, JSON table): name -> (dtype, bytes)."""
+    """A file in the cache's layout (header, 64-byte aligned arrays, JSON table), every sha256 right:
+    name -> (dtype, bytes)."""
     out, table = bytearray(64), {}
     for name, (dtype, data) in arrays.items():
         out += bytes(-len(out) % 64)
-        table[name] = [dtype, len(data) // np.dtype(dtype).itemsize, len(out)]
+        table[name] = [
+            dtype,
+            len(data) // np.dtype(dtype).itemsize,
+            len(out),
+            hashlib.sha256(data).hexdigest(),
+        ]
         out += data
     blob = json.dumps({"key": key, "arrays": table}).encode()
-    out[:24] = struct.pack("<8sQQ", b"LZTCACHE", len(out), len(blob))
+    out[:56] = struct.pack("<8sQQ32s", b"LZTCACHE", len(out), len(blob), hashlib.sha256(blob).digest())
     with open(path, "wb") as f:
         f.write(out + blob)
 
@@ -221,17 +229,18 @@ def test_a_machine_hashes_a_json_once_until_it_changes(tmp_path, monkeypatch):
     monkeypatch.setattr(annotation_cache, "hash_file", lambda path: hashed.append(path) or original(path))
     load_cached_json(json_file, "/images", lvis=False)
     load_cached_json(json_file, "/images", lvis=False)
-    assert len(hashed) == 2  # changed within _RACY_S: its ctime could hide a change, so no memo
+    # Changed within _RACY_S: its ctime could hide a change, so no memo; hashed before and after the parse.
+    assert len(hashed) == 3
     monkeypatch.setattr(annotation_cache, "_RACY_S", 0.0)
     load_cached_json(json_file, "/images", lvis=False)
-    assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 50 and len(hashed) == 3
+    assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 50 and len(hashed) == 4
     stat = os.stat(json_file)
     time.sleep(0.05)  # past the clock's granularity: the rewrite gets a new ctime
     text = open(json_file).read().replace('"width": 50', '"width": 51')
     with open(json_file, "w") as f:
         f.write(text)
     os.utime(json_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 51 and len(hashed) == 4
+    assert load_cached_json(json_file, "/images", lvis=False)[0]["width"] == 51 and len(hashed) == 5
 
 
 class _RunsCode:
@@ -253,6 +262,7 @@ def _planted(path, key, marker):
         {
             "record_bytes": ("|u1", record),
             "record_offsets": ("<i8", np.array([0, len(record)], np.int64).tobytes()),
+            "record_crcs": ("<u4", np.array([zlib.crc32(record)], np.uint32).tobytes()),
             "annotation_counts": ("<i8", np.zeros(1, np.int64).tobytes()),
             "category_offsets": ("<i8", np.zeros(2, np.int64).tobytes()),
             "categories": ("<i4", b""),
@@ -282,12 +292,13 @@ def test_a_planted_pickle_runs_nothing_and_is_moved_aside(tmp_path, caplog):
 
 def _offset_past_end(path):
     blob = open(path, "rb").read()
-    _, offset, _ = struct.unpack_from("<8sQQ", blob, 0)
+    _, offset, _, _ = struct.unpack_from("<8sQQ32s", blob, 0)
     table = json.loads(blob[offset:])
     table["arrays"]["categories"][2] = len(blob) * 2
     text = json.dumps(table).encode()
+    header = struct.pack("<8sQQ32s", b"LZTCACHE", offset, len(text), hashlib.sha256(text).digest())
     with open(path, "wb") as f:
-        f.write(struct.pack("<8sQQ", b"LZTCACHE", offset, len(text)) + blob[24:offset] + text)
+        f.write(header + blob[56:offset] + text)
 
 
 @pytest.mark.parametrize(
@@ -473,15 +484,70 @@ def test_record_file_is_compact(tmp_path):
 def test_a_damaged_record_names_the_cache_file_and_how_to_clear_it(tmp_path):
     root = generate_synthetic_lt(str(tmp_path / "synthetic"), num_train=8, num_val=2)
     json_file = os.path.join(root, "lvis_v1_train.json")
-    load_cached_json(json_file, root, lvis=True)  # writes the file
+    damaged = load_cached_json(json_file, root, lvis=True)  # writes the file and maps it
     (path,) = glob.glob(os.path.join(os.environ["LAZYTRAIN_CACHE"], "lvis_v1_train-*.records"))
-    _, _, record_start = read_table(path)["arrays"]["record_bytes"]
-    with open(path, "r+b") as f:  # the bytes of a record changed after the file was published
-        f.seek(record_start)
-        f.write(b"\xc1" * 64)  # never used in msgpack
-    damaged = load_cached_json(json_file, root, lvis=True)
+    _, _, record_start, _ = read_table(path)["arrays"]["record_bytes"]
+    with open(path, "r+b") as f:  # the bytes of a record changed after the file was checked and mapped
+        f.seek(record_start + 1)
+        f.write(bytes([f.read(1)[0] ^ 1]))  # one bit of a string: still valid msgpack
     with pytest.raises(
         LazytrainError, match=r"annotation cache file .*lvis_v1_train-.*\.records is damaged"
     ) as e:
         [damaged[i] for i in range(len(damaged))]
     assert f"python -m lazytrain cache {os.path.realpath(json_file)} --clear" in str(e.value)
+
+
+def _flip_bit(path, position):
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)[0]
+        f.seek(position)
+        f.write(bytes([byte ^ 0x10]))
+
+
+@pytest.mark.parametrize(
+    "region",
+    ["header", "table", "record_bytes", "record_offsets", "record_crcs", "annotation_counts", "categories",
+     "instances", "heights", "widths", "aspect_groups", "metadata"],
+)  # fmt: skip
+def test_one_flipped_bit_anywhere_is_caught_before_use_and_rebuilt(tmp_path, region, caplog):
+    json_file = write(tmp_path, lvis_data())
+    (path,) = load_cached_json(json_file, "/images", lvis=True).cache_paths
+    good = open(path, "rb").read()
+    table = read_table(path)
+    if region == "header":
+        position = 30  # the table's sha256
+    elif region == "table":  # the json's path, which only the listing reads
+        position = good.rindex(b"ann.json")
+    else:
+        dtype, count, offset, _ = table["arrays"][region]
+        position = offset + count * np.dtype(dtype).itemsize // 2
+    _flip_bit(path, position)
+    with caplog.at_level(logging.WARNING):
+        records = load_cached_json(json_file, "/images", lvis=True)
+        assert list(records) == load_lvis_json(json_file, "/images")
+    (warning,) = [r.getMessage() for r in caplog.records if "cache file" in r.getMessage()]
+    assert warning.startswith(f"{path} is not a valid annotation cache file") and "Moved it to" in warning
+    assert open(path, "rb").read() == good and len(glob.glob(path + ".damaged-*")) == 1
+
+
+def test_record_bytes_are_checked_once_per_machine_and_file(tmp_path, monkeypatch):
+    json_file = write(tmp_path, lvis_data())
+    records = load_cached_json(json_file, "/images", lvis=True)  # the writer checks what it published
+    hashed = []
+    original = annotation_cache._hash_descriptor
+
+    def counting(fd, *region):  # the json's hash reads it whole, the record bytes' check a region
+        hashed.extend([region] if region else [])
+        return original(fd, *region)
+
+    monkeypatch.setattr(annotation_cache, "_hash_descriptor", counting)
+    monkeypatch.setattr(annotation_cache, "_CHECKED", set())  # another process of this machine: the memo
+    load_cached_json(json_file, "/images", lvis=True)
+    pickle.loads(pickle.dumps(records))  # a spawned loader worker
+    assert hashed == []
+    for memo in glob.glob(os.path.join(os.environ["LAZYTRAIN_CACHE"], ".sha256", "*")):
+        os.remove(memo)
+    monkeypatch.setattr(annotation_cache, "_CHECKED", set())
+    load_cached_json(json_file, "/images", lvis=True)  # another machine
+    assert len(hashed) == 1

@@ -178,13 +178,19 @@ def test_a_writer_removes_only_provably_dead_writers_temporary_files(tmp_path, c
     dead.start()
     dead.join()
     namespace = os.stat("/proc/self/ns/pid").st_ino
+    boot = open("/proc/sys/kernel/random/boot_id").read().strip().replace("-", "")
     name = f".{os.path.basename(path)}.tmp"
-    other_machine = cache_dir / f"{name}~other-node~{namespace}~{dead.pid}~0a0b"  # same pid, another host
-    dead_here = cache_dir / f"{name}~{socket.gethostname()}~{namespace}~{dead.pid}~0c0d"
-    for temporary in (other_machine, dead_here):
+    host = socket.gethostname()
+    other_machine = (
+        cache_dir / f"{name}~other-node~{boot}~{namespace}~{dead.pid}~0a0b"
+    )  # same pid, another host
+    # The same hostname and initial pid namespace on another machine (a cloned image): another boot id.
+    other_boot = cache_dir / f"{name}~{host}~{'0' * 32}~{namespace}~{dead.pid}~0e0f"
+    dead_here = cache_dir / f"{name}~{host}~{boot}~{namespace}~{dead.pid}~0c0d"
+    for temporary in (other_machine, other_boot, dead_here):
         temporary.write_bytes(b"half a file")
     assert load_cached_json(json_file, "/images", lvis=True).cache_paths == [path]
-    assert other_machine.exists() and not dead_here.exists()
+    assert other_machine.exists() and other_boot.exists() and not dead_here.exists()
 
 
 def _read_while_replaced(json_file, started, replaced):

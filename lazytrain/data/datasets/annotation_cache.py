@@ -1,38 +1,50 @@
 """One parse of a COCO/LVIS json per machine: the records in a file every process maps read-only.
 
 Invariant: a cache file is data only, named after the content it was built from, and never changed once it has
-its name; so any process may map any cache file it finds, on any machine, for as long as it likes.
+its name; so any process may map any cache file it finds, on any machine, for as long as it likes (a file that
+cannot change cannot be truncated under a map: no SIGBUS).
 
-The file holds the records (each msgpack-encoded, in one byte array with int64 offsets), the arrays the
-samplers and the aspect grouping read (each image's distinct categories and their instance counts in CSR form,
-its annotation count, height, width and aspect group) and the data set's metadata (msgpack), then a JSON table
-of the arrays' dtypes, counts and offsets. Reading it decodes JSON and msgpack and maps numpy arrays of a fixed
-set of dtypes, every offset checked against the file's length first: nothing in a file can run code, and a
-damaged or foreign file is refused (`CacheFileError`) before any of it is used.
+The file holds the records (each msgpack-encoded, in one byte array with int64 offsets and a crc32 each), the
+arrays the samplers and the aspect grouping read (each image's distinct categories and their instance counts in
+CSR form, its annotation count, height, width and aspect group) and the data set's metadata (msgpack), then a
+JSON table of the arrays' dtypes, counts, offsets and sha256s; the header holds the table's sha256. Reading it
+decodes JSON and msgpack and maps numpy arrays of a fixed set of dtypes, every offset checked against the
+file's length first: nothing in a file can run code. A damaged or foreign file is refused (`CacheFileError`)
+before any of it is used: the table and every array are checked against their sha256 each time a process maps
+the file (12 ms at LVIS size), the record bytes once per machine (1 s per GB; remembered in ``.sha256/`` as
+for the json, and handed to spawned processes); a record's crc32 is checked when it is read.
 
-Where: ``$LAZYTRAIN_CACHE``, else ``$XDG_CACHE_HOME/lazytrain``, else ``~/.cache/lazytrain``; where that folder
-cannot be written (read-only, full), a node-local folder under ``/dev/shm`` (`get_node_local_dir`). The name:
-the json's file name and a digest of its key (`get_cache_key`: the json's sha256 and size, the image root, the
-format, `FORMAT_VERSION`). A json changed in any way, even with its size and modification time kept, has a new
-name; copies of one json on several machines (other inodes, other paths) share one file, whoever built it.
-A machine hashes a json once: ``.sha256/`` in the cache folder keeps each json's sha256 with its device,
-inode, size, mtime and ctime (the kernel sets the ctime on any change; no copy or archive tool restores it).
+Where: ``$LAZYTRAIN_CACHE``, else ``$XDG_CACHE_HOME/lazytrain``, else ``~/.cache/lazytrain``; only where that
+folder cannot be written (read-only, full, another user's), a node-local folder under ``/dev/shm``
+(`get_node_local_dir`), used only when it is this user's own, mode 0700, not a symbolic link (its name is
+predictable: another user could make it first and plant files with wrong labels). The name: the json's file
+name and a digest of its key (`get_cache_key`: the json's sha256 and size, the image root, the format,
+`FORMAT_VERSION`). A json changed in any way, even with its size and modification time kept, has a new name;
+copies of one json on several machines (other inodes, other paths) share one file, whoever built it. A machine
+hashes a json once: ``.sha256/`` in the cache folder keeps each json's sha256 with its device, inode, size,
+mtime and ctime (the kernel sets the ctime on any change; no copy or archive tool restores it). The json is
+hashed again after its parse (the memo answers unless it changed): a json changed meanwhile is never published
+under the old content's name.
 
 Rules (what runs first, who may touch what):
-- a writer writes under a temporary name unique across machines and containers (host, pid namespace, pid,
-  random), fsyncs, then publishes with a hard link that fails when the name exists: a name, once given, is
-  never replaced. Where two writers race (no working locks), the loser drops its copy and maps the winner's.
-- a writer removes only temporary files of writers provably dead: same host and pid namespace, pid gone.
-- a file found damaged or foreign under a name is renamed aside (``<name>.damaged-...``), one warning naming
-  it, and the name is written again: processes that map the damaged file keep their inode.
+- a writer writes under a temporary name unique across machines and containers (host, boot id, pid namespace,
+  pid, random), fsyncs, then publishes with a hard link that fails when the name exists (where hard links fail,
+  ``renameat2(RENAME_NOREPLACE)``): a name, once given, is never replaced. Where two writers race (no working
+  locks), the loser drops its copy and maps the winner's.
+- a writer removes only temporary files of writers provably dead: same host, boot and pid namespace, pid gone.
+- a file found damaged or foreign under a name (a FIFO or a symbolic link too: cache files are opened without
+  following links or blocking) is renamed aside (``<name>.damaged-...``), one warning naming it, and the name
+  is written again: processes that map the damaged file keep their inode.
 - the lock (``<name>.lock``, ``flock``) only spares duplicate parses; correctness never depends on it. A file
-  system without locks (ENOSYS, ENOLCK, ...) parses without one; every wait on a lock is bounded
-  (`LOCK_WAIT_S`, `LOCK_CALL_S`) by an error naming ``LAZYTRAIN_CACHE``.
-- only ``python -m lazytrain cache --clear`` removes cache files (see its help for running jobs).
+  system without locks (ENOSYS, ENOLCK, EBADF of NFS on a read-only lock file, ...) parses without one; every
+  wait on a lock is bounded (`LOCK_WAIT_S`, `LOCK_CALL_S`) by an error naming ``LAZYTRAIN_CACHE``.
+- only ``python -m lazytrain cache --clear`` removes cache files (see its help for running jobs); files in
+  ``/dev/shm`` stay until it runs on that machine or the machine reboots.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import glob
 import hashlib
@@ -43,9 +55,11 @@ import os
 import re
 import secrets
 import socket
+import stat
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterable
 from typing import IO, Any
 
@@ -71,9 +85,11 @@ __all__ = [
     "get_cache_key",
     "get_cache_path",
     "get_node_local_dir",
+    "get_private_folder_problem",
     "hash_file",
     "is_same_source",
     "list_cache_files",
+    "make_private_folder",
     "move_aside",
     "read_cache_file",
     "write_cache_file",
@@ -81,7 +97,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Bump when the records, the arrays or the file layout change: older files are then rebuilt."""
 
 LOCK_WAIT_S = 1800.0
@@ -91,13 +107,23 @@ LOCK_CALL_S = 120.0
 """Longest one lock call may take (NFS without lockd can hang in it); then an error says what to do."""
 
 _MAGIC = b"LZTCACHE"
-_PREAMBLE = struct.Struct("<8sQQ")  # magic, offset and length of the JSON table at the end
+_PREAMBLE = struct.Struct("<8sQQ32s")  # magic, offset, length and sha256 of the JSON table at the end
 _DATA_START = 64
 _ALIGN = 64
 _SUFFIX = ".records"
-_DTYPES = frozenset({"<i8", "<i4", "<f8", "|i1", "|u1"})
-_REQUIRED = ("record_offsets", "record_bytes", "annotation_counts", "category_offsets", "categories")
-_PER_IMAGE = ("annotation_counts", "heights", "widths", "aspect_groups")
+_DTYPES = frozenset({"<i8", "<i4", "<u4", "<f8", "|i1", "|u1"})
+_REQUIRED = (
+    "record_offsets",
+    "record_bytes",
+    "record_crcs",
+    "annotation_counts",
+    "category_offsets",
+    "categories",
+)
+_PER_IMAGE = ("record_crcs", "annotation_counts", "heights", "widths", "aspect_groups")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+_CHUNK = 1 << 20  # hashing buffer: a few of them fit the CPU's cache
 _IDENTITY = ("version", "sha256", "size", "image_root", "lvis")
 _NO_LOCK_ERRNOS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
 _NODE_LOCAL_ROOT = "/dev/shm"
@@ -117,29 +143,96 @@ def get_cache_dir() -> str:
 
 def get_node_local_dir() -> str | None:
     """The folder used when the cache folder cannot be written: ``/dev/shm/lazytrain-cache-<uid>`` (memory of
-    this machine, shared by its processes, gone at reboot); None where there is no ``/dev/shm``."""
+    this machine, shared by its processes, gone at reboot); None where there is no ``/dev/shm``.
+
+    Its name is predictable, so another user may have made it first: it is used only after `make_private_folder`
+    found it this user's own (see `get_private_folder_problem`).
+    """
     if not os.path.isdir(_NODE_LOCAL_ROOT):
         return None
     return os.path.join(_NODE_LOCAL_ROOT, f"lazytrain-cache-{os.getuid()}")
 
 
-def hash_file(path: str) -> str:
-    """The sha256 of the file at `path` (hex), read through 64 MiB windows of a map, one at a time.
+def get_private_folder_problem(folder: str) -> str | None:
+    """Why `folder` is not this user's private folder (a symbolic link, another owner, open to other users), or
+    None when it is. Another user who could write it could plant a cache file with wrong labels; one who made it
+    first could replace its files. ``/dev/shm`` is sticky: once checked, no other user can rename it away."""
+    try:
+        status = os.lstat(folder)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if stat.S_ISLNK(status.st_mode):
+        return "a symbolic link"
+    if not stat.S_ISDIR(status.st_mode):
+        return "not a folder"
+    if status.st_uid != os.getuid():
+        return f"owned by uid {status.st_uid}, not by this user (uid {os.getuid()})"
+    if status.st_mode & 0o077:
+        return f"mode {stat.S_IMODE(status.st_mode):o}: other users may read or write it (0700 expected)"
+    return None
 
-    A map hashes the page cache's pages without copying them (a read into a buffer cost as much as the hash);
-    one window at a time, because a mapped page counts in the process's PSS while mapped (the whole json
-    mapped at once added 0.66 GiB to the peak PSS of 2 ranks at LVIS size).
+
+def make_private_folder(folder: str) -> str | None:
+    """Create `folder` with mode 0700 unless it exists; then `get_private_folder_problem` of it."""
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        return f"cannot be created ({e.strerror})"
+    return get_private_folder_problem(folder)
+
+
+def _open_regular(path: str) -> int:
+    """A read descriptor of the regular file at `path`; never blocks (a FIFO) nor follows a symbolic link.
+
+    Raises:
+        OSError: ENOENT when there is none; ELOOP for a symbolic link; EINVAL, its text naming the kind, for a
+            FIFO, a device or a folder.
     """
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        what = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a folder", stat.S_IFSOCK: "a socket"}.get(
+            kind, "a device"
+        )
+        raise OSError(errno.EINVAL, f"{what}, not a regular file")
+    return fd
+
+
+def _hash_descriptor(fd: int, offset: int = 0, length: int | None = None) -> str:
+    """The sha256 (hex) of `length` bytes (default: to the end) of `fd` from `offset`, read into one reused
+    buffer: never a map, so a file truncated meanwhile gives a short read, not a SIGBUS."""
     digest = hashlib.sha256()
-    window = 64 << 20
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        for offset in range(0, size, window):
-            with mmap.mmap(
-                f.fileno(), min(window, size - offset), access=mmap.ACCESS_READ, offset=offset
-            ) as part:
-                digest.update(part)
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    position, end = offset, None if length is None else offset + length
+    while end is None or position < end:
+        wanted = _CHUNK if end is None else min(_CHUNK, end - position)
+        count = os.preadv(fd, [view[:wanted]], position)
+        if count == 0:
+            break
+        digest.update(view[:count])
+        position += count
     return digest.hexdigest()
+
+
+def hash_file(path: str) -> str:
+    """The sha256 of the file at `path` (hex), read in 1 MiB chunks into one reused buffer.
+
+    Not through a map: a json truncated while it is hashed (rewritten in place) would raise SIGBUS in a map; a
+    read returns what is there, and the changed file's stat (see `get_cache_key`) tells it apart.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _hash_descriptor(fd)
+    finally:
+        os.close(fd)
 
 
 def _stat_signature(status: os.stat_result) -> list[int]:
@@ -148,10 +241,35 @@ def _stat_signature(status: os.stat_result) -> list[int]:
     return [status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns]
 
 
-def _memo_path(path: str) -> str:
-    """This machine's memo of `path`'s sha256 (another machine sees other devices and inodes)."""
+def _memo_path(path: str, folder: str | None = None) -> str:
+    """This machine's memo of `path`'s sha256 in `folder` (default `get_cache_dir`) (another machine sees other
+    devices and inodes)."""
     digest = hashlib.sha256(f"{_host()}\0{path}".encode()).hexdigest()[:32]
-    return os.path.join(get_cache_dir(), ".sha256", f"{digest}.json")
+    return os.path.join(folder or get_cache_dir(), ".sha256", f"{digest}.json")
+
+
+def _read_memo(memo: str, status: os.stat_result) -> str | None:
+    """The sha256 a memo keeps for a file of `status`; None without a memo of that very file."""
+    try:
+        fd = _open_regular(memo)
+        with os.fdopen(fd, "rb") as f:
+            saved = json.loads(f.read(4096))
+        if saved["stat"] == _stat_signature(status) and _HEX64.fullmatch(saved["sha256"]):
+            return saved["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no memo, or not one of ours
+    return None
+
+
+def _write_memo(memo: str, status: os.stat_result, digest: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(memo), exist_ok=True)
+        tmp = f"{memo}.tmp~{_writer_tag()}"
+        with open(tmp, "x") as f:
+            json.dump({"stat": _stat_signature(status), "sha256": digest}, f)
+        os.replace(tmp, memo)  # a memo is read whole and never mapped: replacing it is safe
+    except OSError:
+        pass  # a read-only cache folder: hash every time
 
 
 def _hash_with_memo(path: str) -> str:
@@ -162,25 +280,14 @@ def _hash_with_memo(path: str) -> str:
     """
     before = os.stat(path)
     memo = _memo_path(path)
-    try:
-        with open(memo, "rb") as f:
-            saved = json.loads(f.read(4096))
-        if saved["stat"] == _stat_signature(before) and re.fullmatch(r"[0-9a-f]{64}", saved["sha256"]):
-            return saved["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # no memo, or not one of ours: hash
+    saved = _read_memo(memo, before)
+    if saved is not None:
+        return saved
     digest = hash_file(path)
     after = os.stat(path)
     racy = time.time() - max(after.st_mtime, after.st_ctime) < _RACY_S
     if _stat_signature(after) == _stat_signature(before) and not racy:
-        try:
-            os.makedirs(os.path.dirname(memo), exist_ok=True)
-            tmp = f"{memo}.tmp~{_writer_tag()}"
-            with open(tmp, "w") as f:
-                json.dump({"stat": _stat_signature(after), "sha256": digest}, f)
-            os.replace(tmp, memo)  # a memo is read whole and never mapped: replacing it is safe
-        except OSError:
-            pass  # a read-only cache folder: hash every time
+        _write_memo(memo, after, digest)
     return digest
 
 
@@ -238,10 +345,14 @@ class CacheFile:
         key: what it was built from (`get_cache_key`).
         arrays: name -> read-only numpy array backed by the map.
         metadata: the data set's metadata (class names, id mapping, LVIS class image counts).
+        checked: the stat signature of the file whose record bytes were checked against their sha256 (handed
+            to a spawned process, which then skips that check; see `read_cache_file`).
     """
 
-    def __init__(self, path: str, key: dict, arrays: dict[str, np.ndarray], metadata: dict) -> None:
-        self.path, self.key, self.arrays, self.metadata = path, key, arrays, metadata
+    def __init__(
+        self, path: str, key: dict, arrays: dict[str, np.ndarray], metadata: dict, checked: list[int]
+    ) -> None:
+        self.path, self.key, self.arrays, self.metadata, self.checked = path, key, arrays, metadata, checked
 
     def __len__(self) -> int:
         return len(self.arrays["record_offsets"]) - 1
@@ -250,14 +361,16 @@ class CacheFile:
         """A fresh dict of record `index` (the caller may modify it)."""
         offsets = self.arrays["record_offsets"]
         start, end = int(offsets[index]), int(offsets[index + 1])
+        blob = self.arrays["record_bytes"][start:end]
         try:
-            record = _DECODER.decode(self.arrays["record_bytes"][start:end])
+            # The file's record bytes were checked when this machine first mapped it; the crc32 (a few us per
+            # record) keeps a later change to the bytes from being read as a record.
+            if zlib.crc32(blob) != int(self.arrays["record_crcs"][index]):
+                raise ValueError("its bytes do not match their crc32")
+            record = _DECODER.decode(blob)
             if not isinstance(record, dict):
                 raise TypeError(f"a {type(record).__name__}, not a dict")
-        except (
-            msgspec.DecodeError,
-            TypeError,
-        ) as e:  # bytes changed after the file was checked and published
+        except (msgspec.DecodeError, TypeError, ValueError, RecursionError) as e:
             raise LazytrainError(
                 f"The annotation cache file {self.path} is damaged (record {index}: {e}). Remove it with: "
                 f"python -m lazytrain cache {self.key.get('json_file', '')} --clear (the next run parses the json "
@@ -267,15 +380,18 @@ class CacheFile:
 
 
 def _read_table(mapped: mmap.mmap) -> tuple[dict, int]:
-    """(table, its offset) of a mapped file, after checking the header and the table's place."""
+    """(table, its offset) of a mapped file, after checking the header, the table's place and its sha256."""
     if len(mapped) < _DATA_START:
         raise ValueError(f"{len(mapped)} bytes, shorter than the header")
-    magic, offset, length = _PREAMBLE.unpack_from(mapped, 0)
+    magic, offset, length, digest = _PREAMBLE.unpack_from(mapped, 0)
     if magic != _MAGIC:
         raise ValueError("no lazytrain cache header")
     if offset < _DATA_START or offset + length != len(mapped):
         raise ValueError("its table is not where its header says (a truncated or overwritten file)")
-    table = json.loads(bytes(mapped[offset:]))
+    text = bytes(mapped[offset:])
+    if hashlib.sha256(text).digest() != digest:
+        raise ValueError("its table does not match its sha256")
+    table = json.loads(text)
     if not isinstance(table, dict) or not isinstance(table.get("key"), dict):
         raise ValueError("its table has no key")
     if table["key"].get("version") != FORMAT_VERSION:
@@ -287,19 +403,22 @@ def _read_table(mapped: mmap.mmap) -> tuple[dict, int]:
     return table, offset
 
 
-def _map_arrays(mapped: mmap.mmap, entries: dict, end: int) -> dict[str, np.ndarray]:
-    """The arrays the table lists, each checked to lie inside the data part of the file."""
-    arrays = {}
+def _map_arrays(mapped: mmap.mmap, entries: dict, end: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(the arrays the table lists, each checked to lie inside the data part of the file; their sha256s)."""
+    arrays, digests = {}, {}
     for name, entry in entries.items():
-        if not (isinstance(entry, list) and len(entry) == 3 and entry[0] in _DTYPES):
+        if not (isinstance(entry, list) and len(entry) == 4 and entry[0] in _DTYPES):
             raise ValueError(f"array {name!r}: bad table entry {entry!r}")
-        dtype, count, offset = entry
+        dtype, count, offset, digest = entry
         if type(count) is not int or type(offset) is not int or count < 0 or offset < _DATA_START:
             raise ValueError(f"array {name!r}: bad count or offset {entry!r}")
+        if not (isinstance(digest, str) and _HEX64.fullmatch(digest)):
+            raise ValueError(f"array {name!r}: bad sha256 {digest!r}")
         if offset + count * np.dtype(dtype).itemsize > end:
             raise ValueError(f"array {name!r} runs past the data ({offset} + {count} x {dtype} > {end})")
         arrays[name] = np.frombuffer(mapped, dtype=dtype, count=count, offset=offset)
-    return arrays
+        digests[name] = digest
+    return arrays, digests
 
 
 def _check_csr(offsets: np.ndarray, values: int, name: str) -> None:
@@ -316,6 +435,8 @@ def _check_arrays(arrays: dict[str, np.ndarray]) -> None:
         raise ValueError(f"arrays missing: {', '.join(missing)}")
     if arrays["record_offsets"].dtype != np.int64 or arrays["category_offsets"].dtype != np.int64:
         raise ValueError("offsets are not int64")
+    if arrays["record_crcs"].dtype != np.uint32:
+        raise ValueError("record crc32s are not uint32")
     _check_csr(arrays["record_offsets"], len(arrays["record_bytes"]), "record offsets")
     _check_csr(arrays["category_offsets"], len(arrays["categories"]), "category offsets")
     images = len(arrays["record_offsets"]) - 1
@@ -325,35 +446,83 @@ def _check_arrays(arrays: dict[str, np.ndarray]) -> None:
         raise ValueError(f"per-image arrays of another length than {images} images")
 
 
-def read_cache_file(path: str) -> CacheFile | None:
+def _check_digests(arrays: dict[str, np.ndarray], digests: dict[str, str]) -> None:
+    """Every array but the record bytes against its sha256 (12 ms at LVIS size; see `_check_records`)."""
+    for name, array in arrays.items():
+        if name != "record_bytes" and hashlib.sha256(array.data).hexdigest() != digests[name]:
+            raise ValueError(f"array {name!r} does not match its sha256")
+
+
+_CHECKED: set[tuple] = set()  # (path, stat signature) of the files whose record bytes this process checked
+
+
+def _check_records(
+    fd: int, path: str, status: os.stat_result, entry: list, checked: list[int] | None
+) -> None:
+    """The record bytes against their sha256, once per machine and file: skipped when this process, the one
+    that handed it the file (`checked`), or a memo in the file's folder's ``.sha256/`` (this host, the file's
+    device, inode, size, mtime and ctime) saw that check pass (1 s per GB).
+
+    Read, not through the map: a check must not leave a GB of mapped pages counted in each rank's PSS. A cache
+    file is never written after its name is given (its name is its content), so what was checked stays.
+    """
+    signature = _stat_signature(status)
+    if (path, tuple(signature)) in _CHECKED or checked == signature:
+        _CHECKED.add((path, tuple(signature)))
+        return
+    _, count, offset, digest = entry
+    memo = _memo_path(path, os.path.dirname(path))
+    if _read_memo(memo, status) != digest:
+        if _hash_descriptor(fd, offset, count) != digest:
+            raise ValueError("its record bytes do not match their sha256")
+        _write_memo(memo, status, digest)
+    _CHECKED.add((path, tuple(signature)))
+
+
+def read_cache_file(path: str, *, checked: list[int] | None = None) -> CacheFile | None:
     """Map the cache file at `path`; None when there is no file.
+
+    Every part of the file is checked before any of it is used: the table against the sha256 in the header,
+    each array against its sha256 in the table, the record bytes once per machine (see `_check_records`).
+
+    Args:
+        checked: the stat signature of a file whose record bytes the caller's process checked (`CacheFile`).
 
     Raises:
         CacheFileError: the file is not a complete, valid cache file of this version (damaged, truncated,
-            foreign); nothing of it was decoded beyond its JSON table.
+            foreign, a FIFO or a symbolic link); nothing of it was decoded beyond its JSON table.
     """
     try:
-        with open(path, "rb") as f:
-            status = os.fstat(f.fileno())
-            if status.st_size == 0:
-                raise CacheFileError(path, "empty", status)
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        fd = _open_regular(path)
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise CacheFileError(path, f"cannot be read ({e.strerror})") from None
-    # Any failure below means "not a cache file we wrote": JSON, msgpack and numpy views cannot run code, and
-    # whatever they raise on hostile bytes (ValueError, RecursionError, ...) must become a rebuild, not a crash.
+        reason = "a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        raise CacheFileError(path, f"cannot be read ({reason})") from None
     try:
-        table, end = _read_table(mapped)
-        arrays = _map_arrays(mapped, table["arrays"], end)
-        _check_arrays(arrays)
-        metadata = _DECODER.decode(arrays.pop("metadata"))
-        if not isinstance(metadata, dict) or not isinstance(metadata.get("categories"), list):
-            raise ValueError("its metadata has no categories")
-    except Exception as e:
-        raise CacheFileError(path, f"{type(e).__name__}: {e}", status) from None
-    return CacheFile(path, table["key"], arrays, metadata)
+        status = os.fstat(fd)
+        if status.st_size == 0:
+            raise CacheFileError(path, "empty", status)
+        try:
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise CacheFileError(path, f"cannot be read ({e.strerror})", status) from None
+        # Any failure below means "not a cache file we wrote": JSON, msgpack and numpy views cannot run code,
+        # and whatever they raise on hostile bytes (ValueError, RecursionError, ...) must become a rebuild.
+        try:
+            table, end = _read_table(mapped)
+            arrays, digests = _map_arrays(mapped, table["arrays"], end)
+            _check_arrays(arrays)
+            _check_digests(arrays, digests)
+            _check_records(fd, path, status, table["arrays"]["record_bytes"], checked)
+            metadata = _DECODER.decode(arrays.pop("metadata"))
+            if not isinstance(metadata, dict) or not isinstance(metadata.get("categories"), list):
+                raise ValueError("its metadata has no categories")
+        except Exception as e:
+            raise CacheFileError(path, f"{type(e).__name__}: {e}", status) from None
+    finally:
+        os.close(fd)
+    return CacheFile(path, table["key"], arrays, metadata, _stat_signature(status))
 
 
 def move_aside(error: CacheFileError) -> str | None:
@@ -382,8 +551,18 @@ def _pid_namespace() -> str:
         return "0"
 
 
+def _boot_id() -> str:
+    """This boot of this machine: every machine's first pid namespace has the same inode, and two machines can
+    share a hostname (cloned images), so host and namespace alone do not tell a writer's machine."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return re.sub(r"[^0-9a-f]", "", f.read()) or "0"
+    except OSError:
+        return "0"
+
+
 def _writer_tag() -> str:
-    return f"{_host()}~{_pid_namespace()}~{os.getpid()}~{secrets.token_hex(4)}"
+    return f"{_host()}~{_boot_id()}~{_pid_namespace()}~{os.getpid()}~{secrets.token_hex(4)}"
 
 
 def _is_alive(pid: int) -> bool:
@@ -397,12 +576,14 @@ def _is_alive(pid: int) -> bool:
 
 
 def _remove_dead_writers_files(path: str) -> None:
-    """Remove the temporary files of writers of `path` that provably died: this host, this pid namespace, a pid
-    that no longer exists. Another machine's or container's files are left alone (their writer may live)."""
+    """Remove the temporary files of writers of `path` that provably died: this host, this boot, this pid
+    namespace, a pid that no longer exists. Another machine's or container's files are left alone (their writer
+    may live), as are files of an older name format."""
     folder, name = os.path.split(path)
+    here = (_host(), _boot_id(), _pid_namespace())
     for tmp in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.tmp~*")):
-        host, namespace, pid = (tmp.rsplit(".tmp~", 1)[1].split("~") + ["", "", ""])[:3]
-        if host == _host() and namespace == _pid_namespace() and pid.isdigit() and not _is_alive(int(pid)):
+        host, boot, namespace, pid = (tmp.rsplit(".tmp~", 1)[1].split("~") + ["", "", "", ""])[:4]
+        if (host, boot, namespace) == here and pid.isdigit() and not _is_alive(int(pid)):
             try:
                 os.remove(tmp)
             except FileNotFoundError:
@@ -438,21 +619,22 @@ class _ArrayWriter:
         self._table[name] = [dtype, 0, position + padding]
         return position + padding
 
-    def end(self, name: str) -> None:
+    def end(self, name: str, digest: str) -> None:
         dtype, _, offset = self._table[name]
-        self._table[name][1] = (self._f.tell() - offset) // np.dtype(dtype).itemsize
+        self._table[name][1:] = [(self._f.tell() - offset) // np.dtype(dtype).itemsize, offset, digest]
 
     def add(self, name: str, array: np.ndarray) -> None:
         self.begin(name, array.dtype.str)
-        self._f.write(np.ascontiguousarray(array).tobytes())
-        self.end(name)
+        data = np.ascontiguousarray(array).tobytes()
+        self._f.write(data)
+        self.end(name, hashlib.sha256(data).hexdigest())
 
     def finish(self, key: dict) -> None:
         table = json.dumps({"key": key, "arrays": self._table}).encode()
         offset = self._f.tell()
         self._f.write(table)
         self._f.seek(0)
-        self._f.write(_PREAMBLE.pack(_MAGIC, offset, len(table)))
+        self._f.write(_PREAMBLE.pack(_MAGIC, offset, len(table), hashlib.sha256(table).digest()))
 
 
 class _Arrays:
@@ -460,6 +642,7 @@ class _Arrays:
 
     def __init__(self) -> None:
         self.record_offsets = [0]
+        self.record_crcs: list[int] = []
         self.annotation_counts: list[int] = []
         self.category_offsets = [0]
         self.categories: list[int] = []
@@ -468,8 +651,9 @@ class _Arrays:
         self.widths: list[float] = []
         self.groups: list[int] | None = []
 
-    def add(self, record: dict, size: int) -> None:
-        self.record_offsets.append(self.record_offsets[-1] + size)
+    def add(self, record: dict, blob: bytes) -> None:
+        self.record_offsets.append(self.record_offsets[-1] + len(blob))
+        self.record_crcs.append(zlib.crc32(blob))
         counts: dict[int, int] = {}
         annotations = record.get("annotations") or ()
         for annotation in annotations:
@@ -491,6 +675,7 @@ class _Arrays:
 
     def write(self, writer: _ArrayWriter) -> None:
         writer.add("record_offsets", np.asarray(self.record_offsets, dtype=np.int64))
+        writer.add("record_crcs", np.asarray(self.record_crcs, dtype=np.uint32))
         writer.add("annotation_counts", np.asarray(self.annotation_counts, dtype=np.int64))
         writer.add("category_offsets", np.asarray(self.category_offsets, dtype=np.int64))
         writer.add("categories", np.asarray(self.categories, dtype=np.int32))
@@ -528,11 +713,13 @@ class CacheWriter:
         writer = _ArrayWriter(f)
         arrays = _Arrays()
         writer.begin("record_bytes", "|u1")
+        digest = hashlib.sha256()
         for record in records:
             blob = _ENCODER.encode(record)
             f.write(blob)
-            arrays.add(record, len(blob))
-        writer.end("record_bytes")
+            digest.update(blob)
+            arrays.add(record, blob)
+        writer.end("record_bytes", digest.hexdigest())
         arrays.write(writer)
         writer.add("metadata", np.frombuffer(_ENCODER.encode(metadata), np.uint8))
         writer.finish(key)
@@ -551,11 +738,7 @@ class CacheWriter:
         except OSError as e:
             if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
                 raise
-            # No hard links here: rename while the name is free. Two writers of the same content racing in
-            # between give the name twice, with equal bytes; a reader's map of the first stays valid locally.
-            published = not os.path.exists(self.path)
-            if published:
-                os.rename(self._tmp, self.path)
+            published = _rename_without_replacing(self._tmp, self.path)
         _fsync_folder(os.path.dirname(self.path))
         return published
 
@@ -568,6 +751,46 @@ class CacheWriter:
             os.remove(self._tmp)
         except FileNotFoundError:
             pass
+
+
+_RENAME_NOREPLACE = 1  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _rename_without_replacing(source: str, target: str) -> bool:
+    """Rename `source` to `target` unless `target` exists; False when it does.
+
+    Where hard links fail (some FUSE and SMB mounts), ``renameat2(RENAME_NOREPLACE)`` (Linux 3.15, glibc 2.28)
+    is the kernel's own rename that fails on an existing name. Where the file system refuses that flag too
+    (EINVAL) or there is no renameat2, the name is checked first, then renamed: two writers racing between the
+    check and the rename give the name twice. The second file replaces the first; both hold records of the same
+    key (the same json content) but not equal bytes (the table keeps the json's path), and a process that
+    mapped the first keeps its inode, so only a reader on NFS could see that file go (ESTALE).
+    """
+    if _renameat2 is not None:
+        if _renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) == 0:
+            return True
+        code = ctypes.get_errno()
+        if code == errno.EEXIST:
+            return False
+        if code not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise OSError(code, os.strerror(code), target)
+    if os.path.lexists(target):
+        return False
+    os.rename(source, target)
+    return True
+
+
+def _load_renameat2() -> Any:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not Linux, or a libc before 2.28
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return function
+
+
+_renameat2 = _load_renameat2()
 
 
 def write_cache_file(path: str, records: Iterable[dict], metadata: dict, key: dict) -> bool:
@@ -616,6 +839,11 @@ def _try_lock(fd: int, lock_path: str) -> bool | None:
         isinstance(error, OSError) and error.errno in _NO_LOCK_ERRNOS
     ):
         return None
+    if isinstance(error, OSError) and error.errno == errno.EBADF:
+        # Linux NFS emulates flock with POSIX locks, whose exclusive lock needs a writable descriptor: another
+        # user's lock file opened read-only. Parsing stays correct without the lock (see the module docstring).
+        logger.debug("No lock on %s (read-only lock file on NFS): parsing without one.", lock_path)
+        return None
     raise error
 
 
@@ -638,9 +866,14 @@ class CacheLock:
 
     def _open(self) -> int:
         try:
-            return os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except PermissionError:  # another user's lock file in a shared folder: flock needs only a read handle
-            return os.open(self._lock_path, os.O_RDONLY)
+            return os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except (
+            PermissionError
+        ) as e:  # another user's lock file in a shared folder: flock needs only a read handle
+            try:
+                return os.open(self._lock_path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise e from None  # no lock file and no right to make one: a folder this user cannot write
 
     def __enter__(self) -> CacheLock:
         if fcntl is None:

@@ -30,6 +30,7 @@ from lazytrain.data.datasets.annotation_cache import (
     get_cache_path,
     get_node_local_dir,
     is_same_source,
+    make_private_folder,
     move_aside,
     read_cache_file,
 )
@@ -80,8 +81,17 @@ _UNUSABLE_FOLDER = frozenset(
 _SIZE_RATIO = 1.25  # cache file bytes per json byte, with margin (1.1 GB for LVIS's 900 MiB json)
 
 
+class _JsonChanged(Exception):
+    """The json's content changed between its hash and the end of its parse."""
+
+
 def _build(writer: CacheWriter, json_file: str, image_root: str, lvis: bool, key: dict) -> bool:
-    """Parse `json_file` into `writer` and publish it; False when another process published the name first."""
+    """Parse `json_file` into `writer` and publish it; False when another process published the name first.
+
+    Raises:
+        _JsonChanged: the json hashed now is not the one the key was made from (nothing published): the parse may
+            have read the new content, which must not go under the old content's name.
+    """
     typed = _parse_typed(json_file, image_root, lvis)
     if typed is not None:
         decoded, metadata = typed
@@ -96,36 +106,30 @@ def _build(writer: CacheWriter, json_file: str, image_root: str, lvis: bool, key
     if typed is None:
         records, metadata = _parse_plain(json_file, image_root, lvis)
         writer.write(records, metadata, key)
+    # The same file before and after the parse (the memo answers at once unless it changed): then the parse read
+    # the bytes that were hashed.
+    if not os.path.isfile(json_file) or not is_same_source(
+        get_cache_key(json_file, image_root, lvis=lvis), key
+    ):
+        raise _JsonChanged(json_file)
     return writer.publish()
 
 
-def _get_folders() -> list[str]:
-    """Where cache files are looked for and written, in order: the cache folder, then this machine's memory."""
-    folders = [get_cache_dir()]
-    node_local = get_node_local_dir()
-    if node_local is not None and node_local != folders[0]:
-        folders.append(node_local)
-    return folders
-
-
-def _find(key: dict, folders: list[str], repair: str | None = None) -> CacheFile | None:
-    """The valid cache file of `key` in the first folder that has one. An invalid file at `repair` (whose lock
-    the caller holds) is moved aside with one warning; elsewhere invalid files are passed over."""
-    for folder in folders:
-        path = get_cache_path(key, folder)
-        try:
-            cache = read_cache_file(path)
-            if cache is not None and not is_same_source(cache.key, key):
-                raise CacheFileError(path, f"built from another json (sha256 {cache.key.get('sha256')!r})")
-        except CacheFileError as e:
-            if path == repair:
-                aside = move_aside(e)
-                if aside is not None:
-                    logger.warning("%s. Moved it to %s; parsing %s again.", e, aside, key["json_file"])
-            continue
-        if cache is not None:
-            return cache
-    return None
+def _find(key: dict, folder: str, repair: bool = False) -> CacheFile | None:
+    """The valid cache file of `key` in `folder`. An invalid file there is moved aside with one warning when
+    `repair` (the caller holds its lock); else it is passed over."""
+    path = get_cache_path(key, folder)
+    try:
+        cache = read_cache_file(path)
+        if cache is not None and not is_same_source(cache.key, key):
+            raise CacheFileError(path, f"built from another json (sha256 {cache.key.get('sha256')!r})")
+    except CacheFileError as e:
+        if repair:
+            aside = move_aside(e)
+            if aside is not None:
+                logger.warning("%s. Moved it to %s; parsing %s again.", e, aside, key["json_file"])
+        return None
+    return cache
 
 
 def _check_room(folder: str, json_size: int) -> None:
@@ -141,22 +145,20 @@ def _check_room(folder: str, json_size: int) -> None:
         )
 
 
-def _build_in(folder: str, key: dict, folders: list[str]) -> CacheFile:
+def _build_in(folder: str, key: dict) -> CacheFile:
     """The cache file of `key` in `folder`, parsed and written by this process unless another one (on this
     machine or another) wrote it first. OSErrors of the folder propagate."""
     path = get_cache_path(key, folder)
     json_file = key["json_file"]
-    os.makedirs(folder, exist_ok=True)
     with CacheLock(path, json_file):
-        cache = _find(key, folders, repair=path)  # written by the process this one waited for
+        cache = _find(key, folder, repair=True)  # written by the process this one waited for
         if cache is not None:
             return cache
         _check_room(folder, key["size"])
-        with CacheWriter(
-            path
-        ) as writer:  # the temporary file exists before the parse: a read-only folder fails
+        # The temporary file exists before the parse: a read-only folder fails here.
+        with CacheWriter(path) as writer:
             published = _build(writer, json_file, key["image_root"], key["lvis"], key)
-        cache = read_cache_file(path)  # ours, or the equal one another writer published first
+        cache = read_cache_file(path)  # ours, or the one another writer of this key published first
     if cache is None or not is_same_source(cache.key, key):
         raise LazytrainError(
             f"The annotation cache file {path} of {json_file} went away or changed right after it was written "
@@ -167,45 +169,83 @@ def _build_in(folder: str, key: dict, folders: list[str]) -> CacheFile:
     return cache
 
 
+def _open_in(folder: str, key: dict, problems: list[str]) -> CacheFile | None:
+    """The cache file of `key` in `folder`, found or built; None, with the reason added to `problems`, where the
+    folder cannot hold it."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        return _find(key, folder) or _build_in(folder, key)
+    except OSError as e:
+        if e.errno not in _UNUSABLE_FOLDER:
+            raise
+        problems.append(f"{folder} ({e.strerror or e})")
+        return None
+
+
+def _open_node_local(key: dict, problems: list[str]) -> CacheFile | None:
+    """The cache file of `key` in this machine's memory (`get_node_local_dir`), used only once it is a folder of
+    this user's that no other user can write (its name is predictable)."""
+    folder = get_node_local_dir()
+    if folder is None or folder == get_cache_dir():
+        return None
+    problem = make_private_folder(folder)
+    if problem is not None:
+        logger.warning(
+            "Not using %s for the annotation cache: %s. Remove it, or set LAZYTRAIN_CACHE to a writable folder.",
+            folder,
+            problem,
+        )
+        problems.append(f"{folder} ({problem})")
+        return None
+    cache = _open_in(folder, key, problems)
+    if cache is not None:
+        logger.warning(
+            "Cannot write the annotation cache in %s; using %s (this machine's memory, until reboot or "
+            "`lazytrain cache --clear` on this machine). Set LAZYTRAIN_CACHE to a writable folder on a local disk "
+            "to keep it on disk.",
+            "; ".join(problems),
+            folder,
+        )
+    return cache
+
+
+_TRIES = 3  # parses of a json that keeps changing under them before the error
+
+
 def open_cache(json_file: str, image_root: str, *, lvis: bool) -> CacheFile:
     """The cache file of `json_file`, written first when there is none for its content.
 
-    Where the cache folder cannot be written (read-only, full), the file goes to this machine's memory
-    (`get_node_local_dir`), still parsed once per machine, with one warning.
+    Where the cache folder cannot be written (read-only, full), and only then, the file goes to this machine's
+    memory (`get_node_local_dir`), still parsed once per machine, with one warning.
 
     Raises:
         FileNotFoundError, ValueError: the plain loaders' errors for a missing or bad json (before anything is
             written).
-        LazytrainError: no folder can hold the file (before any parse), or a lock hangs; the message names the
-            folders and ``LAZYTRAIN_CACHE``.
+        LazytrainError: no folder can hold the file (before any parse), a lock hangs, or the json kept changing
+            while it was parsed; the message says what to do.
     """
-    if not os.path.isfile(json_file):
-        read_json(json_file)  # its error names the file and $LAZYTRAIN_DATASETS
-    key = get_cache_key(json_file, image_root, lvis=lvis)
-    folders = _get_folders()
-    cache = _find(key, folders)
-    if cache is not None:
-        return cache
-    problems = []
-    for folder in folders:
+    for _ in range(_TRIES):
+        if not os.path.isfile(json_file):
+            read_json(json_file)  # its error names the file and $LAZYTRAIN_DATASETS
+        key = get_cache_key(json_file, image_root, lvis=lvis)
+        problems: list[str] = []
         try:
-            cache = _build_in(folder, key, folders)
-        except OSError as e:
-            if e.errno not in _UNUSABLE_FOLDER:
-                raise
-            problems.append(f"{folder} ({e.strerror or e})")
-            continue
-        if problems:
+            cache = _open_in(get_cache_dir(), key, problems) or _open_node_local(key, problems)
+        except _JsonChanged:
             logger.warning(
-                "Cannot write the annotation cache in %s; using %s (this machine's memory, until reboot). Set "
-                "LAZYTRAIN_CACHE to a writable folder on a local disk to keep it on disk.",
-                "; ".join(problems),
-                folder,
+                "%s changed while it was parsed; parsing it again (nothing was cached).", json_file
             )
-        return cache
+            continue
+        if cache is not None:
+            return cache
+        raise LazytrainError(
+            f"Cannot write the annotation cache of {json_file} in {'; nor in '.join(problems)}. Set "
+            f"LAZYTRAIN_CACHE to a writable folder on a local disk with {key['size'] * _SIZE_RATIO / 2**20:.0f} "
+            "MiB free."
+        )
     raise LazytrainError(
-        f"Cannot write the annotation cache of {json_file} in {'; nor in '.join(problems)}. Set LAZYTRAIN_CACHE "
-        f"to a writable folder on a local disk with {key['size'] * _SIZE_RATIO / 2**20:.0f} MiB free."
+        f"{json_file} changed while it was parsed, {_TRIES} times in a row: wait until whatever writes it has "
+        "finished (a copy, a sync, a script), then start the run again."
     )
 
 
@@ -254,11 +294,12 @@ def load_cached_json(
     return records
 
 
-def _reopen(path: str, key: dict) -> CacheFile:
+def _reopen(path: str, key: dict, checked: list[int] | None) -> CacheFile:
     """The cache file a pickled `CachedRecords` names, in a spawned process. Files are never replaced under
-    their names, so it is the same file unless `lazytrain cache --clear` removed it."""
+    their names, so it is the same file unless `lazytrain cache --clear` removed it; `checked` spares the
+    check of its record bytes that the sending process made (`read_cache_file`)."""
     try:
-        cache = read_cache_file(path)
+        cache = read_cache_file(path, checked=checked)
     except CacheFileError as e:
         cache, reason = None, f" ({e.reason})"
     else:
@@ -301,10 +342,11 @@ class CachedRecords(Sequence):
         return cls([f for part in parts for f in part._files], filter_empty)
 
     def __getstate__(self) -> dict:
-        return {"files": [(f.path, f.key) for f in self._files], "filter_empty": self._filter_empty}
+        files = [(f.path, f.key, f.checked) for f in self._files]
+        return {"files": files, "filter_empty": self._filter_empty}
 
     def __setstate__(self, state: dict) -> None:
-        self._files = [_reopen(path, key) for path, key in state["files"]]
+        self._files = [_reopen(path, key, checked) for path, key, checked in state["files"]]
         self._filter_empty = state["filter_empty"]
         self._setup()
 
