@@ -9,9 +9,11 @@
 The first process that loads a COCO/LVIS json writes its records and arrays into a cache file, which every
 rank and loader worker then maps (`lazytrain.data.datasets.annotation_cache`). The files live in
 ``$LAZYTRAIN_CACHE``, else ``$XDG_CACHE_HOME/lazytrain``, else ``~/.cache/lazytrain`` (and in
-``/dev/shm/lazytrain-cache-<uid>`` where that folder could not be written). A file is named after its json's
+``/dev/shm/lazytrain-cache-<uid>`` where that folder could not be written: this machine's memory, listed and
+cleared only by this command on this machine, else kept until reboot). A file is named after its json's
 content and never rewritten: a changed json gets a new file, and the old one stays until cleared. Clearing is
-for disk space only.
+for disk space only. The state a listing gives is this machine's view: ``not this machine's json`` means the
+json at that path here has other content; another machine with other content there may still use the file.
 
 Clearing and running jobs: a process that has mapped a file keeps reading it after its removal on a local
 disk, but on NFS and other network file systems a file removed while another machine maps it can kill that
@@ -27,10 +29,12 @@ import os
 import sys
 
 from lazytrain.data.datasets.annotation_cache import (
+    CacheFile,
     CacheFileError,
     get_cache_dir,
     get_cache_key,
     get_node_local_dir,
+    get_private_folder_problem,
     is_same_source,
     list_cache_files,
     read_cache_file,
@@ -48,11 +52,24 @@ _RUNNING_JOBS = (
 
 
 def _state(key: dict) -> str:
-    """``current``, ``stale`` (its json changed since: the next load writes a new file) or ``json missing``."""
+    """``current``, ``not this machine's json`` (the json at that path here has other content: a load here
+    writes a new file; another machine may still use this one) or ``json missing here``."""
     if not os.path.isfile(key["json_file"]):
-        return "json missing"
+        return "json missing here"
     now = get_cache_key(key["json_file"], key["image_root"], lvis=key["lvis"])
-    return "current" if is_same_source(now, key) else "stale"
+    return "current" if is_same_source(now, key) else "not this machine's json"
+
+
+def _format(cache: CacheFile) -> str:
+    """The json's format (LVIS categories carry a frequency) and, where it differs, the loader that read it
+    (`register_json_dataset` reads COCO jsons with the LVIS loader, which reads both)."""
+    is_lvis = any(isinstance(c, dict) and "frequency" in c for c in cache.metadata["categories"])
+    kind = "lvis" if is_lvis else "coco"
+    return (
+        kind
+        if cache.key["lvis"] == is_lvis
+        else f"{kind} (read by the {'lvis' if cache.key['lvis'] else 'coco'} loader)"
+    )
 
 
 def _describe(path: str) -> str:
@@ -66,17 +83,21 @@ def _describe(path: str) -> str:
     if cache is None:
         return f"{path}  (removed meanwhile)"
     key = cache.key
-    kind = "lvis" if key["lvis"] else "coco"
     return (
-        f"{path}  {size}  {len(cache)} images  {kind}  json={key['json_file']}  image_root={key['image_root']}"
-        f"  {_state(key)}"
+        f"{path}  {size}  {len(cache)} images  {_format(cache)}  json={key['json_file']}  "
+        f"image_root={key['image_root']}  {_state(key)}"
     )
 
 
 def _folders() -> list[str]:
+    """The cache folder, and this machine's fallback folder where it exists and is this user's own (another
+    user's folder at that name is left alone: its files are not ours to list or remove)."""
     node_local = get_node_local_dir()
-    extra = [node_local] if node_local and node_local != get_cache_dir() and os.path.isdir(node_local) else []
-    return [get_cache_dir(), *extra]
+    if not node_local or node_local == get_cache_dir() or not os.path.lexists(node_local):
+        return [get_cache_dir()]
+    if get_private_folder_problem(node_local) is not None:
+        return [get_cache_dir()]
+    return [get_cache_dir(), node_local]
 
 
 def _leftovers() -> list[str]:
@@ -141,24 +162,47 @@ def _cache(argv: list[str]) -> None:
     if unknown:
         raise CommandLineError(f"unknown option {unknown[0]} (--help shows the options)")
     found, missing = _matching(arguments)
+    if clear:
+        found = _clear(found + (_leftovers() if not arguments else []))
     print(f"cache folder: {get_cache_dir()}")
-    if clear and not arguments:
-        found += _leftovers()
+    problem = _node_local_problem()
+    if problem:
+        print(problem)
     for path in found:
-        if clear:
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                continue
-            print(f"removed {path}")
-        else:
-            print(_describe(path))
+        print(f"removed {path}" if clear else _describe(path))
     for line in missing:
         print(line)
     if not found and not missing:
         print("no cache files")
     elif clear and found:
         print(_RUNNING_JOBS)
+
+
+def _clear(paths: list[str]) -> list[str]:
+    """Remove `paths` (all of them before anything is printed: a reader of stdout that stops early, ``| head``,
+    must not stop the clearing); the ones removed."""
+    removed = []
+    for path in paths:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    for folder in _folders():
+        try:
+            os.rmdir(os.path.join(folder, ".sha256"))
+        except OSError:
+            pass  # not there, or holds another file
+    return removed
+
+
+def _node_local_problem() -> str | None:
+    """A line naming this machine's fallback folder where another user made it or may write it (left alone)."""
+    node_local = get_node_local_dir()
+    if not node_local or not os.path.lexists(node_local):
+        return None
+    problem = get_private_folder_problem(node_local)
+    return None if problem is None else f"left alone: {node_local} ({problem}); lazytrain does not use it"
 
 
 def _cache_to_a_pipe(argv: list[str]) -> None:

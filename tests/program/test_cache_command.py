@@ -10,6 +10,7 @@ import pytest
 from lazytrain.data.datasets import annotation_cache
 from lazytrain.data.datasets.annotation_cache import list_cache_files
 from lazytrain.data.datasets.cached_records import load_cached_json
+from lazytrain.program import cache_command
 from lazytrain.program.entrypoint import main as lazytrain_main
 from tests.data.test_coco_lvis import COCO, lvis_data, write
 
@@ -42,14 +43,14 @@ def test_lists_every_cache_file_with_its_json_and_state(files, capsys):
     assert any(f"json={files['coco']}" in line and "3 images  coco" in line for line in lines)
 
 
-def test_by_name_or_json_and_stale_after_a_change(files, capsys):
+def test_by_name_or_json_and_not_this_machines_json_after_a_change(files, capsys):
     (line,) = _cache(capsys, "lvis_v1_val").splitlines()[1:]
     assert f"json={files['lvis']}" in line and line.endswith("current")
     time.sleep(0.01)
     with open(files["coco"], "a") as f:
         f.write(" ")
     (line,) = _cache(capsys, files["coco"]).splitlines()[1:]
-    assert f"json={files['coco']}" in line and line.endswith("stale")
+    assert f"json={files['coco']}" in line and line.endswith("not this machine's json")
     (line,) = _cache(capsys, "lvis_v1_train").splitlines()[1:]
     assert line.startswith("lvis_v1_train: no cache file yet (it will be ") and files["cache"] in line
 
@@ -106,3 +107,47 @@ def test_errors_are_one_line(files, capsys):
     lazytrain_main(["cache", "--help"])
     assert "python -m lazytrain cache lvis_v1_train --clear" in capsys.readouterr().out
     assert os.path.isdir(files["cache"])
+
+
+def test_a_coco_json_read_by_the_lvis_loader_is_listed_as_coco(files, capsys, tmp_path):
+    load_cached_json(files["coco"], "/other", lvis=True)  # register_json_dataset reads every json so
+    lines = _cache(capsys, files["coco"]).splitlines()[1:]
+    assert sorted(line.split("images  ")[1].split("  json=")[0] for line in lines) == [
+        "coco",
+        "coco (read by the lvis loader)",
+    ]
+
+
+class _ClosedAfterOneLine:
+    """stdout of ``| head -1``: the second write finds the pipe closed."""
+
+    def __init__(self, fileno):
+        self.lines, self._fileno = [], fileno
+
+    def write(self, text):
+        if self.lines:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.lines.append(text)
+
+    def flush(self):
+        pass
+
+    def fileno(self):
+        return self._fileno
+
+
+def test_clear_into_a_pipe_closed_early_removes_everything(files, tmp_path, monkeypatch):
+    with open(tmp_path / "stdout", "w") as out:
+        monkeypatch.setattr(sys, "stdout", _ClosedAfterOneLine(out.fileno()))
+        cache_command._cache_to_a_pipe(["--clear"])
+    assert list_cache_files() == [] and not os.listdir(files["cache"])
+
+
+def test_another_users_fallback_folder_is_left_alone(files, tmp_path, capsys):
+    planted = tmp_path / "shm" / f"lazytrain-cache-{os.getuid()}"
+    planted.mkdir(parents=True, mode=0o777)
+    os.chmod(planted, 0o777)  # anyone could have written it
+    (planted / "x.records").write_bytes(b"")
+    out = _cache(capsys, "--clear")
+    assert f"left alone: {planted} (mode 777: other users may read or write it" in out
+    assert (planted / "x.records").exists()
