@@ -551,3 +551,25 @@ def test_record_bytes_are_checked_once_per_machine_and_file(tmp_path, monkeypatc
     monkeypatch.setattr(annotation_cache, "_CHECKED", set())
     load_cached_json(json_file, "/images", lvis=True)  # another machine
     assert len(hashed) == 1
+
+
+def test_record_bytes_of_a_read_only_cache_folder_are_checked_once_per_machine(tmp_path, monkeypatch):
+    json_file = write(tmp_path, lvis_data())
+    load_cached_json(json_file, "/images", lvis=True)
+    memos = os.path.join(os.environ["LAZYTRAIN_CACHE"], ".sha256")
+    for memo in glob.glob(os.path.join(memos, "*")):
+        os.remove(memo)
+    os.rmdir(memos)
+    open(memos, "w").close()  # no memo can be written there, as in a team's read-only folder
+    hashed = []
+    original = annotation_cache._hash_descriptor
+
+    def counting(fd, *region):
+        hashed.extend([region] if region else [])
+        return original(fd, *region)
+
+    monkeypatch.setattr(annotation_cache, "_hash_descriptor", counting)
+    for _ in range(2):  # two processes of this machine
+        monkeypatch.setattr(annotation_cache, "_CHECKED", set())
+        load_cached_json(json_file, "/images", lvis=True)
+    assert len(hashed) == 1 and glob.glob(str(tmp_path / "shm" / "lazytrain-cache-*" / ".sha256" / "*.json"))

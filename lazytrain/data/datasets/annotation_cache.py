@@ -21,10 +21,10 @@ predictable: another user could make it first and plant files with wrong labels)
 name and a digest of its key (`get_cache_key`: the json's sha256 and size, the image root, the format,
 `FORMAT_VERSION`). A json changed in any way, even with its size and modification time kept, has a new name;
 copies of one json on several machines (other inodes, other paths) share one file, whoever built it. A machine
-hashes a json once: ``.sha256/`` in the cache folder keeps each json's sha256 with its device, inode, size,
-mtime and ctime (the kernel sets the ctime on any change; no copy or archive tool restores it). The json is
-hashed again after its parse (the memo answers unless it changed): a json changed meanwhile is never published
-under the old content's name.
+hashes a json once: ``.sha256/`` in the cache folder (read-only: in the private node-local folder) keeps each
+json's sha256 with its device, inode, size, mtime and ctime (the kernel sets the ctime on any change; no copy
+or archive tool restores it). The json is hashed again after its parse (the memo answers unless it changed): a
+json changed meanwhile is never published under the old content's name.
 
 Rules (what runs first, who may touch what):
 - a writer writes under a temporary name unique across machines and containers (host, boot id, pid namespace,
@@ -261,7 +261,8 @@ def _read_memo(memo: str, status: os.stat_result) -> str | None:
     return None
 
 
-def _write_memo(memo: str, status: os.stat_result, digest: str) -> None:
+def _write_memo(memo: str, status: os.stat_result, digest: str) -> bool:
+    """Keep `digest` for the file of `status`; False where the folder cannot be written."""
     try:
         os.makedirs(os.path.dirname(memo), exist_ok=True)
         tmp = f"{memo}.tmp~{_writer_tag()}"
@@ -269,7 +270,8 @@ def _write_memo(memo: str, status: os.stat_result, digest: str) -> None:
             json.dump({"stat": _stat_signature(status), "sha256": digest}, f)
         os.replace(tmp, memo)  # a memo is read whole and never mapped: replacing it is safe
     except OSError:
-        pass  # a read-only cache folder: hash every time
+        return False  # a read-only cache folder: hash every time
+    return True
 
 
 def _hash_with_memo(path: str) -> str:
@@ -279,16 +281,34 @@ def _hash_with_memo(path: str) -> str:
     a change within the clock's granularity of the last one could leave its ctime as it was.
     """
     before = os.stat(path)
-    memo = _memo_path(path)
-    saved = _read_memo(memo, before)
+    saved = _recall(path, get_cache_dir(), before)
     if saved is not None:
         return saved
     digest = hash_file(path)
     after = os.stat(path)
     racy = time.time() - max(after.st_mtime, after.st_ctime) < _RACY_S
     if _stat_signature(after) == _stat_signature(before) and not racy:
-        _write_memo(memo, after, digest)
+        _remember(path, get_cache_dir(), after, digest)
     return digest
+
+
+def _recall(path: str, folder: str, status: os.stat_result) -> str | None:
+    """The sha256 this machine kept for `path` as of `status`, from `folder`'s ``.sha256/`` or, where that is
+    read-only (a team's folder), this user's private node-local folder's."""
+    saved = _read_memo(_memo_path(path, folder), status)
+    node_local = get_node_local_dir()
+    if saved is None and node_local not in (None, folder) and get_private_folder_problem(node_local) is None:
+        saved = _read_memo(_memo_path(path, node_local), status)
+    return saved
+
+
+def _remember(path: str, folder: str, status: os.stat_result, digest: str) -> None:
+    """Keep `digest` for `_recall`: in `folder`, else in this user's private node-local folder."""
+    if _write_memo(_memo_path(path, folder), status, digest):
+        return
+    node_local = get_node_local_dir()
+    if node_local is not None and node_local != folder and make_private_folder(node_local) is None:
+        _write_memo(_memo_path(path, node_local), status, digest)
 
 
 def get_cache_key(json_file: str, image_root: str, *, lvis: bool) -> dict:
@@ -460,8 +480,9 @@ def _check_records(
     fd: int, path: str, status: os.stat_result, entry: list, checked: list[int] | None
 ) -> None:
     """The record bytes against their sha256, once per machine and file: skipped when this process, the one
-    that handed it the file (`checked`), or a memo in the file's folder's ``.sha256/`` (this host, the file's
-    device, inode, size, mtime and ctime) saw that check pass (1 s per GB).
+    that handed it the file (`checked`), or a memo (this host, the file's device, inode, size, mtime and ctime)
+    saw that check pass (1 s per GB). The memo is kept in the file's folder's ``.sha256/``, or where that is
+    read-only (a team's folder) in this user's private node-local folder (`get_node_local_dir`).
 
     Read, not through the map: a check must not leave a GB of mapped pages counted in each rank's PSS. A cache
     file is never written after its name is given (its name is its content), so what was checked stays.
@@ -471,11 +492,10 @@ def _check_records(
         _CHECKED.add((path, tuple(signature)))
         return
     _, count, offset, digest = entry
-    memo = _memo_path(path, os.path.dirname(path))
-    if _read_memo(memo, status) != digest:
+    if _recall(path, os.path.dirname(path), status) != digest:
         if _hash_descriptor(fd, offset, count) != digest:
             raise ValueError("its record bytes do not match their sha256")
-        _write_memo(memo, status, digest)
+        _remember(path, os.path.dirname(path), status, digest)
     _CHECKED.add((path, tuple(signature)))
 
 
