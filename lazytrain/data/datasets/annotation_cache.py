@@ -11,7 +11,7 @@ JSON table of the arrays' dtypes, counts, offsets and sha256s; the header holds 
 decodes JSON and msgpack and maps numpy arrays of a fixed set of dtypes, every offset checked against the
 file's length first: nothing in a file can run code. A damaged or foreign file is refused (`CacheFileError`)
 before any of it is used: the table and every array are checked against their sha256 each time a process maps
-the file (12 ms at LVIS size), the record bytes once per machine (1 s per GB; remembered in ``.sha256/`` as
+the file (6 ms at LVIS size), the record bytes once per machine (1 s per GB; remembered in ``.sha256/`` as
 for the json, and handed to spawned processes); a record's crc32 is checked when it is read.
 
 Where: ``$LAZYTRAIN_CACHE``, else ``$XDG_CACHE_HOME/lazytrain``, else ``~/.cache/lazytrain``; only where that
@@ -467,7 +467,7 @@ def _check_arrays(arrays: dict[str, np.ndarray]) -> None:
 
 
 def _check_digests(arrays: dict[str, np.ndarray], digests: dict[str, str]) -> None:
-    """Every array but the record bytes against its sha256 (12 ms at LVIS size; see `_check_records`)."""
+    """Every array but the record bytes against its sha256 (6 ms at LVIS size; see `_check_records`)."""
     for name, array in arrays.items():
         if name != "record_bytes" and hashlib.sha256(array.data).hexdigest() != digests[name]:
             raise ValueError(f"array {name!r} does not match its sha256")
