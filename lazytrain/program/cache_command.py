@@ -29,8 +29,6 @@ import os
 import sys
 
 from lazytrain.data.datasets.annotation_cache import (
-    CacheFile,
-    CacheFileError,
     get_cache_dir,
     get_cache_key,
     get_node_local_dir,
@@ -40,6 +38,7 @@ from lazytrain.data.datasets.annotation_cache import (
     read_cache_file,
 )
 from lazytrain.data.datasets.builtin import get_annotation_source
+from lazytrain.data.datasets.cache_file import CacheFile, CacheFileError
 from lazytrain.program.run_command import CommandLineError, run_command
 
 __all__ = ["main"]

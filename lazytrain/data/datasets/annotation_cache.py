@@ -1,18 +1,14 @@
-"""One parse of a COCO/LVIS json per machine: the records in a file every process maps read-only.
+"""One parse of a COCO/LVIS json per machine, shared: which cache file serves a json, where it lives, who
+writes it and how processes on one or many machines share it (the file's format is `cache_file`'s).
 
-Invariant: a cache file is data only, named after the content it was built from, and never changed once it has
-its name; so any process may map any cache file it finds, on any machine, for as long as it likes (a file that
-cannot change cannot be truncated under a map: no SIGBUS).
+Invariant: a cache file is named after the content it was built from and never changed once it has its name;
+so any process may map any cache file it finds, on any machine, for as long as it likes (a file that cannot
+change cannot be truncated under a map: no SIGBUS).
 
-The file holds the records (each msgpack-encoded, in one byte array with int64 offsets and a crc32 each), the
-arrays the samplers and the aspect grouping read (each image's distinct categories and their instance counts in
-CSR form, its annotation count, height, width and aspect group) and the data set's metadata (msgpack), then a
-JSON table of the arrays' dtypes, counts, offsets and sha256s; the header holds the table's sha256. Reading it
-decodes JSON and msgpack and maps numpy arrays of a fixed set of dtypes, every offset checked against the
-file's length first: nothing in a file can run code. A damaged or foreign file is refused (`CacheFileError`)
-before any of it is used: the table and every array are checked against their sha256 each time a process maps
-the file (6 ms at LVIS size), the record bytes once per machine (1 s per GB; remembered in ``.sha256/`` as
-for the json, and handed to spawned processes); a record's crc32 is checked when it is read.
+`read_cache_file` opens a name without following a link or blocking on a FIFO, has `cache_file` check every
+part of the file but the record bytes (each time a process maps it: 6 ms at LVIS size) and checks the record
+bytes once per machine (1 s per GB; remembered in ``.sha256/`` as for the json, and handed to spawned
+processes); a damaged or foreign file is refused (`CacheFileError`) before any of it is used.
 
 Where: ``$LAZYTRAIN_CACHE``, else ``$XDG_CACHE_HOME/lazytrain``, else ``~/.cache/lazytrain``; only where that
 folder cannot be written (read-only, full, another user's), a node-local folder under ``/dev/shm``
@@ -50,22 +46,23 @@ import glob
 import hashlib
 import json
 import logging
-import mmap
 import os
 import re
 import secrets
 import socket
 import stat
-import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterable
 from typing import IO, Any
 
-import msgspec
-import numpy as np
-
+from lazytrain.data.datasets.cache_file import (
+    FORMAT_VERSION,
+    CacheFile,
+    CacheFileError,
+    map_cache_contents,
+    write_cache_contents,
+)
 from lazytrain.errors import LazytrainError
 
 try:
@@ -74,11 +71,8 @@ except ImportError:  # Windows: no flock; the cache then works without a lock (s
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "FORMAT_VERSION",
     "LOCK_CALL_S",
     "LOCK_WAIT_S",
-    "CacheFile",
-    "CacheFileError",
     "CacheLock",
     "CacheWriter",
     "get_cache_dir",
@@ -97,30 +91,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 3
-"""Bump when the records, the arrays or the file layout change: older files are then rebuilt."""
-
 LOCK_WAIT_S = 1800.0
 """Longest wait for another process's parse (LVIS takes minutes); then an error says what to do."""
 
 LOCK_CALL_S = 120.0
 """Longest one lock call may take (NFS without lockd can hang in it); then an error says what to do."""
 
-_MAGIC = b"LZTCACHE"
-_PREAMBLE = struct.Struct("<8sQQ32s")  # magic, offset, length and sha256 of the JSON table at the end
-_DATA_START = 64
-_ALIGN = 64
 _SUFFIX = ".records"
-_DTYPES = frozenset({"<i8", "<i4", "<u4", "<f8", "|i1", "|u1"})
-_REQUIRED = (
-    "record_offsets",
-    "record_bytes",
-    "record_crcs",
-    "annotation_counts",
-    "category_offsets",
-    "categories",
-)
-_PER_IMAGE = ("record_crcs", "annotation_counts", "heights", "widths", "aspect_groups")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 _CHUNK = 1 << 20  # hashing buffer: a few of them fit the CPU's cache
@@ -128,8 +105,6 @@ _IDENTITY = ("version", "sha256", "size", "image_root", "lvis")
 _NO_LOCK_ERRNOS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
 _NODE_LOCAL_ROOT = "/dev/shm"
 _RACY_S = 2.0  # see _hash_with_memo
-_DECODER = msgspec.msgpack.Decoder()
-_ENCODER = msgspec.msgpack.Encoder()
 
 
 def get_cache_dir() -> str:
@@ -343,136 +318,6 @@ def get_cache_path(key: dict, folder: str | None = None) -> str:
     return os.path.join(folder or get_cache_dir(), f"{stem}-{digest}{_SUFFIX}")
 
 
-class CacheFileError(LazytrainError):
-    """A file under a cache file's name that is not a valid cache file (damaged, foreign, another version).
-
-    Attributes:
-        path: the file.
-        reason: what is wrong with it.
-        stat: its `os.stat_result` when read (to move aside that file and not a newer one).
-    """
-
-    def __init__(self, path: str, reason: str, stat: os.stat_result | None = None) -> None:
-        super().__init__(f"{path} is not a valid annotation cache file: {reason}")
-        self.path, self.reason, self.stat = path, reason, stat
-
-
-class CacheFile:
-    """A cache file mapped read-only: its key, arrays (views of the map) and metadata.
-
-    Attributes:
-        path: the file.
-        key: what it was built from (`get_cache_key`).
-        arrays: name -> read-only numpy array backed by the map.
-        metadata: the data set's metadata (class names, id mapping, LVIS class image counts).
-        checked: the stat signature of the file whose record bytes were checked against their sha256 (handed
-            to a spawned process, which then skips that check; see `read_cache_file`).
-    """
-
-    def __init__(
-        self, path: str, key: dict, arrays: dict[str, np.ndarray], metadata: dict, checked: list[int]
-    ) -> None:
-        self.path, self.key, self.arrays, self.metadata, self.checked = path, key, arrays, metadata, checked
-
-    def __len__(self) -> int:
-        return len(self.arrays["record_offsets"]) - 1
-
-    def get_record(self, index: int) -> dict:
-        """A fresh dict of record `index` (the caller may modify it)."""
-        offsets = self.arrays["record_offsets"]
-        start, end = int(offsets[index]), int(offsets[index + 1])
-        blob = self.arrays["record_bytes"][start:end]
-        try:
-            # The file's record bytes were checked when this machine first mapped it; the crc32 (a few us per
-            # record) keeps a later change to the bytes from being read as a record.
-            if zlib.crc32(blob) != int(self.arrays["record_crcs"][index]):
-                raise ValueError("its bytes do not match their crc32")
-            record = _DECODER.decode(blob)
-            if not isinstance(record, dict):
-                raise TypeError(f"a {type(record).__name__}, not a dict")
-        except (msgspec.DecodeError, TypeError, ValueError, RecursionError) as e:
-            raise LazytrainError(
-                f"The annotation cache file {self.path} is damaged (record {index}: {e}). Remove it with: "
-                f"python -m lazytrain cache {self.key.get('json_file', '')} --clear (the next run parses the json "
-                "again)."
-            ) from e
-        return record
-
-
-def _read_table(mapped: mmap.mmap) -> tuple[dict, int]:
-    """(table, its offset) of a mapped file, after checking the header, the table's place and its sha256."""
-    if len(mapped) < _DATA_START:
-        raise ValueError(f"{len(mapped)} bytes, shorter than the header")
-    magic, offset, length, digest = _PREAMBLE.unpack_from(mapped, 0)
-    if magic != _MAGIC:
-        raise ValueError("no lazytrain cache header")
-    if offset < _DATA_START or offset + length != len(mapped):
-        raise ValueError("its table is not where its header says (a truncated or overwritten file)")
-    text = bytes(mapped[offset:])
-    if hashlib.sha256(text).digest() != digest:
-        raise ValueError("its table does not match its sha256")
-    table = json.loads(text)
-    if not isinstance(table, dict) or not isinstance(table.get("key"), dict):
-        raise ValueError("its table has no key")
-    if table["key"].get("version") != FORMAT_VERSION:
-        raise ValueError(
-            f"format version {table['key'].get('version')!r}, this lazytrain reads {FORMAT_VERSION}"
-        )
-    if not isinstance(table.get("arrays"), dict):
-        raise ValueError("its table has no arrays")
-    return table, offset
-
-
-def _map_arrays(mapped: mmap.mmap, entries: dict, end: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(the arrays the table lists, each checked to lie inside the data part of the file; their sha256s)."""
-    arrays, digests = {}, {}
-    for name, entry in entries.items():
-        if not (isinstance(entry, list) and len(entry) == 4 and entry[0] in _DTYPES):
-            raise ValueError(f"array {name!r}: bad table entry {entry!r}")
-        dtype, count, offset, digest = entry
-        if type(count) is not int or type(offset) is not int or count < 0 or offset < _DATA_START:
-            raise ValueError(f"array {name!r}: bad count or offset {entry!r}")
-        if not (isinstance(digest, str) and _HEX64.fullmatch(digest)):
-            raise ValueError(f"array {name!r}: bad sha256 {digest!r}")
-        if offset + count * np.dtype(dtype).itemsize > end:
-            raise ValueError(f"array {name!r} runs past the data ({offset} + {count} x {dtype} > {end})")
-        arrays[name] = np.frombuffer(mapped, dtype=dtype, count=count, offset=offset)
-        digests[name] = digest
-    return arrays, digests
-
-
-def _check_csr(offsets: np.ndarray, values: int, name: str) -> None:
-    if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != values or np.any(np.diff(offsets) < 0):
-        raise ValueError(f"{name} are not increasing offsets from 0 to {values}")
-
-
-def _check_arrays(arrays: dict[str, np.ndarray]) -> None:
-    """Offsets that index inside their arrays, per-image arrays of the image count, the expected dtypes."""
-    missing = [
-        name for name in (*_REQUIRED, "instances", "heights", "widths", "metadata") if name not in arrays
-    ]
-    if missing:
-        raise ValueError(f"arrays missing: {', '.join(missing)}")
-    if arrays["record_offsets"].dtype != np.int64 or arrays["category_offsets"].dtype != np.int64:
-        raise ValueError("offsets are not int64")
-    if arrays["record_crcs"].dtype != np.uint32:
-        raise ValueError("record crc32s are not uint32")
-    _check_csr(arrays["record_offsets"], len(arrays["record_bytes"]), "record offsets")
-    _check_csr(arrays["category_offsets"], len(arrays["categories"]), "category offsets")
-    images = len(arrays["record_offsets"]) - 1
-    if len(arrays["category_offsets"]) != images + 1 or len(arrays["instances"]) != len(arrays["categories"]):
-        raise ValueError("category arrays of another image count")
-    if any(name in arrays and len(arrays[name]) != images for name in _PER_IMAGE):
-        raise ValueError(f"per-image arrays of another length than {images} images")
-
-
-def _check_digests(arrays: dict[str, np.ndarray], digests: dict[str, str]) -> None:
-    """Every array but the record bytes against its sha256 (6 ms at LVIS size; see `_check_records`)."""
-    for name, array in arrays.items():
-        if name != "record_bytes" and hashlib.sha256(array.data).hexdigest() != digests[name]:
-            raise ValueError(f"array {name!r} does not match its sha256")
-
-
 _CHECKED: set[tuple] = set()  # (path, stat signature) of the files whose record bytes this process checked
 
 
@@ -521,28 +366,17 @@ def read_cache_file(path: str, *, checked: list[int] | None = None) -> CacheFile
         raise CacheFileError(path, f"cannot be read ({reason})") from None
     try:
         status = os.fstat(fd)
-        if status.st_size == 0:
-            raise CacheFileError(path, "empty", status)
         try:
-            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        except OSError as e:
-            raise CacheFileError(path, f"cannot be read ({e.strerror})", status) from None
-        # Any failure below means "not a cache file we wrote": JSON, msgpack and numpy views cannot run code,
-        # and whatever they raise on hostile bytes (ValueError, RecursionError, ...) must become a rebuild.
-        try:
-            table, end = _read_table(mapped)
-            arrays, digests = _map_arrays(mapped, table["arrays"], end)
-            _check_arrays(arrays)
-            _check_digests(arrays, digests)
-            _check_records(fd, path, status, table["arrays"]["record_bytes"], checked)
-            metadata = _DECODER.decode(arrays.pop("metadata"))
-            if not isinstance(metadata, dict) or not isinstance(metadata.get("categories"), list):
-                raise ValueError("its metadata has no categories")
-        except Exception as e:
+            cache, records_entry = map_cache_contents(fd, path, status.st_size)
+            _check_records(fd, path, status, records_entry, checked)
+        except CacheFileError as e:
+            raise CacheFileError(path, e.reason, status) from None
+        except Exception as e:  # the record bytes' entry was checked by map_cache_contents: only a mismatch
             raise CacheFileError(path, f"{type(e).__name__}: {e}", status) from None
     finally:
         os.close(fd)
-    return CacheFile(path, table["key"], arrays, metadata, _stat_signature(status))
+    cache.checked = _stat_signature(status)
+    return cache
 
 
 def move_aside(error: CacheFileError) -> str | None:
@@ -624,88 +458,6 @@ def _fsync_folder(folder: str) -> None:
         os.close(fd)
 
 
-class _ArrayWriter:
-    """Writes the record bytes as they come, then the arrays and the table, into an open file."""
-
-    def __init__(self, f: IO[bytes]) -> None:
-        self._f = f
-        self._table: dict[str, list] = {}
-        f.write(b"\0" * _DATA_START)
-
-    def begin(self, name: str, dtype: str) -> int:
-        position = self._f.tell()
-        padding = -position % _ALIGN
-        self._f.write(b"\0" * padding)
-        self._table[name] = [dtype, 0, position + padding]
-        return position + padding
-
-    def end(self, name: str, digest: str) -> None:
-        dtype, _, offset = self._table[name]
-        self._table[name][1:] = [(self._f.tell() - offset) // np.dtype(dtype).itemsize, offset, digest]
-
-    def add(self, name: str, array: np.ndarray) -> None:
-        self.begin(name, array.dtype.str)
-        data = np.ascontiguousarray(array).tobytes()
-        self._f.write(data)
-        self.end(name, hashlib.sha256(data).hexdigest())
-
-    def finish(self, key: dict) -> None:
-        table = json.dumps({"key": key, "arrays": self._table}).encode()
-        offset = self._f.tell()
-        self._f.write(table)
-        self._f.seek(0)
-        self._f.write(_PREAMBLE.pack(_MAGIC, offset, len(table), hashlib.sha256(table).digest()))
-
-
-class _Arrays:
-    """The per-image arrays, gathered record by record."""
-
-    def __init__(self) -> None:
-        self.record_offsets = [0]
-        self.record_crcs: list[int] = []
-        self.annotation_counts: list[int] = []
-        self.category_offsets = [0]
-        self.categories: list[int] = []
-        self.instances: list[int] = []
-        self.heights: list[float] = []
-        self.widths: list[float] = []
-        self.groups: list[int] | None = []
-
-    def add(self, record: dict, blob: bytes) -> None:
-        self.record_offsets.append(self.record_offsets[-1] + len(blob))
-        self.record_crcs.append(zlib.crc32(blob))
-        counts: dict[int, int] = {}
-        annotations = record.get("annotations") or ()
-        for annotation in annotations:
-            category = annotation["category_id"]
-            counts[category] = counts.get(category, 0) + 1
-        self.annotation_counts.append(len(annotations))
-        for category in sorted(counts):
-            self.categories.append(category)
-            self.instances.append(counts[category])
-        self.category_offsets.append(len(self.categories))
-        height, width = record.get("height"), record.get("width")
-        self.heights.append(height if isinstance(height, (int, float)) else float("nan"))
-        self.widths.append(width if isinstance(width, (int, float)) else float("nan"))
-        if self.groups is not None:
-            try:  # as lazytrain.data.aspect_grouping.get_aspect_groups decides from a record
-                self.groups.append(int(record["width"] > record["height"]))
-            except (KeyError, TypeError):
-                self.groups = None
-
-    def write(self, writer: _ArrayWriter) -> None:
-        writer.add("record_offsets", np.asarray(self.record_offsets, dtype=np.int64))
-        writer.add("record_crcs", np.asarray(self.record_crcs, dtype=np.uint32))
-        writer.add("annotation_counts", np.asarray(self.annotation_counts, dtype=np.int64))
-        writer.add("category_offsets", np.asarray(self.category_offsets, dtype=np.int64))
-        writer.add("categories", np.asarray(self.categories, dtype=np.int32))
-        writer.add("instances", np.asarray(self.instances, dtype=np.int32))
-        writer.add("heights", np.asarray(self.heights, dtype=np.float64))
-        writer.add("widths", np.asarray(self.widths, dtype=np.float64))
-        if self.groups is not None:
-            writer.add("aspect_groups", np.asarray(self.groups, dtype=np.int8))
-
-
 class CacheWriter:
     """A cache file written under a temporary name unique to this process, published under `path` only whole.
 
@@ -726,23 +478,8 @@ class CacheWriter:
         )
 
     def write(self, records: Iterable[dict], metadata: dict, key: dict) -> None:
-        """Write the file's contents (again, from the start, when called twice)."""
-        f = self._file
-        f.seek(0)
-        f.truncate()
-        writer = _ArrayWriter(f)
-        arrays = _Arrays()
-        writer.begin("record_bytes", "|u1")
-        digest = hashlib.sha256()
-        for record in records:
-            blob = _ENCODER.encode(record)
-            f.write(blob)
-            digest.update(blob)
-            arrays.add(record, blob)
-        writer.end("record_bytes", digest.hexdigest())
-        arrays.write(writer)
-        writer.add("metadata", np.frombuffer(_ENCODER.encode(metadata), np.uint8))
-        writer.finish(key)
+        """Write the file's contents (again, from the start, when called twice; `write_cache_contents`)."""
+        write_cache_contents(self._file, records, metadata, key)
 
     def publish(self) -> bool:
         """fsync the file and give it its name unless the name exists; False when another writer's file has it

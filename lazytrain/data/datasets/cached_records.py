@@ -21,8 +21,6 @@ from typing import Any
 import numpy as np
 
 from lazytrain.data.datasets.annotation_cache import (
-    CacheFile,
-    CacheFileError,
     CacheLock,
     CacheWriter,
     get_cache_dir,
@@ -34,6 +32,7 @@ from lazytrain.data.datasets.annotation_cache import (
     move_aside,
     read_cache_file,
 )
+from lazytrain.data.datasets.cache_file import CacheFile, CacheFileError
 from lazytrain.data.datasets.coco import read_json, records_from_coco_dict, set_coco_metadata
 from lazytrain.data.datasets.lvis import get_class_image_count, records_from_lvis_dict, set_lvis_metadata
 from lazytrain.data.datasets.record_stream import decode_json_file
