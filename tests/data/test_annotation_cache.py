@@ -533,7 +533,6 @@ def test_one_flipped_bit_anywhere_is_caught_before_use_and_rebuilt(tmp_path, reg
 
 def test_record_bytes_are_checked_once_per_machine_and_file(tmp_path, monkeypatch):
     json_file = write(tmp_path, lvis_data())
-    records = load_cached_json(json_file, "/images", lvis=True)  # the writer checks what it published
     hashed = []
     original = annotation_cache._hash_descriptor
 
@@ -542,6 +541,9 @@ def test_record_bytes_are_checked_once_per_machine_and_file(tmp_path, monkeypatc
         return original(fd, *region)
 
     monkeypatch.setattr(annotation_cache, "_hash_descriptor", counting)
+    records = load_cached_json(
+        json_file, "/images", lvis=True
+    )  # the writer hashed its bytes as it wrote them
     monkeypatch.setattr(annotation_cache, "_CHECKED", set())  # another process of this machine: the memo
     load_cached_json(json_file, "/images", lvis=True)
     pickle.loads(pickle.dumps(records))  # a spawned loader worker

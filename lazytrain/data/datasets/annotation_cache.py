@@ -473,13 +473,14 @@ class CacheWriter:
         _remove_dead_writers_files(path)
         folder, name = os.path.split(path)
         self._tmp = os.path.join(folder, f".{name}.tmp~{_writer_tag()}")
+        self._published, self._records_digest = False, ""
         self._file: IO[bytes] = os.fdopen(
             os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb"
         )
 
     def write(self, records: Iterable[dict], metadata: dict, key: dict) -> None:
         """Write the file's contents (again, from the start, when called twice; `write_cache_contents`)."""
-        write_cache_contents(self._file, records, metadata, key)
+        self._records_digest = write_cache_contents(self._file, records, metadata, key)
 
     def publish(self) -> bool:
         """fsync the file and give it its name unless the name exists; False when another writer's file has it
@@ -497,7 +498,20 @@ class CacheWriter:
                 raise
             published = _rename_without_replacing(self._tmp, self.path)
         _fsync_folder(os.path.dirname(self.path))
+        self._published = published
         return published
+
+    def read(self) -> CacheFile | None:
+        """`read_cache_file` of the name, after the block. This writer's own file is not hashed again: its record
+        bytes were hashed as they were written, and that sha256 is kept as this machine's memo of the file (the
+        other ranks waiting on the lock skip the check too)."""
+        if self._published:
+            try:
+                status = os.stat(self.path)  # after the temporary name's removal, which sets the ctime
+            except FileNotFoundError:
+                return None
+            _remember(self.path, os.path.dirname(self.path), status, self._records_digest)
+        return read_cache_file(self.path)
 
     def __enter__(self) -> CacheWriter:
         return self

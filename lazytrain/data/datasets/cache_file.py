@@ -272,9 +272,9 @@ class _Arrays:
             writer.add("aspect_groups", np.asarray(self.groups, dtype=np.int8))
 
 
-def write_cache_contents(f: IO[bytes], records: Iterable[dict], metadata: dict, key: dict) -> None:
+def write_cache_contents(f: IO[bytes], records: Iterable[dict], metadata: dict, key: dict) -> str:
     """Write a whole cache file into `f` from its start: `records` (consumed once, one at a time), their arrays,
-    `metadata` (msgpack-encodable) and `key` (what they were built from)."""
+    `metadata` (msgpack-encodable) and `key` (what they were built from); returns the record bytes' sha256."""
     f.seek(0)
     f.truncate()
     writer = _ArrayWriter(f)
@@ -290,6 +290,7 @@ def write_cache_contents(f: IO[bytes], records: Iterable[dict], metadata: dict, 
     arrays.write(writer)
     writer.add("metadata", np.frombuffer(_ENCODER.encode(metadata), np.uint8))
     writer.finish(key)
+    return digest.hexdigest()
 
 
 def map_cache_contents(fd: int, path: str, size: int) -> tuple[CacheFile, list]:

@@ -157,7 +157,7 @@ def _build_in(folder: str, key: dict) -> CacheFile:
         # The temporary file exists before the parse: a read-only folder fails here.
         with CacheWriter(path) as writer:
             published = _build(writer, json_file, key["image_root"], key["lvis"], key)
-        cache = read_cache_file(path)  # ours, or the one another writer of this key published first
+        cache = writer.read()  # ours, or the one another writer of this key published first
     if cache is None or not is_same_source(cache.key, key):
         raise LazytrainError(
             f"The annotation cache file {path} of {json_file} went away or changed right after it was written "
