@@ -27,6 +27,7 @@ from lazytrain.data.aspect_grouping import get_aspect_groups
 from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
 from lazytrain.data.common import DatasetFromList
 from lazytrain.data.datasets import annotation_cache, cached_records
+from lazytrain.data.datasets.cache_file import CacheFileError
 from lazytrain.data.datasets.cached_records import CachedRecords, load_cached_json
 from lazytrain.data.datasets.coco import load_coco_json
 from lazytrain.data.datasets.lvis import load_lvis_json
@@ -575,3 +576,13 @@ def test_record_bytes_of_a_read_only_cache_folder_are_checked_once_per_machine(t
         monkeypatch.setattr(annotation_cache, "_CHECKED", set())
         load_cached_json(json_file, "/images", lvis=True)
     assert len(hashed) == 1 and glob.glob(str(tmp_path / "shm" / "lazytrain-cache-*" / ".sha256" / "*.json"))
+
+
+def test_a_file_of_an_older_format_is_named_so(tmp_path):
+    json_file = write(tmp_path, lvis_data())
+    (path,) = load_cached_json(json_file, "/images", lvis=True).cache_paths
+    with open(path, "r+b") as f:  # format 2's header: no table sha256
+        f.seek(24)
+        f.write(bytes(32))
+    with pytest.raises(CacheFileError, match="an older format .* reads version 3"):
+        annotation_cache.read_cache_file(path)

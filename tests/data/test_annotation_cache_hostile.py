@@ -205,3 +205,10 @@ def test_without_hard_links_a_published_name_is_never_replaced(tmp_path, cache_d
     monkeypatch.setattr(os.path, "lexists", lambda p: False)
     assert write_cache_file(path, records, {"categories": []}, key) is False
     assert os.stat(path).st_ino == inode
+
+
+def test_a_cache_folder_that_cannot_be_created_falls_back(tmp_path, monkeypatch):
+    json_file = write(tmp_path, lvis_data())
+    monkeypatch.setenv("LAZYTRAIN_CACHE", "/proc/lazytrain-cache")  # makedirs: ENOENT, not EROFS
+    records = load_cached_json(json_file, "/images", lvis=True)
+    assert records.cache_paths[0].startswith(str(tmp_path / "shm"))

@@ -125,6 +125,8 @@ def _read_table(mapped: mmap.mmap) -> tuple[dict, int]:
     if offset < _DATA_START or offset + length != len(mapped):
         raise ValueError("its table is not where its header says (a truncated or overwritten file)")
     text = bytes(mapped[offset:])
+    if digest == bytes(32):  # formats before 3 left these header bytes zero
+        raise ValueError(f"an older format (no table sha256); this lazytrain reads version {FORMAT_VERSION}")
     if hashlib.sha256(text).digest() != digest:
         raise ValueError("its table does not match its sha256")
     table = json.loads(text)

@@ -173,6 +173,15 @@ def _open_in(folder: str, key: dict, problems: list[str]) -> CacheFile | None:
     folder cannot hold it."""
     try:
         os.makedirs(folder, exist_ok=True)
+    except FileNotFoundError as e:  # a path under /proc, a parent that vanished: no folder, as for EROFS
+        problems.append(f"{folder} (cannot be created: {e.strerror})")
+        return None
+    except OSError as e:
+        if e.errno not in _UNUSABLE_FOLDER:
+            raise
+        problems.append(f"{folder} ({e.strerror or e})")
+        return None
+    try:
         return _find(key, folder) or _build_in(folder, key)
     except OSError as e:
         if e.errno not in _UNUSABLE_FOLDER:
