@@ -108,6 +108,7 @@ def _leftovers() -> list[str]:
         found += glob.glob(os.path.join(escaped, "*.records.damaged-*"))
         found += glob.glob(os.path.join(escaped, ".*.records.tmp~*"))
         found += glob.glob(os.path.join(escaped, "*.records.lock"))
+        found += glob.glob(os.path.join(escaped, "*.records.failed"))
         found += glob.glob(os.path.join(escaped, ".sha256", "*"))
     return sorted(found)
 

@@ -2,6 +2,7 @@
 hostnames and their own copies of the json (other inodes, same path through a symlink); locks that raise or
 hang; writers that die; files replaced while mapped; a cache folder that cannot be written."""
 
+import copy
 import errno
 import fcntl
 import glob
@@ -18,7 +19,7 @@ from lazytrain.data.datasets import annotation_cache, cached_records
 from lazytrain.data.datasets.cached_records import CachedRecords, load_cached_json
 from lazytrain.data.datasets.lvis import load_lvis_json
 from lazytrain.program.entrypoint import main as lazytrain_main
-from tests.data.test_coco_lvis import lvis_data, write
+from tests.data.test_coco_lvis import COCO, lvis_data, write
 
 FORK = multiprocessing.get_context("fork")  # the patches made in a test travel with the fork
 
@@ -272,3 +273,19 @@ def test_a_full_cache_folder_is_refused_before_the_parse(tmp_path, cache_dir, mo
         r.getMessage() for r in caplog.records if "Cannot write the annotation cache" in r.getMessage()
     ]
     assert str(cache_dir) in warning and "MiB free" in warning and "LAZYTRAIN_CACHE" in warning
+
+
+def _load_coco(json_file):
+    return len(load_cached_json(json_file, "/images", lvis=False))
+
+
+def test_a_bad_json_is_parsed_once_and_the_ranks_that_waited_get_its_error(tmp_path, parses):
+    data = copy.deepcopy(COCO)
+    data["annotations"][1]["category_id"] = 99
+    json_file = write(tmp_path, data)
+    outcomes = _run([("node-a", None, _load_coco, (json_file,))] * 3)
+    assert [outcome[:2] for outcome in outcomes] == [outcomes[0][:2]] * 3, outcomes
+    assert outcomes[0][0] == "error" and "category_id 99" in outcomes[0][1]
+    assert len({line.split()[1] for line in parses()}) == 1  # one process parsed
+    with pytest.raises(ValueError, match="category_id 99"):  # a later job parses again
+        load_cached_json(json_file, "/images", lvis=False)

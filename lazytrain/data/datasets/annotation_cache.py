@@ -79,12 +79,14 @@ __all__ = [
     "get_cache_key",
     "get_cache_path",
     "get_node_local_dir",
+    "get_parse_failure",
     "get_private_folder_problem",
     "hash_file",
     "is_same_source",
     "list_cache_files",
     "make_private_folder",
     "move_aside",
+    "record_parse_failure",
     "read_cache_file",
     "write_cache_file",
 ]
@@ -575,6 +577,38 @@ def write_cache_file(path: str, records: Iterable[dict], metadata: dict, key: di
     with CacheWriter(path) as writer:
         writer.write(records, metadata, key)
         return writer.publish()
+
+
+_FAILURE_TYPES = {"ValueError": ValueError, "TypeError": TypeError}
+
+
+def record_parse_failure(path: str, error: Exception) -> None:
+    """Keep `error` (a bad json's ValueError or TypeError) beside the cache file `path` (``<path>.failed``),
+    so that the ranks waiting on the lock raise it at once instead of each parsing the same json in turn.
+    Best effort: a folder that cannot be written only costs those parses."""
+    if type(error).__name__ not in _FAILURE_TYPES:
+        return
+    try:
+        tmp = f"{path}.failed.tmp~{_writer_tag()}"
+        with open(tmp, "x") as f:
+            json.dump({"type": type(error).__name__, "message": str(error), "time": time.time()}, f)
+        os.replace(tmp, f"{path}.failed")
+    except OSError:
+        pass
+
+
+def get_parse_failure(path: str, since: float) -> Exception | None:
+    """The error `record_parse_failure` kept for `path` at or after `since` (a time.time(): when the caller began
+    to wait for the lock), else None: only processes that waited for the failing parse take its error; a later
+    one (a new job, maybe a newer lazytrain) parses again."""
+    try:
+        fd = _open_regular(f"{path}.failed")
+        with os.fdopen(fd, "rb") as f:
+            saved = json.loads(f.read(1 << 16))
+        kind, message, when = _FAILURE_TYPES[saved["type"]], saved["message"], float(saved["time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return kind(message) if isinstance(message, str) and when >= since else None
 
 
 def list_cache_files(folder: str | None = None) -> list[str]:

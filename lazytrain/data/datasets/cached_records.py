@@ -15,6 +15,7 @@ import bisect
 import errno
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -27,10 +28,12 @@ from lazytrain.data.datasets.annotation_cache import (
     get_cache_key,
     get_cache_path,
     get_node_local_dir,
+    get_parse_failure,
     is_same_source,
     make_private_folder,
     move_aside,
     read_cache_file,
+    record_parse_failure,
 )
 from lazytrain.data.datasets.cache_file import CacheFile, CacheFileError
 from lazytrain.data.datasets.coco import read_json, records_from_coco_dict, set_coco_metadata
@@ -149,14 +152,22 @@ def _build_in(folder: str, key: dict) -> CacheFile:
     machine or another) wrote it first. OSErrors of the folder propagate."""
     path = get_cache_path(key, folder)
     json_file = key["json_file"]
+    waiting_since = time.time()
     with CacheLock(path, json_file):
         cache = _find(key, folder, repair=True)  # written by the process this one waited for
         if cache is not None:
             return cache
+        failure = get_parse_failure(path, since=waiting_since)
+        if failure is not None:  # the process this one waited for failed on the same content
+            raise failure
         _check_room(folder, key["size"])
         # The temporary file exists before the parse: a read-only folder fails here.
         with CacheWriter(path) as writer:
-            published = _build(writer, json_file, key["image_root"], key["lvis"], key)
+            try:
+                published = _build(writer, json_file, key["image_root"], key["lvis"], key)
+            except (ValueError, TypeError) as e:
+                record_parse_failure(path, e)
+                raise
         cache = writer.read()  # ours, or the one another writer of this key published first
     if cache is None or not is_same_source(cache.key, key):
         raise LazytrainError(
