@@ -18,8 +18,8 @@ json at that path here has other content; another machine with other content the
 Clearing and running jobs: a process that has mapped a file keeps reading it after its removal on a local
 disk, but on NFS and other network file systems a file removed while another machine maps it can kill that
 job (SIGBUS, ESTALE), and a job's loader workers started later cannot reopen it. Clear when no job uses the
-folder. ``--clear`` without names also removes files moved aside as damaged, lock files, hash memos and
-unfinished temporary files (a writer still running then fails and its run must be started again).
+folder. ``--clear`` without names also removes files moved aside as damaged, lock files, hash memos, recorded
+parse failures and unfinished temporary files (a writer still running then fails and its run must be started again).
 """
 
 from __future__ import annotations
