@@ -1,10 +1,11 @@
 """A fast first look at a COCO- or LVIS-format json: what the preflight checks and the config's derived values
 (number of classes, repeat threshold) need, without building the records.
 
-msgspec decodes the file into a few small typed structs: it checks the whole file's JSON syntax but skips the
-bulk (polygons and RLE counts are kept as raw bytes, unknown fields are not built), which makes it many times
-faster than `json.load` (docs/benchmarks.md, "Annotation loading"). Summaries are cached per
-(path, size, modification time), so the preflight, the resolvers and the registration share one parse per
+msgspec decodes the file into the structs of `json_schema` (the annotation cache's record stream reads the
+same ones): it checks the whole file's JSON syntax but skips the bulk (polygons and RLE counts are kept as raw
+bytes, unknown fields are not built), which makes it many times faster than `json.load` (docs/benchmarks.md,
+"Annotation loading"). A field that is absent (``UNSET``) or null counts as missing here. Summaries are cached
+per (path, size, modification time), so the preflight, the resolvers and the registration share one parse per
 process.
 """
 
@@ -19,38 +20,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from lazytrain.data.datasets.json_schema import UNSET, JsonAnnotation, JsonFile, JsonImage, decode_json_bytes
+
 __all__ = ["JsonSummary", "summarize_json"]
 
 _FIRST = 5  # offending ids named in a message
-
-
-class _Image(msgspec.Struct):
-    id: Any = None
-    file_name: Any = None
-    coco_url: Any = None
-    height: Any = None
-    width: Any = None
-    neg_category_ids: Any = None
-
-
-class _Category(msgspec.Struct):
-    id: Any = None
-    name: Any = None
-    frequency: Any = None
-
-
-class _Annotation(msgspec.Struct):
-    id: Any = None
-    image_id: Any = None
-    category_id: Any = None
-    bbox: msgspec.Raw = msgspec.Raw(b"")
-    segmentation: msgspec.Raw = msgspec.Raw(b"")
-
-
-class _Dataset(msgspec.Struct):
-    images: list[_Image] | None = None
-    categories: list[_Category] | None = None
-    annotations: list[_Annotation] | None = None
 
 
 @dataclass
@@ -111,11 +85,11 @@ def summarize_json(json_file: str) -> JsonSummary:
     return _cache[key]
 
 
-def _decode(json_file: str, path: str) -> _Dataset:
+def _decode(json_file: str, path: str) -> JsonFile:
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        return msgspec.json.decode(raw, type=_Dataset)
+        return decode_json_bytes(raw)
     except msgspec.ValidationError as e:
         raise ValueError(
             f"{json_file}: not a COCO-format annotation file ({e}); expected an object with lists 'images', "
@@ -136,12 +110,17 @@ def _decode(json_file: str, path: str) -> _Dataset:
         ) from None
 
 
-def _file_name(image: _Image) -> str | None:
+def _file_name(image: JsonImage) -> str | None:
     if isinstance(image.file_name, str):
         return image.file_name
     if isinstance(image.coco_url, str):  # LVIS v1: images live in COCO's folders
         return "/".join(image.coco_url.split("/")[-2:])
     return None
+
+
+def _given(value: Any) -> bool:
+    """Present and not null."""
+    return value is not None and value is not UNSET
 
 
 def _is_empty(raw: msgspec.Raw) -> bool:
@@ -153,7 +132,7 @@ def _first(items: list) -> list:
     return items[:_FIRST]
 
 
-def _summarize(data: _Dataset, json_file: str) -> JsonSummary:
+def _summarize(data: JsonFile, json_file: str) -> JsonSummary:
     summary = JsonSummary(json_file)
     if data.images is None or data.categories is None:
         missing = [key for key in ("images", "categories") if getattr(data, key) is None]
@@ -162,43 +141,46 @@ def _summarize(data: _Dataset, json_file: str) -> JsonSummary:
             "annotations need 'images', 'annotations' and 'categories'. Re-export it in COCO or LVIS format."
         )
     images, annotations = data.images, data.annotations or []
-    summary.image_ids = [image.id for image in images]
+    summary.image_ids = [None if image.id is UNSET else image.id for image in images]
     summary.file_names = [_file_name(image) for image in images]
-    summary.has_negative_category_ids = any(image.neg_category_ids is not None for image in images)
+    summary.has_negative_category_ids = any(_given(image.neg_category_ids) for image in images)
     categories = data.categories
-    not_int = [c.id for c in categories if not isinstance(c.id, int) or isinstance(c.id, bool)]
+    ids = [c.get("id") for c in categories]
+    not_int = [i for i in ids if not isinstance(i, int) or isinstance(i, bool)]
     if not_int:
         raise ValueError(
             f"{json_file}: category ids must be integers; got {_first(not_int)} ({len(not_int)} categories). "
             "Give every category an integer 'id' and use it as the annotations' 'category_id'."
         )
-    summary.categories = sorted(((c.id, c.name) for c in categories), key=lambda c: c[0])
-    if categories and all(c.frequency in ("r", "c", "f") for c in categories):
-        summary.json_frequency = {c.id: c.frequency for c in categories}
+    summary.categories = sorted(((c["id"], c.get("name")) for c in categories), key=lambda c: c[0])
+    if categories and all(c.get("frequency") in ("r", "c", "f") for c in categories):
+        summary.json_frequency = {c["id"]: c["frequency"] for c in categories}
     summary.num_annotations = len(annotations)
     _check_entries(summary, images, categories, annotations)
     return summary
 
 
 def _check_entries(
-    summary: JsonSummary, images: list[_Image], categories: list[_Category], annotations: list[_Annotation]
+    summary: JsonSummary, images: list[JsonImage], categories: list[dict], annotations: list[JsonAnnotation]
 ) -> None:
     problems = summary.problems
     image_ids = set(summary.image_ids)
     if len(image_ids) != len(images):
         repeated = [i for i, n in Counter(summary.image_ids).items() if n > 1]
         problems.append(("repeated image ids", _first(repeated), len(repeated)))
-    no_name = [image.id for image, name in zip(images, summary.file_names) if name is None]
+    no_name = [i for i, name in zip(summary.image_ids, summary.file_names) if name is None]
     if no_name:
         problems.append(("images without 'file_name'", _first(no_name), len(no_name)))
-    no_size = [image.id for image in images if image.height is None or image.width is None]
+    no_size = [
+        i for i, image in zip(summary.image_ids, images) if not (_given(image.height) and _given(image.width))
+    ]
     if no_size:
         problems.append(("images without 'height'/'width'", _first(no_size), len(no_size)))
-    category_ids = {c.id for c in categories}
+    category_ids = {c["id"] for c in categories}
     if len(category_ids) != len(categories):
-        repeated = [i for i, n in Counter(c.id for c in categories).items() if n > 1]
+        repeated = [i for i, n in Counter(c["id"] for c in categories).items() if n > 1]
         problems.append(("repeated category ids", _first(repeated), len(repeated)))
-    no_category_name = [c.id for c in categories if not isinstance(c.name, str)]
+    no_category_name = [c["id"] for c in categories if not isinstance(c.get("name"), str)]
     if no_category_name:
         problems.append(("categories without a 'name'", _first(no_category_name), len(no_category_name)))
     ann_images = [ann.image_id for ann in annotations]
@@ -216,7 +198,7 @@ def _check_entries(
     no_segmentation = [ann.id for ann in annotations if _is_empty(ann.segmentation)]
     summary.without_segmentation = (_first(no_segmentation), len(no_segmentation))
     summary.class_image_count, summary.images_with_annotations = _image_counts(
-        ann_images, ann_categories, [c.id for c in categories], image_ids
+        ann_images, ann_categories, [c["id"] for c in categories], image_ids
     )
 
 

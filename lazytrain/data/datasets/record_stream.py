@@ -1,14 +1,15 @@
 """COCO/LVIS json -> the records of `load_coco_json`/`load_lvis_json`, one image at a time, from a typed decode.
 
-msgspec decodes the file into small structs holding only the fields the records use; boxes and masks stay
-raw JSON bytes (views of the file's bytes) until their image's record is built, so the whole file never
-exists as Python objects at once, and building the records costs about one decode of the file. The
-records equal the plain loaders' exactly (same keys in the same order, same values and types, same dropped
-boxes and polygons and the same warning).
+msgspec decodes the file into the structs of `json_schema` (`json_summary` reads the same ones), which hold
+only the fields the records and the checks use; boxes and masks stay raw JSON bytes (views of the file's
+bytes) until their image's record is built, so the whole file never exists as Python objects at once, and
+building the records costs about one decode of the file. The records equal the plain loaders' exactly (same
+keys in the same order, same values and types, same dropped boxes and polygons and the same warning).
 
 This path serves well-formed files only: anything the plain loaders would refuse or that it does not model
-(a syntax error, a missing field, an unknown image or category, a repeated annotation id, an odd type) makes
-`decode_json_file` return None, and the caller uses the plain loader, which raises its own precise error.
+(a syntax error, a missing field, an unknown image or category, a repeated annotation id, an odd type, an
+``annotations`` object instead of a list) makes `decode_json_file` return None, and the caller uses the plain
+loader, which raises its own precise error.
 """
 
 from __future__ import annotations
@@ -23,35 +24,9 @@ import msgspec
 import numpy as np
 
 from lazytrain.data.datasets.coco import _clean_polygons
+from lazytrain.data.datasets.json_schema import UNSET, JsonAnnotation, JsonImage, decode_json_bytes
 
 __all__ = ["DecodedJson", "decode_json_file"]
-
-_UNSET: Any = msgspec.UNSET
-
-
-class _Image(msgspec.Struct):
-    id: Any = _UNSET
-    file_name: Any = _UNSET
-    coco_url: Any = _UNSET
-    height: Any = _UNSET
-    width: Any = _UNSET
-    neg_category_ids: Any = _UNSET
-    not_exhaustive_category_ids: Any = _UNSET
-
-
-class _Annotation(msgspec.Struct):
-    id: Any = None
-    image_id: Any = _UNSET
-    category_id: Any = _UNSET
-    iscrowd: Any = 0
-    bbox: msgspec.Raw = msgspec.Raw(b"")
-    segmentation: msgspec.Raw = msgspec.Raw(b"")
-
-
-class _File(msgspec.Struct):
-    images: list[_Image] | None = None
-    categories: list[dict] | None = None
-    annotations: list[_Annotation] | dict | None = None
 
 
 class _Unsupported(Exception):
@@ -69,8 +44,8 @@ class DecodedJson:
     """
 
     categories: list[dict]
-    images: list[_Image]
-    annotations: list[_Annotation]
+    images: list[JsonImage]
+    annotations: list[JsonAnnotation]
     order: np.ndarray
     bounds: np.ndarray
     contiguous: list[int]
@@ -97,7 +72,7 @@ class DecodedJson:
             if self.lvis:
                 for key in ("neg_category_ids", "not_exhaustive_category_ids"):
                     ids = getattr(image, key)
-                    record[key] = [id_map[c] for c in (() if ids is _UNSET else ids) if c in id_map]
+                    record[key] = [id_map[c] for c in (() if ids is UNSET else ids) if c in id_map]
             yield record
 
     def _annotations(self, indices: list[int]) -> list[dict]:
@@ -119,7 +94,7 @@ class DecodedJson:
                 kept.append(record)
         return kept
 
-    def _annotation(self, ann: _Annotation, category: int, bbox: Any, segmentation: Any) -> dict | None:
+    def _annotation(self, ann: JsonAnnotation, category: int, bbox: Any, segmentation: Any) -> dict | None:
         """`lazytrain.data.datasets.coco._attach_annotations`'s conversion of one annotation."""
         if bbox[2] <= 0 or bbox[3] <= 0:
             self.dropped["degenerate boxes (w or h <= 0)"] += 1
@@ -138,28 +113,30 @@ class DecodedJson:
         return record
 
 
-def _file_name(image: _Image, lvis: bool) -> str:
-    if image.file_name is _UNSET and lvis and image.coco_url is not _UNSET:
+def _file_name(image: JsonImage, lvis: bool) -> str:
+    if image.file_name is UNSET and lvis and image.coco_url is not UNSET:
         return "/".join(image.coco_url.split("/")[-2:])
     return image.file_name
 
 
-def _check_images(images: list[_Image], lvis: bool) -> None:
+def _check_images(images: list[JsonImage], lvis: bool) -> None:
     for image in images:
-        if _UNSET in (image.id, image.height, image.width):
+        if UNSET in (image.id, image.height, image.width):
             raise _Unsupported
         name = image.file_name
-        if name is _UNSET and lvis and image.coco_url is not _UNSET:
+        if name is UNSET and lvis and image.coco_url is not UNSET:
             name = image.coco_url
         if name.__class__ is not str:
             raise _Unsupported
         if lvis:
             for ids in (image.neg_category_ids, image.not_exhaustive_category_ids):
-                if ids is not _UNSET and ids.__class__ is not list:
+                if ids is not UNSET and ids.__class__ is not list:
                     raise _Unsupported
 
 
-def _group_by_image(images: list[_Image], annotations: list[_Annotation]) -> tuple[np.ndarray, np.ndarray]:
+def _group_by_image(
+    images: list[JsonImage], annotations: list[JsonAnnotation]
+) -> tuple[np.ndarray, np.ndarray]:
     """Annotation indices sorted by image (file order within an image) and each image's bounds in them."""
     # Later images with a repeated id take its annotations, as the plain loader's dict does.
     position = {image.id: index for index, image in enumerate(images)}
@@ -174,12 +151,10 @@ def _group_by_image(images: list[_Image], annotations: list[_Annotation]) -> tup
 
 def _decode(json_file: str, image_root: str, lvis: bool) -> DecodedJson:
     with open(json_file, "rb") as f:
-        data = msgspec.json.decode(f.read(), type=_File)
+        data = decode_json_bytes(f.read())
     if data.images is None or data.categories is None:
         raise _Unsupported
     annotations = data.annotations or []
-    if annotations.__class__ is not list:
-        raise _Unsupported
     categories = sorted(data.categories, key=lambda c: c["id"])
     id_map = {c["id"]: i for i, c in enumerate(categories)}
     _check_images(data.images, lvis)
