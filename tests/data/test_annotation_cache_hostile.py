@@ -141,6 +141,68 @@ def test_a_json_changed_during_its_parse_is_never_cached_under_the_old_content(t
     assert any("changed while it was parsed; parsing it again" in r.getMessage() for r in caplog.records)
 
 
+def test_a_json_changed_and_changed_back_during_its_parse_is_parsed_again(tmp_path, monkeypatch, caplog):
+    json_file = write(tmp_path, lvis_data())
+    text = open(json_file).read()
+    fewer = lvis_data()
+    fewer["annotations"] = fewer["annotations"][:1]
+    original = cached_records._parse_typed
+
+    def changed_and_back(*args, **kwargs):  # B read by the parse, A again before the check (a retried copy)
+        with open(json_file, "w") as f:
+            json.dump(fewer, f)
+        decoded, metadata = original(*args, **kwargs)
+        records = list(decoded.records())
+        with open(json_file, "w") as f:
+            f.write(text)
+        monkeypatch.setattr(cached_records, "_parse_typed", original)
+        return type(
+            "Decoded", (), {"dropped": decoded.dropped, "records": lambda self: iter(records)}
+        )(), metadata
+
+    monkeypatch.setattr(cached_records, "_parse_typed", changed_and_back)
+    with caplog.at_level(logging.WARNING):
+        records = load_cached_json(json_file, "/images", lvis=True)
+    assert list(records) == load_lvis_json(json_file, "/images")  # A's records, not B's
+    assert any("changed while it was parsed; parsing it again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_json_half_rewritten_during_its_parse_is_parsed_again_not_recorded_as_bad(tmp_path, monkeypatch):
+    json_file = write(tmp_path, lvis_data())
+    original = cached_records._parse_typed
+
+    def half_written(*args, **kwargs):  # the parse reads a copy in progress: malformed JSON
+        with open(json_file) as f:
+            text = f.read()
+        with open(json_file, "w") as f:
+            f.write(text[: len(text) // 2])
+        with open(json_file, "w") as f:
+            f.write(text)
+        monkeypatch.setattr(cached_records, "_parse_typed", original)
+        raise ValueError("malformed JSON")
+
+    monkeypatch.setattr(cached_records, "_parse_typed", half_written)
+    records = load_cached_json(json_file, "/images", lvis=True)
+    assert list(records) == load_lvis_json(json_file, "/images")
+    assert not glob.glob(str(tmp_path / "cache" / "*.failed"))  # no failure kept for this content
+
+
+def test_a_change_just_before_a_slow_hash_is_not_memoized(tmp_path, monkeypatch):
+    json_file = write(tmp_path, lvis_data())
+    now = [os.stat(json_file).st_mtime]  # the hash starts as the json is written (1 s timestamps, same tick)
+    monkeypatch.setattr(annotation_cache, "time", type("Clock", (), {"time": staticmethod(lambda: now[0])}))
+    original = annotation_cache.hash_file
+
+    def slow_hash(path):  # ... and takes 10 s on a loaded machine
+        digest = original(path)
+        now[0] += 10.0
+        return digest
+
+    monkeypatch.setattr(annotation_cache, "hash_file", slow_hash)
+    get_cache_key(json_file, "/images", lvis=True)
+    assert not glob.glob(str(tmp_path / "cache" / ".sha256" / "*"))  # racy at its start: no memo
+
+
 def test_a_cache_folder_this_user_cannot_write_falls_back(tmp_path, cache_dir, monkeypatch):
     json_file = write(tmp_path, lvis_data())
     cache_dir.mkdir()

@@ -19,8 +19,9 @@ name and a digest of its key (`get_cache_key`: the json's sha256 and size, the i
 copies of one json on several machines (other inodes, other paths) share one file, whoever built it. A machine
 hashes a json once: ``.sha256/`` in the cache folder (read-only: in the private node-local folder) keeps each
 json's sha256 with its device, inode, size, mtime and ctime (the kernel sets the ctime on any change; no copy
-or archive tool restores it). The json is hashed again after its parse (the memo answers unless it changed): a
-json changed meanwhile is never published under the old content's name.
+or archive tool restores it). After its parse the json's stat signature is compared with the one its key was
+made from, and its hash too (the memo answers unless it changed): a json changed meanwhile, even changed back,
+is parsed again, never published under the key's name nor its parse error kept as that content's.
 
 Rules (what runs first, who may touch what):
 - a writer writes under a temporary name unique across machines and containers (host, boot id, pid namespace,
@@ -78,6 +79,7 @@ __all__ = [
     "get_cache_dir",
     "get_cache_key",
     "get_cache_path",
+    "get_json_signature",
     "get_node_local_dir",
     "get_parse_failure",
     "get_private_folder_problem",
@@ -251,22 +253,25 @@ def _write_memo(memo: str, status: os.stat_result, digest: str) -> bool:
     return True
 
 
-def _hash_with_memo(path: str) -> str:
-    """`hash_file`, skipped when this machine hashed the same file (same device, inode, size, mtime, ctime).
+def _hash_with_memo(path: str) -> tuple[str, os.stat_result]:
+    """(`hash_file`, the stat taken before it), the hash skipped when this machine hashed the same file (same
+    device, inode, size, mtime, ctime).
 
-    As git's index does for racy files, a file changed less than `_RACY_S` before its hash is not memoized:
-    a change within the clock's granularity of the last one could leave its ctime as it was.
+    As git's index does for racy files, a file changed less than `_RACY_S` before its hash began is not
+    memoized: a change within the clock's granularity of the last one could leave its ctime as it was. The time
+    is taken before the hash, not after: a slow hash must not make a change made as it began look old.
     """
+    start = time.time()
     before = os.stat(path)
     saved = _recall(path, get_cache_dir(), before)
     if saved is not None:
-        return saved
+        return saved, before
     digest = hash_file(path)
     after = os.stat(path)
-    racy = time.time() - max(after.st_mtime, after.st_ctime) < _RACY_S
+    racy = start - max(after.st_mtime, after.st_ctime) < _RACY_S
     if _stat_signature(after) == _stat_signature(before) and not racy:
         _remember(path, get_cache_dir(), after, digest)
-    return digest
+    return digest, before
 
 
 def _recall(path: str, folder: str, status: os.stat_result) -> str | None:
@@ -295,16 +300,29 @@ def get_cache_key(json_file: str, image_root: str, *, lvis: bool) -> dict:
     json fixed in place with its size and time kept gets a new cache file, and copies of one json on several
     machines share one. ``json_file`` is kept for ``lazytrain cache``'s listing only. A machine hashes a file
     once: the sha256 is kept with the file's device, inode, size, mtime and ctime (any change sets the ctime).
+    ``stat`` is that stat signature as of the hash (`get_json_signature`), for telling a json changed since;
+    it is no part of the identity and is not written into the cache file.
     """
     path = os.path.realpath(json_file)
+    digest, status = _hash_with_memo(path)
     return {
         "version": FORMAT_VERSION,
-        "sha256": _hash_with_memo(path),
-        "size": os.path.getsize(path),
+        "sha256": digest,
+        "size": status.st_size,
         "image_root": image_root,
         "lvis": lvis,
         "json_file": path,
+        "stat": _stat_signature(status),
     }
+
+
+def get_json_signature(json_file: str) -> list[int] | None:
+    """The json's stat signature now (device, inode, size, mtime, ctime; the ``stat`` of `get_cache_key`), None
+    when it is gone. Any write sets the ctime: a json changed and changed back has another signature."""
+    try:
+        return _stat_signature(os.stat(os.path.realpath(json_file)))
+    except OSError:
+        return None
 
 
 def is_same_source(key: dict, other: dict) -> bool:
@@ -482,6 +500,8 @@ class CacheWriter:
 
     def write(self, records: Iterable[dict], metadata: dict, key: dict) -> None:
         """Write the file's contents (again, from the start, when called twice; `write_cache_contents`)."""
+        # The json's stat is this machine's view of it, no part of what the file was built from.
+        key = {field: value for field, value in key.items() if field != "stat"}
         self._records_digest = write_cache_contents(self._file, records, metadata, key)
 
     def publish(self) -> bool:

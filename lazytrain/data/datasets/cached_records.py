@@ -27,6 +27,7 @@ from lazytrain.data.datasets.annotation_cache import (
     get_cache_dir,
     get_cache_key,
     get_cache_path,
+    get_json_signature,
     get_node_local_dir,
     get_parse_failure,
     is_same_source,
@@ -84,35 +85,44 @@ _SIZE_RATIO = 1.25  # cache file bytes per json byte, with margin (1.1 GB for LV
 
 
 class _JsonChanged(Exception):
-    """The json's content changed between its hash and the end of its parse."""
+    """The json changed (its stat signature or its content) between its hash and the end of its parse."""
+
+
+def _is_unchanged(json_file: str, image_root: str, lvis: bool, key: dict) -> bool:
+    """Whether `json_file` is still the file `key` was made from: the same stat signature (any write sets the
+    ctime, so a json changed and changed back differs too) and the same content (the memo answers at once)."""
+    if get_json_signature(json_file) != key["stat"]:
+        return False
+    return is_same_source(get_cache_key(json_file, image_root, lvis=lvis), key)
 
 
 def _build(writer: CacheWriter, json_file: str, image_root: str, lvis: bool, key: dict) -> bool:
     """Parse `json_file` into `writer` and publish it; False when another process published the name first.
 
     Raises:
-        _JsonChanged: the json hashed now is not the one the key was made from (nothing published): the parse may
-            have read the new content, which must not go under the old content's name.
+        _JsonChanged: the json is not the file the key was made from (nothing published): the parse may have read
+            other content, which must not go under the key's name, nor its error be kept as the key's.
     """
-    typed = _parse_typed(json_file, image_root, lvis)
-    if typed is not None:
-        decoded, metadata = typed
-        try:
-            writer.write(decoded.records(), metadata, key)
-        except (TypeError, KeyError, IndexError, AttributeError, ValueError):
-            typed = None  # an annotation the plain loader must judge (a box that is not a list, ...)
-        else:
-            if decoded.dropped:
-                summary = ", ".join(f"{count} {what}" for what, count in sorted(decoded.dropped.items()))
-                logger.warning("%s: dropped %s.", json_file, summary)
-    if typed is None:
-        records, metadata = _parse_plain(json_file, image_root, lvis)
-        writer.write(records, metadata, key)
-    # The same file before and after the parse (the memo answers at once unless it changed): then the parse read
-    # the bytes that were hashed.
-    if not os.path.isfile(json_file) or not is_same_source(
-        get_cache_key(json_file, image_root, lvis=lvis), key
-    ):
+    try:
+        typed = _parse_typed(json_file, image_root, lvis)
+        if typed is not None:
+            decoded, metadata = typed
+            try:
+                writer.write(decoded.records(), metadata, key)
+            except (TypeError, KeyError, IndexError, AttributeError, ValueError):
+                typed = None  # an annotation the plain loader must judge (a box that is not a list, ...)
+            else:
+                if decoded.dropped:
+                    summary = ", ".join(f"{count} {what}" for what, count in sorted(decoded.dropped.items()))
+                    logger.warning("%s: dropped %s.", json_file, summary)
+        if typed is None:
+            records, metadata = _parse_plain(json_file, image_root, lvis)
+            writer.write(records, metadata, key)
+    except (ValueError, TypeError) as e:
+        if not _is_unchanged(json_file, image_root, lvis, key):  # a half-written json is not this content's
+            raise _JsonChanged(json_file) from e
+        raise
+    if not _is_unchanged(json_file, image_root, lvis, key):
         raise _JsonChanged(json_file)
     return writer.publish()
 
