@@ -275,15 +275,41 @@ def test_a_full_cache_folder_is_refused_before_the_parse(tmp_path, cache_dir, mo
     assert str(cache_dir) in warning and "MiB free" in warning and "LAZYTRAIN_CACHE" in warning
 
 
-def _load_coco(json_file):
+def _load_coco(json_file, delay=0.0):
+    time.sleep(delay)
     return len(load_cached_json(json_file, "/images", lvis=False))
 
 
-def test_a_bad_json_is_parsed_once_and_the_ranks_that_waited_get_its_error(tmp_path, parses):
+def _parse_after_waiters(tmp_path, monkeypatch, count):
+    """The parse (in whichever process takes the lock) starts only once `count` other processes found the lock
+    held (bounded): a rank scheduled late on a loaded machine would come after the parse, and parse again."""
+    waiting = tmp_path / "waiting"
+    waiting.mkdir()
+    try_lock, build = annotation_cache._try_lock, cached_records._build
+
+    def noted_try_lock(fd, lock_path):
+        taken = try_lock(fd, lock_path)
+        if taken is False:
+            (waiting / str(os.getpid())).touch()
+        return taken
+
+    def build_after_waiters(*args, **kwargs):
+        deadline = time.monotonic() + 30
+        while len(os.listdir(waiting)) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(annotation_cache, "_try_lock", noted_try_lock)
+    monkeypatch.setattr(cached_records, "_build", build_after_waiters)
+
+
+def test_a_bad_json_is_parsed_once_and_the_ranks_that_waited_get_its_error(tmp_path, monkeypatch, parses):
     data = copy.deepcopy(COCO)
     data["annotations"][1]["category_id"] = 99
     json_file = write(tmp_path, data)
-    outcomes = _run([("node-a", None, _load_coco, (json_file,))] * 3)
+    _parse_after_waiters(tmp_path, monkeypatch, 2)
+    # The third rank starts late, as on a loaded CI machine: it still waits for the first parse.
+    outcomes = _run([("node-a", None, _load_coco, (json_file, delay)) for delay in (0, 0, 0.5)])
     assert [outcome[:2] for outcome in outcomes] == [outcomes[0][:2]] * 3, outcomes
     assert outcomes[0][0] == "error" and "category_id 99" in outcomes[0][1]
     assert len({line.split()[1] for line in parses()}) == 1  # one process parsed
