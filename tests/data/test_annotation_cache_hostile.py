@@ -274,3 +274,17 @@ def test_a_cache_folder_that_cannot_be_created_falls_back(tmp_path, monkeypatch)
     monkeypatch.setenv("LAZYTRAIN_CACHE", "/proc/lazytrain-cache")  # makedirs: ENOENT, not EROFS
     records = load_cached_json(json_file, "/images", lvis=True)
     assert records.cache_paths[0].startswith(str(tmp_path / "shm"))
+
+
+def test_a_symlink_at_the_lock_name_is_not_followed(tmp_path, cache_dir, caplog):
+    json_file = write(tmp_path, lvis_data())
+    path = get_cache_path(get_cache_key(json_file, "/images", lvis=True))
+    cache_dir.mkdir()
+    victim = tmp_path / "victim"  # any file this user may write; O_CREAT through the link would make it
+    os.symlink(victim, path + ".lock")
+    with caplog.at_level(logging.WARNING):
+        records = load_cached_json(json_file, "/images", lvis=True)
+    assert list(records) == load_lvis_json(json_file, "/images") and records.cache_paths == [path]
+    assert not os.path.lexists(victim)
+    (warning,) = [r.getMessage() for r in caplog.records if "lock file" in r.getMessage()]
+    assert f"lock file {path}.lock is a symbolic link: not following it" in warning

@@ -104,6 +104,7 @@ LOCK_CALL_S = 120.0
 _SUFFIX = ".records"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+_LOCK_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 _CHUNK = 1 << 20  # hashing buffer: a few of them fit the CPU's cache
 _IDENTITY = ("version", "sha256", "size", "image_root", "lvis")
 _NO_LOCK_ERRNOS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
@@ -689,21 +690,35 @@ class CacheLock:
         self._fd: int | None = None
         self.held = False
 
-    def _open(self) -> int:
+    def _open(self) -> int | None:
+        """The lock file's descriptor; None for a symbolic link at its name (never followed: it could point at
+        any file this user may write, which O_CREAT would create)."""
         try:
-            return os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except (
-            PermissionError
-        ) as e:  # another user's lock file in a shared folder: flock needs only a read handle
             try:
-                return os.open(self._lock_path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise e from None  # no lock file and no right to make one: a folder this user cannot write
+                return os.open(self._lock_path, _LOCK_FLAGS | os.O_RDWR | os.O_CREAT, 0o644)
+            except PermissionError as e:
+                # Another user's lock file in a shared folder: flock needs only a read handle.
+                try:
+                    return os.open(self._lock_path, _LOCK_FLAGS | os.O_RDONLY)
+                except FileNotFoundError:
+                    raise e from None  # no lock file and no right to make one: a folder this user cannot write
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            return None
 
     def __enter__(self) -> CacheLock:
         if fcntl is None:
             return self
         self._fd = self._open()
+        if self._fd is None:
+            logger.warning(
+                "The annotation cache's lock file %s is a symbolic link: not following it; parsing %s without "
+                "a lock (the cache file is still published once). Remove the link.",
+                self._lock_path,
+                self._what,
+            )
+            return self
         deadline = time.monotonic() + LOCK_WAIT_S
         delay = 0.05
         try:
