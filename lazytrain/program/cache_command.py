@@ -18,8 +18,11 @@ json at that path here has other content; another machine with other content the
 Clearing and running jobs: a process that has mapped a file keeps reading it after its removal on a local
 disk, but on NFS and other network file systems a file removed while another machine maps it can kill that
 job (SIGBUS, ESTALE), and a job's loader workers started later cannot reopen it. Clear when no job uses the
-folder. ``--clear`` without names also removes files moved aside as damaged, lock files, hash memos, recorded
-parse failures and unfinished temporary files (a writer still running then fails and its run must be started again).
+folder. The listing without names also gives each leftover file with its size: unfinished temporary files
+(of a writer still running, or of one that died on another machine or before a reboot: a writer removes only
+those of writers provably dead on its own machine) and files moved aside as damaged. ``--clear`` without names
+removes them, and lock files, hash memos and recorded parse failures (a writer still running then fails and
+its run must be started again).
 """
 
 from __future__ import annotations
@@ -109,8 +112,24 @@ def _leftovers() -> list[str]:
         found += glob.glob(os.path.join(escaped, ".*.records.tmp~*"))
         found += glob.glob(os.path.join(escaped, "*.records.lock"))
         found += glob.glob(os.path.join(escaped, "*.records.failed"))
+        found += glob.glob(os.path.join(escaped, "*.records.failed.tmp~*"))
         found += glob.glob(os.path.join(escaped, ".sha256", "*"))
     return sorted(found)
+
+
+def _describe_leftovers() -> list[str]:
+    """A line for each temporary file and each file moved aside as damaged, with its size: a writer that died
+    on another machine or before a reboot leaves its temporary file (up to the cache file's size) until
+    ``--clear``. Lock files, hash memos and failure records are a few bytes each and not listed."""
+    lines = []
+    for path in _leftovers():
+        if ".tmp~" in os.path.basename(path) or ".records.damaged-" in os.path.basename(path):
+            try:
+                size = os.lstat(path).st_size
+            except FileNotFoundError:
+                continue
+            lines.append(f"leftover {path}  {size / 2**20:.1f} MiB  (--clear removes it)")
+    return lines
 
 
 def _json_of(argument: str) -> str:
@@ -172,6 +191,9 @@ def _cache(argv: list[str]) -> None:
         print(f"removed {path}" if clear else _describe(path))
     for line in missing:
         print(line)
+    if not clear and not arguments:
+        for line in _describe_leftovers():
+            print(line)
     if not found and not missing:
         print("no cache files")
     elif clear and found:

@@ -188,10 +188,17 @@ def test_a_writer_removes_only_provably_dead_writers_temporary_files(tmp_path, c
     # The same hostname and initial pid namespace on another machine (a cloned image): another boot id.
     other_boot = cache_dir / f"{name}~{host}~{'0' * 32}~{namespace}~{dead.pid}~0e0f"
     dead_here = cache_dir / f"{name}~{host}~{boot}~{namespace}~{dead.pid}~0c0d"
-    for temporary in (other_machine, other_boot, dead_here):
+    # Of other names (a json since changed, a failure record): swept by any writer in the folder.
+    tag = f"{host}~{boot}~{namespace}~{dead.pid}~0a0a"
+    other_name, failure = (
+        cache_dir / f".old-0123.records.tmp~{tag}",
+        cache_dir / f"old-0123.records.failed.tmp~{tag}",
+    )
+    for temporary in (other_machine, other_boot, dead_here, other_name, failure):
         temporary.write_bytes(b"half a file")
     assert load_cached_json(json_file, "/images", lvis=True).cache_paths == [path]
     assert other_machine.exists() and other_boot.exists() and not dead_here.exists()
+    assert not other_name.exists() and not failure.exists()
 
 
 def _read_while_replaced(json_file, started, replaced):

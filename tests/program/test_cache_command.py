@@ -65,14 +65,20 @@ def test_clear_one_then_all(files, capsys):
 
 def test_clear_says_what_it_does_to_running_jobs_and_removes_leftovers(files, capsys):
     (path, _) = list_cache_files()
-    aside, temporary = (
+    aside, temporary, failure_temporary = (
         path + ".damaged-host~1~2~ab",
         os.path.join(files["cache"], ".x.records.tmp~host~1~2~ab"),
+        path + ".failed.tmp~host~1~2~ab",
     )
-    for leftover in (aside, temporary):
-        open(leftover, "w").close()
+    for leftover in (aside, temporary, failure_temporary):
+        with open(leftover, "wb") as f:
+            f.write(b"\0" * 2**20)
+    listing = _cache(capsys)
+    for leftover in (aside, temporary, failure_temporary):  # a dead writer's file on another node: listed
+        assert f"leftover {leftover}  1.0 MiB  (--clear removes it)" in listing
     out = _cache(capsys, "--clear")
-    assert f"removed {aside}" in out and f"removed {temporary}" in out and not os.listdir(files["cache"])
+    assert all(f"removed {leftover}" in out for leftover in (aside, temporary, failure_temporary))
+    assert not os.listdir(files["cache"])
     assert out.splitlines()[-1] == (
         "Jobs that mapped a removed file keep reading it on a local disk; on NFS and other network file systems "
         "they can fail (SIGBUS, ESTALE): clear only when no job uses these files."

@@ -28,7 +28,9 @@ Rules (what runs first, who may touch what):
   pid, random), fsyncs, then publishes with a hard link that fails when the name exists (where hard links fail,
   ``renameat2(RENAME_NOREPLACE)``): a name, once given, is never replaced. Where two writers race (no working
   locks), the loser drops its copy and maps the winner's.
-- a writer removes only temporary files of writers provably dead: same host, boot and pid namespace, pid gone.
+- a writer removes only temporary files of writers provably dead: same host, boot and pid namespace, pid gone
+  (of any name in its folder); the others stay, listed with their size by ``lazytrain cache``, until
+  ``--clear``.
 - a file found damaged or foreign under a name (a FIFO or a symbolic link too: cache files are opened without
   following links or blocking) is renamed aside (``<name>.damaged-...``), one warning naming it, and the name
   is written again: processes that map the damaged file keep their inode.
@@ -450,19 +452,24 @@ def _is_alive(pid: int) -> bool:
     return True
 
 
-def _remove_dead_writers_files(path: str) -> None:
-    """Remove the temporary files of writers of `path` that provably died: this host, this boot, this pid
-    namespace, a pid that no longer exists. Another machine's or container's files are left alone (their writer
-    may live), as are files of an older name format."""
-    folder, name = os.path.split(path)
+_TEMPORARY_PATTERNS = (f".*{_SUFFIX}.tmp~*", f"*{_SUFFIX}.failed.tmp~*")  # a writer's, a failure record's
+
+
+def _remove_dead_writers_files(folder: str) -> None:
+    """Remove the temporary files in `folder`, of any cache file's name, of writers that provably died: this
+    host, this boot, this pid namespace, a pid that no longer exists (a crashed run started again on the same
+    machine). Another machine's or container's files, and those of an earlier boot (a cloned machine may share
+    the hostname), are left alone, as their writer may live: ``lazytrain cache`` lists them with their size
+    and ``--clear`` removes them."""
     here = (_host(), _boot_id(), _pid_namespace())
-    for tmp in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.tmp~*")):
-        host, boot, namespace, pid = (tmp.rsplit(".tmp~", 1)[1].split("~") + ["", "", "", ""])[:4]
-        if (host, boot, namespace) == here and pid.isdigit() and not _is_alive(int(pid)):
-            try:
-                os.remove(tmp)
-            except FileNotFoundError:
-                pass
+    for pattern in _TEMPORARY_PATTERNS:
+        for tmp in glob.glob(os.path.join(glob.escape(folder), pattern)):
+            host, boot, namespace, pid = (tmp.rsplit(".tmp~", 1)[1].split("~") + ["", "", "", ""])[:4]
+            if (host, boot, namespace) == here and pid.isdigit() and not _is_alive(int(pid)):
+                try:
+                    os.remove(tmp)
+                except FileNotFoundError:
+                    pass
 
 
 def _fsync_folder(folder: str) -> None:
@@ -491,8 +498,8 @@ class CacheWriter:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        _remove_dead_writers_files(path)
         folder, name = os.path.split(path)
+        _remove_dead_writers_files(folder)
         self._tmp = os.path.join(folder, f".{name}.tmp~{_writer_tag()}")
         self._published, self._records_digest = False, ""
         self._file: IO[bytes] = os.fdopen(
