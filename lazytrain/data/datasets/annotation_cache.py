@@ -34,9 +34,14 @@ Rules (what runs first, who may touch what):
 - a file found damaged or foreign under a name (a FIFO or a symbolic link too: cache files are opened without
   following links or blocking) is renamed aside (``<name>.damaged-...``), one warning naming it, and the name
   is written again: processes that map the damaged file keep their inode.
-- the lock (``<name>.lock``, ``flock``) only spares duplicate parses; correctness never depends on it. A file
+- the lock (``<name>.lock``, ``flock``, never opened through a symbolic link: at one, a warning and no lock)
+  only spares duplicate parses; correctness never depends on it. A file
   system without locks (ENOSYS, ENOLCK, EBADF of NFS on a read-only lock file, ...) parses without one; every
   wait on a lock is bounded (`LOCK_WAIT_S`, `LOCK_CALL_S`) by an error naming ``LAZYTRAIN_CACHE``.
+- clocks: a waiter takes a recorded parse failure (``<name>.failed``) only if recorded at or after it began to
+  wait, and the racy-file guard compares this machine's clock with the json's mtime and ctime (the file
+  server's on NFS); with clocks skewed between machines a waiter may parse again or take an earlier job's error
+  for the same content (``--clear`` removes it), and a json rewritten within the skew could be memoized.
 - only ``python -m lazytrain cache --clear`` removes cache files (see its help for running jobs); files in
   ``/dev/shm`` stay until it runs on that machine or the machine reboots.
 """
