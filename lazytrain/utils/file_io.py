@@ -21,14 +21,14 @@ from iopath.common.file_io import PathManager as _PathManagerClass
 
 from lazytrain.errors import CheckpointError
 
-__all__ = ["PathManager", "atomic_write", "get_non_checkpoint_reason", "load_torch_file"]
+__all__ = ["PathManager", "atomic_write", "fsync_folder", "get_non_checkpoint_reason", "load_torch_file"]
 
 PathManager = _PathManagerClass()
 """The iopath path manager for every file lazytrain reads (register handlers on it for URLs)."""
 
 
-def _fsync_dir(directory: str) -> None:
-    """Make a rename in `directory` durable; best effort, as some file systems cannot open or sync a folder."""
+def fsync_folder(directory: str) -> None:
+    """Make a new name in `directory` durable; best effort, as some file systems cannot open or sync a folder."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -59,7 +59,7 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], Any]) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    _fsync_dir(directory)
+    fsync_folder(directory)
 
 
 def get_non_checkpoint_reason(local_path: str) -> str | None:

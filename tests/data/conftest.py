@@ -1,10 +1,22 @@
-"""The mapper tests' record: a small image with a polygon, an RLE ring and a crowd region."""
+"""The mapper tests' record (a small image with a polygon, an RLE ring and a crowd region) and the annotation cache
+tests' own cache folders."""
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from lazytrain.data.datasets import annotation_cache
 from tests.data.mapper_helpers import POLYGON, rle_of
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A fresh annotation cache folder (`LAZYTRAIN_CACHE`) and node-local fallback root instead of /dev/shm."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("LAZYTRAIN_CACHE", str(folder))
+    (tmp_path / "shm").mkdir()
+    monkeypatch.setattr(annotation_cache, "_NODE_LOCAL_ROOT", str(tmp_path / "shm"))
+    return folder
 
 
 @pytest.fixture

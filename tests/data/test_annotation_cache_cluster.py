@@ -24,13 +24,7 @@ from tests.data.test_coco_lvis import COCO, lvis_data, write
 FORK = multiprocessing.get_context("fork")  # the patches made in a test travel with the fork
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("LAZYTRAIN_CACHE", str(folder))
-    (tmp_path / "shm").mkdir()  # the node-local fallback folder, instead of the machine's /dev/shm
-    monkeypatch.setattr(annotation_cache, "_NODE_LOCAL_ROOT", str(tmp_path / "shm"), raising=False)
-    return folder
+pytestmark = pytest.mark.usefixtures("cache_dir")  # tests/data/conftest.py: a fresh cache folder
 
 
 @pytest.fixture

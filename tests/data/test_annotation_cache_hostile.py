@@ -19,14 +19,7 @@ from lazytrain.data.datasets.lvis import load_lvis_json
 from tests.data.test_annotation_cache_cluster import _run
 from tests.data.test_coco_lvis import lvis_data, write
 
-
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("LAZYTRAIN_CACHE", str(folder))
-    (tmp_path / "shm").mkdir()  # the node-local fallback root, instead of the machine's /dev/shm
-    monkeypatch.setattr(annotation_cache, "_NODE_LOCAL_ROOT", str(tmp_path / "shm"), raising=False)
-    return folder
+pytestmark = pytest.mark.usefixtures("cache_dir")  # tests/data/conftest.py: a fresh cache folder
 
 
 def _plant(tmp_path, json_file, folder):

@@ -72,6 +72,7 @@ from lazytrain.data.datasets.cache_file import (
     write_cache_contents,
 )
 from lazytrain.errors import LazytrainError
+from lazytrain.utils.file_io import fsync_folder
 
 try:
     import fcntl
@@ -477,20 +478,6 @@ def _remove_dead_writers_files(folder: str) -> None:
                     pass
 
 
-def _fsync_folder(folder: str) -> None:
-    """Make the new name durable; best effort, as some file systems cannot open or sync a folder."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class CacheWriter:
     """A cache file written under a temporary name unique to this process, published under `path` only whole.
 
@@ -532,7 +519,7 @@ class CacheWriter:
             if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
                 raise
             published = _rename_without_replacing(self._tmp, self.path)
-        _fsync_folder(os.path.dirname(self.path))
+        fsync_folder(os.path.dirname(self.path))
         self._published = published
         return published
 
