@@ -29,6 +29,7 @@ from lazytrain.modeling.exported import (
     load_program,
     load_torchscript,
 )
+from lazytrain.modeling.fixed_shapes import FixedShapes
 from lazytrain.modeling.frozen_batch_norm import (
     FoldedFrozenBatchNorm2d,
     FrozenBatchNormConv2d,
@@ -56,6 +57,7 @@ __all__ = [
     "ExportableRCNN",
     "ExportedModel",
     "FederatedLoss",
+    "FixedShapes",
     "FoldedFrozenBatchNorm2d",
     "FrozenBatchNormConv2d",
     "MaskPredictor",

@@ -29,9 +29,17 @@ from lazytrain.modeling import roi_heads as lazytrain_roi_heads
 from lazytrain.modeling.backbone import get_feature_map_names
 from lazytrain.modeling.classification_losses import SoftmaxCrossEntropy
 from lazytrain.modeling.compiled_backbone import CompiledBackbone
+from lazytrain.modeling.fixed_shapes import (
+    FixedBatch,
+    FixedShapeCounters,
+    FixedShapes,
+    check_model,
+    fixed_shape_losses,
+    pad_batch,
+)
 from lazytrain.modeling.host_values import to_device
 from lazytrain.modeling.image_batch import IMAGENET_PIXEL_MEAN, IMAGENET_PIXEL_STD, NoResizeTransform
-from lazytrain.modeling.mask_paste import paste_masks
+from lazytrain.modeling.mask_paste import GridSampleMaskPaste, TorchvisionMaskPaste
 from lazytrain.utils.logger import log_first_n
 
 __all__ = ["RCNN"]
@@ -75,6 +83,14 @@ class RCNN(GeneralizedRCNN):
             (``model.to(device)``, before an optimizer or DDP sees it); docs/benchmarks.md has the gain.
         pad_to_sizes: training batches padded to the smallest of these [height, width] sizes that holds them
             (see `NoResizeTransform`), for `compile_backbone`; evaluation pads by `size_divisible` as always.
+        fixed_shapes: train with every tensor's shape fixed (`lazytrain.modeling.fixed_shapes`: padded images,
+            ground truth, proposals, sampled RoIs, mask positives; no host syncs; `fixed_step` compiles whole).
+            None (the default): the dynamic step. Evaluation is unchanged.
+        mask_paste: how eval outputs paste and threshold the mask probabilities (`lazytrain.modeling.mask_paste`):
+            `TorchvisionMaskPaste` (None, the default) or `GridSampleMaskPaste` (detectron2's rule).
+        drop_empty_detections: in `forward`'s eval outputs, drop detections whose box, scaled to the original
+            size and clipped, has no width or height (detectron2's postprocessing; they still took a place
+            among the ``detections_per_img``).
     """
 
     def __init__(
@@ -90,6 +106,9 @@ class RCNN(GeneralizedRCNN):
         mask_threshold: float = 0.5,
         channels_last: bool | None = None,
         pad_to_sizes: Sequence[Sequence[int]] | None = None,
+        fixed_shapes: FixedShapes | None = None,
+        mask_paste: TorchvisionMaskPaste | GridSampleMaskPaste | None = None,
+        drop_empty_detections: bool = False,
     ) -> None:
         transform = NoResizeTransform(
             _check_stats("pixel_mean", pixel_mean),
@@ -101,11 +120,18 @@ class RCNN(GeneralizedRCNN):
         self.num_classes = self._check_num_classes(num_classes)
         self._check_classification_loss()
         self.mask_threshold = float(mask_threshold)
+        self.mask_paste = TorchvisionMaskPaste() if mask_paste is None else mask_paste
+        self.drop_empty_detections = bool(drop_empty_detections)
         self._check_feature_maps()
         self.channels_last = channels_last
         self.memory_format = torch.contiguous_format
         self._follow_memory_format()
         self.compiled_backbone: CompiledBackbone | None = None
+        self.fixed_shapes = fixed_shapes
+        if fixed_shapes is not None:
+            check_model(self)
+        # The fixed-shape steps' `FixedShapeCounters`, summed on the device (reading them is a host sync).
+        self.fixed_shape_counters: FixedShapeCounters | None = None
 
     def _apply(self, fn: Any, recurse: bool = True) -> RCNN:
         # Every move and cast (`to`, `cuda`, `cpu`, `half`, ...) ends here: channels_last=None follows the device.
@@ -253,6 +279,14 @@ class RCNN(GeneralizedRCNN):
             uint8 0/1).
         """
         device = self.device
+        if self.training and self.fixed_shapes is not None:
+            batch = pad_batch(batched_inputs, self.fixed_shapes, device, self.roi_heads.has_mask())
+            losses, counters = self.fixed_step(batch)
+            totals = self.fixed_shape_counters
+            self.fixed_shape_counters = (
+                counters if totals is None else FixedShapeCounters(*(a + b for a, b in zip(totals, counters)))
+            )
+            return losses
         images = [self._to_device_image(record, device) for record in batched_inputs]
         if self.training:
             targets = [self._to_target(record, device) for record in batched_inputs]
@@ -261,6 +295,14 @@ class RCNN(GeneralizedRCNN):
             {"instances": self._to_original_size(detection, tuple(image.shape[-2:]), record)}
             for detection, image, record in zip(self.detect(images), images, batched_inputs)
         ]
+
+    def fixed_step(self, batch: FixedBatch) -> tuple[dict[str, Tensor], FixedShapeCounters]:
+        """The training losses of a `FixedBatch` at fixed shapes and the step's counters
+        (`lazytrain.modeling.fixed_shapes.fixed_shape_losses`): no host syncs, and ``torch.compile(model.fixed_step,
+        fullgraph=True)`` traces it whole."""
+        if self.fixed_shapes is None:
+            raise ValueError("RCNN.fixed_step needs model.fixed_shapes (a FixedShapes); it is None.")
+        return fixed_shape_losses(self, batch, self.fixed_shapes)
 
     def detect(self, images: list[Tensor]) -> list[dict[str, Tensor]]:
         """Eval-mode detections in the coordinates of the images given (no mapping to an original size).
@@ -286,7 +328,7 @@ class RCNN(GeneralizedRCNN):
     def to_instances(self, detection: dict[str, Tensor], image_size: tuple[int, int]) -> dict[str, Tensor]:
         """One image's `detect` output, with boxes already in the pixels of `image_size`, as lazytrain
         instances: ``classes`` 0..K-1 and, for Mask R-CNN, ``masks`` uint8 0/1 [N, height, width] pasted at
-        `image_size` and thresholded at `mask_threshold`.
+        `image_size` and thresholded at `mask_threshold` (by `mask_paste`).
 
         Args:
             detection: ``boxes``, ``scores``, ``labels`` (1..K) and optionally ``masks`` [N, 1, M, M].
@@ -299,8 +341,8 @@ class RCNN(GeneralizedRCNN):
         }
         if "masks" in detection:
             # Pasting the small mask probabilities straight at the output size avoids a second resampling.
-            probabilities = paste_masks(detection["masks"], detection["boxes"], image_size)
-            instances["masks"] = (probabilities[:, 0] > self.mask_threshold).to(torch.uint8)
+            masks = self.mask_paste(detection["masks"], detection["boxes"], image_size, self.mask_threshold)
+            instances["masks"] = masks.to(torch.uint8)
         return instances
 
     def _run_backbone_and_heads(
@@ -371,4 +413,8 @@ class RCNN(GeneralizedRCNN):
         scale = [width / input_size[1], height / input_size[0]] * 2
         scale = to_device(scale, detection["boxes"].device, detection["boxes"].dtype)
         boxes = box_ops.clip_boxes_to_image(detection["boxes"] * scale, (height, width))
-        return self.to_instances({**detection, "boxes": boxes}, (height, width))
+        detection = {**detection, "boxes": boxes}
+        if self.drop_empty_detections:
+            keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+            detection = {key: value[keep] for key, value in detection.items()}
+        return self.to_instances(detection, (height, width))

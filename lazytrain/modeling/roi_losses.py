@@ -16,9 +16,12 @@ __all__ = ["box_losses", "box_regression_loss", "get_predictor_loss", "mask_loss
 _DEFAULT_LOSS = SoftmaxCrossEntropy()  # stateless, so one instance serves every model
 
 
-def box_regression_loss(box_regression: Tensor, labels: Tensor, regression_targets: Tensor) -> Tensor:
+def box_regression_loss(
+    box_regression: Tensor, labels: Tensor, regression_targets: Tensor, *, normalizer: Tensor | None = None
+) -> Tensor:
     """Smooth L1 (beta 1/9) between the foreground RoIs' deltas for their class and their targets, summed
-    and divided by the number of RoIs (torchvision's Fast R-CNN box loss).
+    and divided by the number of RoIs (torchvision's Fast R-CNN box loss), or by `normalizer` (the number of
+    valid RoIs, where padding rows labelled 0 are among them: `lazytrain.modeling.fixed_shapes`).
 
     Args:
         box_regression: [N, (K+1) * 4] per-class deltas, or [N, 4] class-agnostic ones.
@@ -33,7 +36,8 @@ def box_regression_loss(box_regression: Tensor, labels: Tensor, regression_targe
     deltas = box_regression.reshape(len(labels), -1, 4).gather(1, index)[:, 0]
     targets = regression_targets.masked_fill(~foreground, 0.0)
     per_coordinate = F.smooth_l1_loss(deltas, targets, beta=1 / 9, reduction="none")
-    return per_coordinate.masked_fill(~foreground, 0.0).sum() / labels.numel()
+    total = per_coordinate.masked_fill(~foreground, 0.0).sum()
+    return total / (labels.numel() if normalizer is None else normalizer)
 
 
 def mask_loss(

@@ -1,0 +1,232 @@
+"""The training step with fixed shapes (`lazytrain.modeling.fixed_shapes`): the same shapes at every step, no
+host syncs, a whole-graph compile, and the dynamic path's losses and gradients."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torchvision.models.detection.roi_heads import project_masks_on_boxes
+
+from lazytrain.modeling import FixedShapes, fixed_shapes
+from lazytrain.modeling.fixed_shapes import _pad_masks, _proposals, pad_batch
+from lazytrain.modeling.matching import PaddedBoxes, match_padded, pad_boxes
+from lazytrain.utils.host_syncs import HostSyncCounter
+from tests.modeling.helpers import build_model, make_record
+
+SIZE = 64
+# Every RoI drawn (no random choice among them), so that both paths train on the same examples.
+SMALL = (
+    "model.rpn.pre_nms_top_n={training:150,testing:150}",
+    "model.rpn.post_nms_top_n={training:100,testing:100}",
+)
+# Every RoI drawn (no random choice among them), so that both paths train on the same examples.
+DRAW_ALL = (
+    "model.num_classes=3",
+    "model.roi_heads.batch_size_per_image=256",
+    "model.roi_heads.positive_fraction=1.0",
+    *SMALL,
+)
+
+
+def _records(step: int, count: int = 2, dtype: torch.dtype | None = None) -> list[dict]:
+    """A batch of `count` images of different sizes (at most SIZE) and 0-2 instances."""
+    records = []
+    for index in range(count):
+        seed = 10 * step + index
+        height, width = SIZE - 8 * ((seed + 1) % 3), SIZE - 8 * (seed % 2)
+        record = make_record(height, width, seed=seed)
+        keep = seed % 3  # 0, 1 or 2 instances
+        record["instances"] = {key: value[:keep] for key, value in record["instances"].items()}
+        if dtype is not None:
+            record["image"] = record["image"].to(dtype)
+        records.append(record)
+    return records
+
+
+def _models(overrides: tuple[str, ...] = DRAW_ALL, max_instances: int = 4):
+    torch.manual_seed(0)
+    dynamic = build_model(overrides=overrides + (f"model.pad_to_sizes=[[{SIZE},{SIZE}]]",))
+    fixed = copy.deepcopy(dynamic)
+    fixed.fixed_shapes = FixedShapes([SIZE, SIZE], max_instances)
+    return dynamic.train(), fixed.train()
+
+
+def _losses_and_grads(model, records, seed: int = 1):
+    torch.manual_seed(seed)
+    model.zero_grad()
+    losses = model(records)
+    sum(losses.values()).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in losses.items()}, grads
+
+
+@pytest.mark.slow
+def test_losses_gradients_and_buffers_equal_the_dynamic_path():
+    """Slow (~25 s on 2 loaded cores): two float64 training steps of the CPU recipe's model."""
+    dynamic, fixed = _models()
+    dynamic, fixed = dynamic.double(), fixed.double()
+    records = _records(0, dtype=torch.float64) + _records(1, dtype=torch.float64)
+    dynamic_losses, dynamic_grads = _losses_and_grads(dynamic, records)
+    fixed_losses, fixed_grads = _losses_and_grads(fixed, records)
+    assert fixed_losses.keys() == dynamic_losses.keys()
+    for name, value in dynamic_losses.items():
+        torch.testing.assert_close(fixed_losses[name], value, rtol=1e-10, atol=1e-12, msg=name)
+    assert fixed_grads.keys() == dynamic_grads.keys()
+    for name, grad in dynamic_grads.items():
+        torch.testing.assert_close(fixed_grads[name], grad, rtol=1e-8, atol=1e-10, msg=name)
+    for (name, buffer), (_, other) in zip(dynamic.named_buffers(), fixed.named_buffers()):
+        torch.testing.assert_close(other, buffer, rtol=1e-10, atol=1e-12, msg=name)
+    assert int(fixed.fixed_shape_counters.dropped_mask_positives) == 0
+    assert int(fixed.fixed_shape_counters.nms_not_final) == 0
+
+
+class _ShapeRecorder(TorchDispatchMode):
+    """Every operator called, with the shapes and dtypes of its tensor arguments and results."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        shapes = tuple(
+            (tuple(t.shape), t.dtype)
+            for t in torch.utils._pytree.tree_leaves((args, kwargs, out))
+            if isinstance(t, torch.Tensor)
+        )
+        self.calls.append((str(func), shapes))
+        return out
+
+
+@pytest.fixture(scope="module")
+def five_steps():
+    """Five training steps (forward, backward) of different batches at one padded size (batch 8): each step's
+    operator shapes and its host syncs."""
+    _, model = _models(overrides=("model.num_classes=1203", *SMALL), max_instances=3)
+    model(_records(99, count=8))  # a first step
+    steps = []
+    for step in range(5):
+        # The host pads the batch (pad_batch, sizes of the data); from there on every shape is fixed.
+        batch = pad_batch(_records(step, count=8), model.fixed_shapes, torch.device("cpu"), True)
+        model.zero_grad(set_to_none=True)
+        with HostSyncCounter() as syncs, _ShapeRecorder() as recorder:
+            losses, _ = model.fixed_step(batch)
+            sum(losses.values()).backward()
+        steps.append((recorder.calls, syncs.total, syncs.format_counts()))
+    return steps
+
+
+@pytest.mark.slow
+def test_every_operator_has_the_same_shapes_at_every_step(five_steps):
+    """Slow (~100 s on 2 loaded cores, shared with the next test): six steps at batch 8, 1203 classes,
+    every operator recorded."""
+    first = five_steps[0][0]
+    assert len(first) > 500
+    for calls, _, _ in five_steps[1:]:
+        assert calls == first
+
+
+@pytest.mark.slow
+def test_no_host_syncs_at_batch_8_and_1203_classes(five_steps):
+    """Slow: the steps of `five_steps` (see the test above)."""
+    assert [(total, table) for _, total, table in five_steps] == [(0, "total 0")] * 5
+
+
+@pytest.mark.slow
+def test_fullgraph_compile_equals_eager():
+    """Slow (~70 s): dynamo traces the whole step (aot_eager: no code generation)."""
+    _, model = _models(max_instances=3)
+    model = model.double()
+    batch = pad_batch(_records(0, dtype=torch.float64), model.fixed_shapes, torch.device("cpu"), True)
+
+    def step(function):
+        torch.manual_seed(3)
+        model.zero_grad()
+        losses, counters = function(batch)
+        sum(losses.values()).backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        return {k: v.detach() for k, v in losses.items()}, grads, counters
+
+    eager = step(model.fixed_step)
+    compiled = step(torch.compile(model.fixed_step, fullgraph=True, backend="aot_eager", dynamic=False))
+    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(compiled[1], eager[1], rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(tuple(compiled[2]), tuple(eager[2]))
+
+
+def test_proposals_equal_the_dynamic_selection():
+    dynamic, _ = _models()
+    rpn = dynamic.rpn
+    torch.manual_seed(0)
+    num_images, per_level = 2, [300, 200]
+    centers = torch.rand(num_images, sum(per_level), 2) * SIZE
+    sizes = torch.rand(num_images, sum(per_level), 2) * 24 + 1
+    boxes = torch.cat((centers - sizes / 2, centers + sizes / 2), dim=2)
+    objectness = torch.randn(num_images * sum(per_level), 1)
+    image_sizes = [(SIZE, SIZE - 8), (SIZE - 16, SIZE)]
+    expected_boxes, expected_scores = rpn.filter_proposals(boxes, objectness, image_sizes, per_level)
+    proposals, valid, not_final = _proposals(rpn, boxes, objectness, torch.tensor(image_sizes), per_level)
+    assert proposals.shape == (num_images, rpn.post_nms_top_n(), 4)
+    assert int(not_final) == 0
+    for image, expected in enumerate(expected_boxes):
+        assert int(valid[image].sum()) == len(expected)
+        torch.testing.assert_close(proposals[image, : len(expected)], expected, rtol=0, atol=0)
+
+
+def test_matching_with_padded_ground_truth_equals_the_batch_padding():
+    dynamic, _ = _models()
+    matcher = dynamic.roi_heads.proposal_matcher
+    torch.manual_seed(0)
+    gt = [torch.tensor([[0.0, 0, 20, 20], [10, 10, 40, 30]]), torch.zeros((0, 4))]
+    rois = pad_boxes([torch.rand(30, 2).repeat(1, 2) * 30 + torch.tensor([0, 0, 10, 10]) for _ in range(2)])
+    expected = match_padded(matcher, pad_boxes(gt), rois)
+    capacity = torch.zeros(2, 5, 4)
+    capacity[0, :2] = gt[0]
+    valid = torch.zeros(2, 5, dtype=torch.bool)
+    valid[0, :2] = True
+    assert torch.equal(match_padded(matcher, PaddedBoxes(capacity, valid), rois), expected)
+
+
+def test_mask_targets_from_padded_masks_equal_the_unpadded_ones():
+    torch.manual_seed(0)
+    masks = (torch.rand(3, 40, 50) > 0.5).to(torch.uint8)
+    boxes = torch.tensor([[30.0, 20, 50, 40], [0, 0, 50, 40], [45.5, 35.2, 49.9, 39.9]], dtype=torch.float64)
+    matched = torch.tensor([0, 1, 2])
+    expected = project_masks_on_boxes(masks, boxes, matched, 14)
+    padded = project_masks_on_boxes(_pad_masks(masks, 64, 64), boxes, matched, 14)
+    torch.testing.assert_close(padded, expected, rtol=0, atol=1e-12)
+
+
+def test_mask_positives_beyond_the_capacity_are_subsampled_and_counted(monkeypatch):
+    _, model = _models()
+    records = _records(0) + _records(1)
+    foreground = []
+    mask_loss = fixed_shapes._mask_loss
+
+    def recording_mask_loss(heads, features, samples, *args):
+        foreground.append(samples.num_foreground.tolist())
+        return mask_loss(heads, features, samples, *args)
+
+    monkeypatch.setattr(fixed_shapes, "_mask_loss", recording_mask_loss)
+    for capacity in (None, 1):
+        model.fixed_shapes = FixedShapes([SIZE, SIZE], 4, mask_positives=capacity)
+        model.fixed_shape_counters = None
+        torch.manual_seed(1)
+        losses = model(records)
+        assert torch.isfinite(losses["loss_mask"])
+    assert foreground[0] == foreground[1] and max(foreground[0]) > 1
+    expected = sum(max(count - 1, 0) for count in foreground[1])
+    assert int(model.fixed_shape_counters.dropped_mask_positives) == expected
+
+
+def test_capacities_are_checked_with_the_key_to_raise():
+    fixed = FixedShapes([SIZE, SIZE], 1)
+    with pytest.raises(ValueError, match=r"model.fixed_shapes.max_instances=1.*at least 2"):
+        pad_batch(_records(0) + _records(2), fixed, torch.device("cpu"), True)
+    with pytest.raises(ValueError, match=r"model.fixed_shapes.image_size"):
+        pad_batch([make_record(SIZE + 8, SIZE)], fixed, torch.device("cpu"), True)
+    with pytest.raises(ValueError, match=r"model.fixed_shapes.max_instances"):
+        FixedShapes([SIZE, SIZE], 0)
