@@ -6,8 +6,9 @@ Two entry points, one per moment:
 - `check_command_line(cfg, overrides, ...)`: before Hydra starts (so before it creates the run or sweep
   directory): unknown keys in the overrides, what a search sweeper needs, the run and sweep directories, the
   json data sets with every value the command line gives them, and `preflight` of the config as the command
-  line makes it (for a sweep, with each value a grid sweep gives each key). A check that needs a value only the
-  Hydra job knows (``${hydra:...}``: the run directory a resumed run reads) is left to the job.
+  line makes it (for a sweep, with each value a grid sweep gives each key); first, a plain value given to a
+  key whose node builds an object (``copy_paste=rare`` for ``copy_paste.mode=rare``). A check that needs a
+  value only the Hydra job knows (``${hydra:...}``: the run directory a resumed run reads) is left to the job.
 - `preflight(cfg)`: in each Hydra job, on its resolved config, before any process starts: the config's
   structure (`lazytrain.config.find_problems`, a line each), values its components would refuse (`components`), the
   ``launch.*`` values and GPU count, the batch settings (gradient accumulation, LR scaling), the torch backend
@@ -41,6 +42,7 @@ from lazytrain.program.preflight.builtin_data import find_missing_data
 from lazytrain.program.preflight.checkpoints import find_checkpoint_problems
 from lazytrain.program.preflight.command_line import (
     apply_plain_overrides,
+    find_node_replaced_by_value_problems,
     find_output_dir_problems,
     iter_sweep_overrides,
     iter_swept_values,
@@ -75,6 +77,8 @@ def check_command_line(
         ConfigError: naming every problem found, a line each: the values' first, then the run folders'.
     """
     overridden = apply_plain_overrides(cfg, overrides)
+    # First and alone: the other checks would read the value where they expect the node's arguments.
+    raise_problems(find_node_replaced_by_value_problems(cfg, overrides))
     check_search(overridden, overrides, default_main)
     # Reported with the values' problems, after them: a user who follows a folder's advice (train.resume=true,
     # another folder) must not meet a bad value only then.

@@ -3,6 +3,7 @@ the overrides name, the run and sweep directories, and the values a grid sweep g
 
 from __future__ import annotations
 
+import inspect
 import os
 import tempfile
 from collections.abc import Iterator
@@ -11,12 +12,13 @@ from typing import Any
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
 
-from lazytrain.config import LazyConfig
+from lazytrain.config import LazyConfig, locate, tree
 from lazytrain.config.overrides import parse_override, suggest_keys
 from lazytrain.errors import ConfigError
 
 __all__ = [
     "apply_plain_overrides",
+    "find_node_replaced_by_value_problems",
     "find_output_dir_problems",
     "iter_config_overrides",
     "iter_sweep_overrides",
@@ -24,6 +26,7 @@ __all__ = [
 ]
 
 _MISSING = object()
+_PLAIN_TYPES = (str, int, float, bool)
 
 
 def iter_config_overrides(overrides: list[str]) -> Iterator[tuple[str, Override]]:
@@ -58,6 +61,78 @@ def apply_plain_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
             hint = f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""
             raise ConfigError(f"override '{line}': key '{key}' is not in the config.{hint}")
     return LazyConfig.apply_overrides(cfg.copy(), plain)
+
+
+def find_node_replaced_by_value_problems(cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """A line for each override that gives a plain value (a string, number or bool; each value of a sweep)
+    to a key whose node builds an object (a LazyCall node, ``_target_``): the object's argument was meant
+    (``copy_paste=rare`` for ``copy_paste.mode=rare``), and the value would reach the code as it is, after the
+    run folder exists. The line names the key form with the argument that takes such a value.
+
+    Args:
+        cfg: the config before the command line's overrides.
+        overrides: the command line after CONFIG.
+    """
+    problems = []
+    for line, override in iter_config_overrides(overrides):
+        key = override.key_or_group
+        node = _select(cfg, key) if not override.is_delete() else None
+        if not isinstance(node, DictConfig) or "_target_" not in node or _builds_plain_value(node):
+            continue
+        values = list(override.sweep_iterator()) if override.is_choice_sweep() else [override.value()]
+        plain = [value for value in values if _is_plain_value(value)]
+        if plain:
+            problems.append(_describe_node_replaced(line, key, node, plain[0]))
+    return problems
+
+
+def _builds_plain_value(node: DictConfig) -> bool:
+    """Whether `node`'s target returns a plain value (``register_json_dataset`` returns the name it registers,
+    which a plain name may replace)."""
+    target = tree.raw_target(node)
+    try:
+        function = locate(target) if isinstance(target, str) else None
+    except ImportError:
+        return False
+    if not callable(function) or isinstance(function, type):
+        return False
+    try:
+        returned = inspect.signature(function).return_annotation
+    except (TypeError, ValueError):
+        return False
+    names = {t.__name__ for t in _PLAIN_TYPES}
+    return returned in names if isinstance(returned, str) else any(returned is t for t in _PLAIN_TYPES)
+
+
+def _is_plain_value(value: Any) -> bool:
+    if isinstance(value, str):
+        return "${" not in value  # an interpolation may point at a node
+    return isinstance(value, (bool, int, float))
+
+
+def _describe_node_replaced(line: str, key: str, node: DictConfig, value: Any) -> str:
+    arguments = [name for name in node.keys() if not str(name).startswith("_")]
+    target = tree.raw_target(node)
+    kind = bool if isinstance(value, bool) else str if isinstance(value, str) else (int, float)
+    # The argument whose current value is of the same kind: copy_paste=rare -> copy_paste.mode ("none").
+    same_kind = [
+        name
+        for name in arguments
+        if isinstance(raw := tree.raw_value(tree.child(node, name)), kind)
+        and (kind is bool or not isinstance(raw, bool))
+        and not (isinstance(raw, str) and "${" in raw)
+    ]
+    text = line.split("=", 1)[1]
+    fix = (
+        f"set one of its arguments, e.g. {key}.{same_kind[0]}={text}"
+        if same_kind
+        else "set one of its arguments"
+    )
+    listed = f" ({', '.join(map(str, arguments))})" if arguments else ""
+    return (
+        f"{line}: {key} is a node that builds {target}, not a value; {fix}{listed}, or replace the whole node "
+        f"with '{key}={{_target_: ..., ...}}'."
+    )
 
 
 def iter_sweep_overrides(overrides: list[str]) -> Iterator[tuple[str, Override]]:
