@@ -39,7 +39,7 @@ from lazytrain.engine.ema import EMAHook, ModelEMA
 from lazytrain.engine.hooks.evaluation import flatten_results
 from lazytrain.engine.plot_writer import write_run_plots
 from lazytrain.program.batch_size import scale_learning_rate
-from lazytrain.program.run_report import log_run_header, log_run_summary
+from lazytrain.program.run_report import log_eval_header, log_eval_summary, log_run_header, log_run_summary
 from lazytrain.utils import comm
 from lazytrain.utils.env import collect_env_info
 from lazytrain.utils.events import EventStorage, JSONWriter
@@ -458,6 +458,8 @@ def get_resume_file(checkpointer: Checkpointer) -> str:
 
 
 def _evaluate_only(cfg: DictConfig) -> dict:
+    """``train.eval_only``: evaluate ``train.init_checkpoint``, between a header and a closing block as a
+    training run has (`lazytrain.program.run_report`), and write ``metrics.json`` and the plots."""
     model = build_model(cfg)
     if cfg.train.get("init_checkpoint"):
         load_init_checkpoint(cfg, model)
@@ -465,6 +467,8 @@ def _evaluate_only(cfg: DictConfig) -> dict:
         logger.warning(
             "train.eval_only=true without train.init_checkpoint: evaluating randomly initialised weights."
         )
+    log_eval_header(cfg, model)
+    start = time.perf_counter()
     results = do_test(cfg, model)
 
     # Same metrics.json format as training runs (the sweep summary reads the final metrics from it).
@@ -475,6 +479,7 @@ def _evaluate_only(cfg: DictConfig) -> dict:
             writer.write()
             writer.close()
         write_run_plots(cfg.train.output_dir)
+    log_eval_summary(cfg, results, time.perf_counter() - start)
     return results
 
 

@@ -1,6 +1,8 @@
-"""What a run tells its user: a short header before the first step and a closing summary (final metrics,
-time, what each experiment tracker holds or lacks, the files written and the commands to resume or evaluate).
-The plots in the run directory come from `lazytrain.engine.plot_writer`.
+"""What a run tells its user: a short header before the first step (with a warning when the warm-up outlasts
+the run) and a closing summary (final metrics, AP-fixed and AP-pool when computed, time, what each experiment
+tracker holds or lacks, the files written and the commands to resume or evaluate: an evaluation of the run
+writes into a dated sub-folder of it, `EVAL_FOLDER`). An evaluation-only run (``train.eval_only``) gets a header
+and a closing block of its own. The plots in the run directory come from `lazytrain.engine.plot_writer`.
 
 The console shows the header and the summary; the full config, the environment and the model's repr go to
 ``log.txt`` only (DEBUG level), and ``train.verbose=true`` prints them on the console too. Everything here
@@ -18,9 +20,10 @@ import shlex
 from collections import Counter
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lazytrain.engine.hooks import EvalHook
+from lazytrain.engine.hooks import EvalHook, LRScheduler
 from lazytrain.engine.plot_writer import (
     AP_BY_FREQUENCY_FILE,
     CURVES_FILE,
@@ -29,13 +32,20 @@ from lazytrain.engine.plot_writer import (
     summarize_records,
 )
 from lazytrain.engine.trackers.base import Tracker
+from lazytrain.modeling.checkpointing import CheckpointedSequential
 from lazytrain.program.batch_size import get_accumulation_steps, get_lr_scale
 from lazytrain.utils import comm, run_dirs
 
 __all__ = [
     "COMMAND_ENV",
+    "EVAL_FOLDER",
+    "find_short_warmup",
+    "format_eval_header",
+    "format_eval_summary",
     "format_run_header",
     "format_run_summary",
+    "log_eval_header",
+    "log_eval_summary",
     "log_run_header",
     "log_run_summary",
     "resume_command",
@@ -46,27 +56,56 @@ logger = logging.getLogger(__name__)
 # The entrypoint puts the command line here, so that ranks (spawned or not) can show it in the header.
 COMMAND_ENV = "LAZYTRAIN_COMMAND"
 _BUCKET_NAMES = {"r": "rare", "c": "common", "f": "frequent"}
+# The sub-folder of a run that the closing block's Evaluate command writes into.
+EVAL_FOLDER = "eval"
 
 
 # ------------------------------------------------------------------------------------------------- header
 
 
-def _get_train_dataset_names(cfg: DictConfig) -> list[str]:
-    """``dataloader.train.dataset.names`` as a list; a registering call (e.g. ``register_json_dataset``)
-    gives its ``name`` argument."""
-    names = OmegaConf.select(cfg, "dataloader.train.dataset.names", default=None)
-    if OmegaConf.is_dict(names):
-        names = names.get("name")
+def _get_dataset_names(cfg: DictConfig, split: str = "train") -> list[str]:
+    """``dataloader.<split>.dataset.names`` as a list; a registering call (e.g. ``register_json_dataset``),
+    alone or as an item of the list (a mixture of a built-in set and one's own), gives its ``name`` argument."""
+    names = OmegaConf.select(cfg, f"dataloader.{split}.dataset.names", default=None)
     if names is None:
         return []
-    return [str(name) for name in names] if OmegaConf.is_list(names) else [str(names)]
+    items = list(names) if OmegaConf.is_list(names) else [names]
+    return [str(item.get("name", "?")) if OmegaConf.is_dict(item) else str(item) for item in items]
+
+
+def _describe_copy_paste(cfg: DictConfig) -> str:
+    """The train mapper's Copy-Paste (``dataloader.train.mapper.copy_paste``) when it pastes, else ""."""
+    node = OmegaConf.select(cfg, "dataloader.train.mapper.copy_paste", default=None)
+    if not OmegaConf.is_dict(node) or node.get("mode", "uniform") == "none":
+        return ""
+    text = f"Copy-Paste {node.get('mode', 'uniform')} (prob {node.get('prob', 1.0)}, up to "
+    text += f"{node.get('max_objects', 20)} objects"
+    if node.get("mode", "uniform") == "rare":
+        text += f", t={node.get('repeat_thresh', 0.001)}"
+    return text + ")"
+
+
+def _describe_checkpointing(model: torch.nn.Module) -> str:
+    """The model's parts whose activations are recomputed in the backward pass (``grad_checkpointing``), else
+    ""."""
+    parts = [
+        name
+        for name, module in comm.unwrap_model(model).named_modules()
+        if isinstance(module, CheckpointedSequential) or getattr(module, "grad_checkpointing", False) is True
+    ]
+    # The outermost only: a timm backbone's switch is also on its inner model and stages.
+    outer = [name for name in parts if not any(name.startswith(other + ".") for other in parts)]
+    if not outer:
+        return ""
+    shown = ", ".join(outer[:4]) + (f" and {len(outer) - 4} more" if len(outer) > 4 else "")
+    return f"activation checkpointing in {shown}"
 
 
 def _describe_data(cfg: DictConfig, summary: RecordsSummary | None) -> str:
     from lazytrain.data.catalog import MetadataCatalog
     from lazytrain.data.datasets.lvis import frequency_of_image_count
 
-    names = _get_train_dataset_names(cfg)
+    names = _get_dataset_names(cfg)
     label = ", ".join(names) or "train set"
     if summary is None:
         return label
@@ -85,6 +124,11 @@ def _describe_data(cfg: DictConfig, summary: RecordsSummary | None) -> str:
     )
 
 
+def _describe_data_line(cfg: DictConfig, summary: RecordsSummary | None) -> str:
+    copy_paste = _describe_copy_paste(cfg)
+    return _describe_data(cfg, summary) + (f"; {copy_paste}" if copy_paste else "")
+
+
 def _describe_sampler(cfg: DictConfig, data_loader: Any) -> tuple[str, float | None]:
     """The sampler line and the expected number of images per epoch (None when unknown)."""
     sampler = getattr(getattr(data_loader, "batch_sampler", None), "sampler", None)
@@ -98,6 +142,13 @@ def _describe_sampler(cfg: DictConfig, data_loader: Any) -> tuple[str, float | N
         ), epoch
     shares = getattr(sampler, "shares", None)
     if shares is not None:
+        names = _get_dataset_names(cfg)
+        if len(names) == len(shares):
+            per_source = ", ".join(
+                f"{name} {share} (of {size} images)"
+                for name, share, size in zip(names, shares, sampler.sizes)
+            )
+            return f"{type(sampler).__name__}: images per step (all ranks) {per_source}", None
         return (
             f"{type(sampler).__name__}: {'/'.join(map(str, shares))} images per step (all ranks) from sources of "
             f"{'/'.join(map(str, sampler.sizes))} images"
@@ -149,8 +200,6 @@ def format_run_header(cfg: DictConfig, trainer: Any, summary: RecordsSummary | N
         summary: counts of the train records (`summarize_records`); None leaves them out.
     """
     output_dir = str(cfg.train.output_dir)
-    parameters = sum(p.numel() for p in trainer.model.parameters())
-    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     sampler, epoch = _describe_sampler(cfg, trainer.data_loader)
     world_size = comm.get_world_size()
     lines = []
@@ -161,23 +210,61 @@ def format_run_header(cfg: DictConfig, trainer: Any, summary: RecordsSummary | N
         "prints them here)",
         f"  world     {world_size} process{'es' if world_size > 1 else ''} on {cfg.train.get('device', 'cpu')}, "
         f"seed {cfg.train.get('seed', 0)}",
-        f"  data      {_describe_data(cfg, summary)}",
+        f"  data      {_describe_data_line(cfg, summary)}",
         f"  sampler   {sampler}",
-        f"  model     {type(comm.unwrap_model(trainer.model)).__name__}: {parameters / 1e6:.1f}M parameters "
-        f"({trainable / 1e6:.1f}M trainable)",
+        f"  model     {_describe_model(trainer.model)}",
         f"  schedule  {_describe_schedule(cfg, epoch)}",
     ]
     return "Run:\n" + "\n".join(lines)
 
 
+def _describe_model(model: torch.nn.Module) -> str:
+    parameters = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    checkpointing = _describe_checkpointing(model)
+    return (
+        f"{type(comm.unwrap_model(model)).__name__}: {parameters / 1e6:.1f}M parameters "
+        f"({trainable / 1e6:.1f}M trainable)" + (f"; {checkpointing}" if checkpointing else "")
+    )
+
+
+def find_short_warmup(cfg: DictConfig, trainer: Any) -> str | None:
+    """A line when the LR schedule's warm-up outlasts the run (a shortened ``train.max_iter``): the learning
+    rate never reaches its value, and the line says what it peaks at. None otherwise.
+
+    Args:
+        cfg: the run's config (reads ``train.max_iter``).
+        trainer: the built trainer (reads its `LRScheduler` hook's multiplier and its optimizer's LR).
+    """
+    max_iter = int(cfg.train.max_iter)
+    schedulers = [hook for hook in getattr(trainer, "hooks", ()) if isinstance(hook, LRScheduler)]
+    multiplier = schedulers[0].multiplier if schedulers else None
+    warmup = getattr(multiplier, "warmup_iters", None)
+    if not isinstance(warmup, int) or warmup <= max_iter or max_iter < 1:
+        return None
+    group = trainer.optimizer.param_groups[0]
+    lr = group.get("initial_lr", group["lr"])
+    peak = max(multiplier(iteration) for iteration in range(max_iter))
+    key = "lr_multiplier.warmup_iters" if OmegaConf.select(cfg, "lr_multiplier.warmup_iters") else "warm-up"
+    return (
+        f"{key}={warmup} is longer than the run (train.max_iter={max_iter}): the learning rate peaks at "
+        f"{lr * peak:.3g} (x{peak:.2g} of {lr:g}) and never reaches its value; shorten the warm-up (e.g. "
+        f"{key}={max(1, max_iter // 10)}) or train longer."
+    )
+
+
 def log_run_header(cfg: DictConfig, trainer: Any) -> None:
     """Log `format_run_header` on the main process, after one pass over the train records to count them
-    (each record unpickled once: seconds for a full LVIS-sized train set, see docs/benchmarks.md)."""
+    (each record unpickled once: seconds for a full LVIS-sized train set, see docs/benchmarks.md), and a
+    warning when the warm-up outlasts the run (`find_short_warmup`)."""
     if not comm.is_main_process():
         return
     records = get_train_records(trainer.data_loader)
     summary = summarize_records(records) if records is not None else None
     logger.info(format_run_header(cfg, trainer, summary))
+    short_warmup = find_short_warmup(cfg, trainer)
+    if short_warmup:
+        logger.warning(short_warmup)
 
 
 # ------------------------------------------------------------------------------------------------ summary
@@ -203,13 +290,19 @@ _EMA_FILES = {
 }
 
 
+# Dave et al.'s metrics, shown when the evaluator computed them (`LVISEvaluator(ap_fixed=, ap_pool=)`).
+_EXTRA_METRICS = {"APfixed": "AP-fixed", "APpool": "AP-pool"}
+
+
 def _format_metrics(results: dict) -> list[str]:
-    """A small aligned table: one row per task (mask first), AP then APr/APc/APf (or AP50/AP75)."""
+    """A small aligned table: one row per task (mask first), AP then APr/APc/APf (or AP50/AP75), then AP-fixed
+    and AP-pool when computed."""
     tasks = sorted((t for t in results if isinstance(results[t], dict)), key=lambda t: (t != "segm", t))
     if not tasks:
         return ["  no evaluation results"]
     names = run_dirs.DEFAULT_EVAL_METRICS if "APr" in results[tasks[0]] else ("AP", "AP50", "AP75")
-    rows = [["", *names]]
+    names += tuple(name for name in _EXTRA_METRICS if any(name in results[task] for task in tasks))
+    rows = [["", *(_EXTRA_METRICS.get(name, name) for name in names)]]
     for task in tasks:
         label = {"segm": "mask", "bbox": "box"}.get(task, task)
         rows.append([label, *(_format_value(results[task].get(name)) for name in names)])
@@ -259,9 +352,12 @@ def _format_done(trainer: Any, seconds: float) -> list[str]:
     ]
 
 
-def _list_files(cfg: DictConfig, output_dir: str, trackers: list[Tracker]) -> list[str]:
-    """One line per file of the run directory worth knowing, with what it holds."""
+def _list_files(
+    cfg: DictConfig, output_dir: str, trackers: list[Tracker], texts: dict[str, str] | None = None
+) -> list[str]:
+    """One line per file of the run directory worth knowing, with what it holds (`texts` replaces some)."""
     files = {**dict(_FILES), **_EMA_FILES} if (cfg.train.get("ema") or {}).get("enabled") else dict(_FILES)
+    files.update(texts or {})
     present = [(name, text) for name, text in files.items() if os.path.isfile(os.path.join(output_dir, name))]
     periodic = sorted(glob.glob(os.path.join(output_dir, "model_[0-9]*.pth")))
     if periodic:  # after model_final.pth
@@ -298,10 +394,18 @@ def format_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> str:
     weights = shlex.quote(os.path.join(output_dir, "model_final.pth"))
     lines += [
         f"Resume:    {resume_command(output_dir)}",
-        f"Evaluate:  python -m lazytrain {config} train.eval_only=true train.init_checkpoint={weights}",
+        f"Evaluate:  python -m lazytrain {config} {_eval_run_dir(output_dir)} train.eval_only=true "
+        f"train.init_checkpoint={weights}",
         f"Predict:   python -m lazytrain predict {shlex.quote(output_dir)} IMAGES... predict.draw=true",
     ]
     return "\n".join(lines)
+
+
+def _eval_run_dir(output_dir: str) -> str:
+    """The ``hydra.run.dir`` override of an evaluation of the run in `output_dir`: a sub-folder named by the
+    time (Hydra's ``now`` resolver), so that its files never replace the training's own or an earlier
+    evaluation's."""
+    return shlex.quote(f"hydra.run.dir={os.path.join(output_dir, EVAL_FOLDER, '${now:%Y-%m-%d_%H-%M-%S}')}")
 
 
 def resume_command(output_dir: str) -> str:
@@ -314,3 +418,61 @@ def log_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> None:
     """Log `format_run_summary` on the main process."""
     if comm.is_main_process() and cfg.train.get("output_dir"):
         logger.info(format_run_summary(cfg, trainer, seconds))
+
+
+# ------------------------------------------------------------------------------------- evaluation only
+
+_EVAL_FILES = {"metrics.json": "the evaluation's metrics (one JSON line)"}
+
+
+def _describe_weights(cfg: DictConfig) -> str:
+    weights = str(cfg.train.get("init_checkpoint") or "")
+    return weights or "randomly initialised (no train.init_checkpoint)"
+
+
+def format_eval_header(cfg: DictConfig, model: torch.nn.Module) -> str:
+    """The lines shown before an evaluation-only run (``train.eval_only``): command, output, processes, test
+    data, model and the weights evaluated.
+
+    Args:
+        cfg: the run's config.
+        model: the built model (its weights loaded or not).
+    """
+    world_size = comm.get_world_size()
+    lines = [f"  command   {os.environ[COMMAND_ENV]}"] if os.environ.get(COMMAND_ENV) else []
+    lines += [
+        f"  output    {cfg.train.output_dir} (full config, environment and model in log.txt)",
+        f"  world     {world_size} process{'es' if world_size > 1 else ''} on {cfg.train.get('device', 'cpu')}",
+        f"  data      {', '.join(_get_dataset_names(cfg, 'test')) or 'test set'}",
+        f"  model     {_describe_model(model)}",
+        f"  weights   {_describe_weights(cfg)}",
+    ]
+    return "Evaluation:\n" + "\n".join(lines)
+
+
+def format_eval_summary(cfg: DictConfig, results: dict, seconds: float) -> str:
+    """The closing block of an evaluation-only run: the evaluation's table (as training's closing block has
+    it), its wall time and the files written.
+
+    Args:
+        cfg: the run's config.
+        results: the evaluation's results, ``{task: {metric: float}}``.
+        seconds: wall time of the evaluation.
+    """
+    output_dir = str(cfg.train.output_dir)
+    done = f"Done: evaluation in {datetime.timedelta(seconds=round(seconds))} (wall time)"
+    lines = [f"{done}. Evaluation of {_describe_weights(cfg)} (AP x100):", *_format_metrics(results)]
+    files = _list_files(cfg, output_dir, [], _EVAL_FILES)
+    return "\n".join([*lines, f"Files in {output_dir}:", *files])
+
+
+def log_eval_header(cfg: DictConfig, model: torch.nn.Module) -> None:
+    """Log `format_eval_header` on the main process."""
+    if comm.is_main_process():
+        logger.info(format_eval_header(cfg, model))
+
+
+def log_eval_summary(cfg: DictConfig, results: dict, seconds: float) -> None:
+    """Log `format_eval_summary` on the main process."""
+    if comm.is_main_process() and cfg.train.get("output_dir"):
+        logger.info(format_eval_summary(cfg, results, seconds))

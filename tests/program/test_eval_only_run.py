@@ -1,0 +1,53 @@
+"""Evaluating a finished run with the command its closing block prints: the results land in a dated sub-folder
+of the run (never over the training's files), between a header and a closing block as training has."""
+
+import os
+import re
+import shlex
+
+from tests.launch.test_entrypoint import ENGINE_TOY, lazytrain
+
+
+def test_the_printed_evaluate_command_evaluates_into_the_run_folder_with_a_header_and_closing_block(tmp_path):
+    run_dir = tmp_path / "run"
+    trained = lazytrain(ENGINE_TOY, "train.max_iter=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    output = trained.stdout + trained.stderr
+    # The toy's warm-up (5 iterations) outlasts this 2-iteration run: one warning, before the first step (the
+    # peak, x0.2 of warm-up times x0.1 twice: both milestones of 2 iterations fall on iteration 1).
+    warnings = re.findall(r"WARNING\] (lr_multiplier\.warmup_iters=.*)", output)
+    assert warnings == [
+        "lr_multiplier.warmup_iters=5 is longer than the run (train.max_iter=2): the learning rate peaks at "
+        "2.01e-05 (x0.002 of 0.01) and never reaches its value; shorten the warm-up (e.g. "
+        "lr_multiplier.warmup_iters=1) or train longer."
+    ]
+    assert output.index("warmup_iters=5 is longer") < output.index("iter: 1")
+    training_metrics = (run_dir / "metrics.json").read_text()
+
+    (evaluate,) = re.findall(r"^Evaluate: +python -m lazytrain (.*)$", output, re.MULTILINE)
+    evaluated = lazytrain(*shlex.split(evaluate), cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    (eval_dir,) = (run_dir / "eval").iterdir()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", eval_dir.name)
+    assert not (tmp_path / "outputs").exists()
+    assert (run_dir / "metrics.json").read_text() == training_metrics
+    assert '"toy/AP"' in (eval_dir / "metrics.json").read_text()
+
+    output = evaluated.stdout + evaluated.stderr
+    header = output[output.index("Evaluation:\n") :].splitlines()[1:7]
+    assert [line.split()[0] for line in header] == ["command", "output", "world", "data", "model", "weights"]
+    assert header[1].split()[1] == str(eval_dir)
+    assert header[5].split() == ["weights", str(run_dir / "model_final.pth")]
+    block = evaluated.stdout[evaluated.stdout.index("Done: evaluation in") :].splitlines()  # it ends stdout
+    assert re.fullmatch(
+        rf"Done: evaluation in 0:00:\d\d \(wall time\)\. Evaluation of {re.escape(str(run_dir))}/model_final\.pth "
+        r"\(AP x100\):",
+        block[0],
+    )
+    assert block[1].split() == ["AP", "AP50", "AP75"] and re.fullmatch(
+        r"toy +\d+\.\d +- +-", block[2].strip()
+    )
+    assert block[3] == f"Files in {eval_dir}:"
+    named = [line.split()[0] for line in block[4:]]
+    assert named == ["metrics.json", "config.yaml", "log.txt"]
+    assert all(os.path.isfile(eval_dir / name) for name in named)
