@@ -3,17 +3,22 @@
 A config file is plain Python. ``from .base import model`` (or ``from ..recipes.models.x import model``)
 finds ``base.py`` next to the importing file, no ``__init__.py`` needed, and executes it afresh each time,
 so mutating an imported dict never leaks into another importer.
+
+The shipped config files (the repository's ``conf/`` and ``recipes/``, installed as the packages
+``lazytrain.conf`` and ``lazytrain.recipes``: pyproject.toml) are imported the same way by those names from a
+config file anywhere: ``from lazytrain.recipes.models.mask_rcnn_fpn import model`` executes that file afresh.
 """
 
 from __future__ import annotations
 
 import builtins
+import importlib.util
 import inspect
 import itertools
 import os
 import traceback
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -21,11 +26,31 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from lazytrain.config.lazy import to_config_value
 from lazytrain.errors import ConfigError
 
-__all__ = ["execute_config_file", "public_values"]
+__all__ = ["SHIPPED_CONFIG_PACKAGES", "execute_config_file", "get_shipped_config_dir", "public_values"]
 
 _FILE_KEY = "__lazytrain_config_file__"
 _counter = itertools.count()
 _executing: list[str] = []  # files being executed, innermost last (cycle detection)
+
+SHIPPED_CONFIG_PACKAGES = ("lazytrain.conf", "lazytrain.recipes")
+"""Packages of config files: an absolute import of a module in them executes its file as a config file."""
+
+
+def get_shipped_config_dir(package: str) -> str:
+    """The folder of `package` (one of `SHIPPED_CONFIG_PACKAGES`): ``conf/`` or ``recipes/`` of the clone for
+    an editable install, ``site-packages/lazytrain/conf`` or ``.../recipes`` for a wheel.
+
+    Raises:
+        ConfigError: the installed lazytrain does not have the package (an editable install made before
+            the packages existed: install again).
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            f"{package} is not installed with this lazytrain; reinstall lazytrain "
+            "(in a clone: pip install -e .) so that its config files are importable by name."
+        )
+    return list(spec.submodule_search_locations)[0]
 
 
 def _relative_import(name: str, importer_file: str, level: int) -> types.ModuleType:
@@ -38,13 +63,40 @@ def _relative_import(name: str, importer_file: str, level: int) -> types.ModuleT
             f"Import from the file itself instead: 'from {'.' * level}x import <names>'."
         )
     target = os.path.join(base_dir, *name.split(".")) + ".py"
+    spelled = "." * level + name
+    return _import_config_file(
+        target, importer_file, spelled, "Relative imports in config files resolve by file location."
+    )
+
+
+def _is_shipped(name: str) -> bool:
+    return any(name == package or name.startswith(package + ".") for package in SHIPPED_CONFIG_PACKAGES)
+
+
+def _shipped_import(name: str, importer_file: str, fromlist: Sequence[str] | None) -> types.ModuleType:
+    """``from lazytrain.recipes.x import ...`` in `importer_file`: recipes/x.py executed as a config file."""
+    if not fromlist:
+        raise ConfigError(
+            f"{importer_file}: 'import {name}' does not import a config file; import names from the file: "
+            f"'from {name} import <names>'."
+        )
+    package = next(p for p in SHIPPED_CONFIG_PACKAGES if name == p or name.startswith(p + "."))
+    folder = get_shipped_config_dir(package)
+    target = os.path.join(folder, *name[len(package) :].split(".")[1:]) + ".py"
+    return _import_config_file(target, importer_file, name, f"{package} is the folder {folder}.")
+
+
+def _import_config_file(target: str, importer_file: str, spelled: str, where: str) -> types.ModuleType:
+    """`target` executed as a config file, for `importer_file`'s ``from <spelled> import ...``."""
     if not os.path.isfile(target):
         hint = ""
         if os.path.isdir(target[:-3]):
-            hint = f" '{target[:-3]}' is a folder: import from a file in it ('from {'.' * level}{name}.FILE import ...')."
+            hint = (
+                f" '{target[:-3]}' is a folder: import from a file in it ('from {spelled}.FILE import ...')."
+            )
         raise ConfigError(
-            f"{importer_file}: 'from {'.' * level}{name} import ...' refers to config file {target}, "
-            f"which does not exist. Relative imports in config files resolve by file location.{hint}"
+            f"{importer_file}: 'from {spelled} import ...' refers to config file {target}, "
+            f"which does not exist. {where}{hint}"
         )
     module = execute_config_file(target)
     # Imported dicts and lists become omegaconf nodes so the importer can write `train.max_iter = 20` and
@@ -62,6 +114,8 @@ def _relative_import(name: str, importer_file: str, level: int) -> types.ModuleT
 
 def _make_import(importer_file: str):
     def _import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and _is_shipped(name):
+            return _shipped_import(name, importer_file, fromlist)
         if level == 0:
             return builtins.__import__(name, globals, locals, fromlist, level)
         return _relative_import(name, importer_file, level)

@@ -21,13 +21,16 @@ import os
 import shlex
 import sys
 import tempfile
+import textwrap
+
+from lazytrain.program.shipped_configs import SCHEME
 
 __all__ = ["CONFIG_NAME", "SUBCOMMANDS", "main"]
 
 CONFIG_NAME = "lazytrain_config"
 SUBCOMMANDS = ("predict", "export", "cache")
 _USAGE = (
-    "usage: python -m lazytrain CONFIG.py|CONFIG.yaml [-m] [key=value ...] [Hydra flags]\n"
+    "usage: python -m lazytrain CONFIG.py|CONFIG.yaml|lazytrain://NAME [-m] [key=value ...] [Hydra flags]\n"
     "       python -m lazytrain predict RUN_DIR IMAGE... [key=value ...]   (--help for more)\n"
     "       python -m lazytrain export RUN_DIR [key=value ...]              (--help for more)\n"
     "       python -m lazytrain cache [DATASET|JSON ...] [--clear]           (--help for more)"
@@ -35,9 +38,12 @@ _USAGE = (
 
 
 def split_config_path(argv: list[str]) -> tuple[str | None, list[str]]:
-    """(the CONFIG file named in `argv`, the other arguments); None when no file is named."""
+    """(the CONFIG named in `argv`: a file or a shipped config's ``lazytrain://NAME``, the other arguments);
+    None when no CONFIG is named."""
     for index, arg in enumerate(argv):
-        if not arg.startswith("-") and "=" not in arg and arg.endswith((".py", ".yaml", ".yml")):
+        if arg.startswith(SCHEME) or (
+            not arg.startswith("-") and "=" not in arg and arg.endswith((".py", ".yaml", ".yml"))
+        ):
             return arg, argv[:index] + argv[index + 1 :]
     return None, argv
 
@@ -77,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     config_path, overrides = split_config_path(argv)
     if config_path is None:
         if any(a in ("-h", "--help") for a in argv):
-            print(_USAGE)
+            print(f"{_USAGE}\n\n{_describe_shipped_configs()}")
             return
         _fail(f"no CONFIG file given.\n{_USAGE}")
     from lazytrain.errors import ConfigError
@@ -102,6 +108,20 @@ def main(argv: list[str] | None = None) -> None:
             f"{failed_jobs} job(s) of the sweep failed (summary above):\n"
             + "\n".join(f"  {f}" for f in failures)
         )
+
+
+def _describe_shipped_configs() -> str:
+    """``--help``'s list of the configs in the package, by the name that runs them."""
+    from lazytrain.program.shipped_configs import list_shipped_configs
+
+    configs = list_shipped_configs()
+    width = max(len(name) for name, _ in configs)
+    lines = [f"Shipped configs (python -m lazytrain {SCHEME}NAME; in a clone also conf/NAME.py):"]
+    for name, summary in configs:
+        lines += textwrap.wrap(
+            summary, 110, initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4)
+        )
+    return "\n".join(lines)
 
 
 def _run_hydra(cfg, config_path: str, overrides: list[str]) -> tuple[int, list[str]]:

@@ -4,13 +4,13 @@ chdir, the sweep summary callback, ``--help`` text)."""
 
 from __future__ import annotations
 
-import ast
 import os
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import lazytrain.data  # noqa: F401  (registers the lazytrain.json_* resolvers a config may use)
 from lazytrain.config import LazyConfig
+from lazytrain.program.shipped_configs import get_config_file, get_module_docstring
 
 __all__ = ["DEFAULT_MAIN", "LAUNCH_DEFAULTS", "add_hydra_settings", "load_primary_config"]
 
@@ -28,9 +28,10 @@ _UNSET_OUTPUT_DIRS = (None, "", "./output")
 
 
 def load_primary_config(config_path: str) -> DictConfig:
-    """Load `config_path` and fill in what a run needs: the ``launch`` defaults under the file's own launch
-    values, and ``train.output_dir`` = the Hydra run directory when the file leaves it unset or ``./output``."""
-    cfg = LazyConfig.load(config_path)
+    """Load `config_path` (a file, or ``lazytrain://NAME``: `get_config_file`) and fill in what a run needs: the
+    ``launch`` defaults under the file's own launch values, and ``train.output_dir`` = the Hydra run directory
+    when the file leaves it unset or ``./output``."""
+    cfg = LazyConfig.load(get_config_file(config_path))
     cfg.launch = OmegaConf.merge(LAUNCH_DEFAULTS, cfg.get("launch") or {})
     train = cfg.get("train")
     if isinstance(train, DictConfig) and _is_unset_output_dir(train):
@@ -47,7 +48,7 @@ def _is_unset_output_dir(train: DictConfig) -> bool:
 def add_hydra_settings(cfg: DictConfig, config_path: str, result_file: str) -> None:
     """Add the ``hydra`` node: job name from the file, no chdir, the sweep summary callback (writing the count
     of failed jobs to `result_file`) and the ``--help`` text."""
-    stem = os.path.splitext(os.path.basename(config_path))[0]
+    stem = os.path.splitext(os.path.basename(get_config_file(config_path)))[0]
     callback = {
         "_target_": "lazytrain.program.sweep_summary.SweepSummaryCallback",
         "result_file": result_file,
@@ -62,7 +63,8 @@ def add_hydra_settings(cfg: DictConfig, config_path: str, result_file: str) -> N
 def _help_template(cfg: DictConfig, config_path: str) -> str:
     """``--help``: the config's docstring, its top-level keys, how to override, then Hydra's config view."""
     lines = []
-    doc = _module_docstring(config_path) if config_path.endswith(".py") else None
+    config_file = get_config_file(config_path)
+    doc = get_module_docstring(config_file) if config_file.endswith(".py") else None
     if doc:
         lines += [doc, ""]
     lines += [f"usage: python -m lazytrain {config_path} [-m] [key=value ...] [Hydra flags]", ""]
@@ -93,11 +95,3 @@ def _describe_value(value: object) -> str:
         names = list(value)
         return ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
     return "list" if isinstance(value, ListConfig) else type(value).__name__
-
-
-def _module_docstring(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return ast.get_docstring(ast.parse(f.read()))
-    except (OSError, SyntaxError):
-        return None

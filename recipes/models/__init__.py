@@ -1,0 +1,1 @@
+"""Model recipes (``lazytrain.recipes.models``)."""

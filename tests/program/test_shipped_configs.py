@@ -1,0 +1,103 @@
+"""The shipped configs by name: a config file anywhere imports ``lazytrain.conf.*`` and ``lazytrain.recipes.*``
+as config files (executed afresh, like relative imports), and ``lazytrain://NAME`` names a shipped config on the
+command line (README "Your own project"; tests/program/test_own_project.py runs them from an installed wheel)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from lazytrain.config import ConfigError, LazyConfig
+from lazytrain.config.loading import get_shipped_config_dir
+from lazytrain.program.shipped_configs import get_config_file, list_shipped_configs
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def write(path, text: str) -> str:
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_the_shipped_packages_are_the_repository_folders():
+    assert get_shipped_config_dir("lazytrain.conf") == os.path.join(REPO, "conf")
+    assert get_shipped_config_dir("lazytrain.recipes") == os.path.join(REPO, "recipes")
+
+
+def test_a_config_anywhere_imports_shipped_configs_by_name_each_import_afresh(tmp_path):
+    mine = write(
+        tmp_path / "mine.py",
+        """
+        from lazytrain.conf.rfs_maskrcnn_demo import model, train
+        from lazytrain.recipes.models.mask_rcnn_fpn import model as r50
+
+        model.roi_heads.score_thresh = 0.5
+        train.max_iter = 7
+        """,
+    )
+    cfg = LazyConfig.load(mine)
+    assert (cfg.train.max_iter, cfg.model.roi_heads.score_thresh) == (7, 0.5)
+    # The demo's ResNet-18 came from the same recipe file as r50, whose depth the demo's import did not change.
+    assert (cfg.model.backbone.depth, cfg.r50.backbone.depth) == (18, 50)
+    demo = LazyConfig.load(get_config_file("lazytrain://rfs_maskrcnn_demo"))
+    assert (demo.train.max_iter, demo.model.roi_heads.score_thresh) == (400, 0.001)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            "import lazytrain.recipes.train",
+            "import names from the file: 'from lazytrain.recipes.train import",
+        ),
+        ("from lazytrain.recipes.models import mask_rcnn_fpn", "is a folder: import from a file in it"),
+        (
+            "from lazytrain.recipes.nope import model",
+            "nope.py, which does not exist. lazytrain.recipes is the folder",
+        ),
+    ],
+)
+def test_a_wrong_import_of_a_shipped_config_says_how_to_write_it(tmp_path, line, message):
+    with pytest.raises(ConfigError, match="mine.py: ") as error:
+        LazyConfig.load(write(tmp_path / "mine.py", line))
+    assert message in str(error.value)
+
+
+def test_short_names_are_the_shipped_configs():
+    names = [name for name, _ in list_shipped_configs()]
+    assert names == sorted(
+        f[:-3] for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith(".py") and f[0] != "_"
+    )
+    assert dict(list_shipped_configs())["rfs_maskrcnn_demo"].startswith(
+        "The RFS Mask R-CNN recipe on the embedded"
+    )
+    for name in ("lazytrain://rfs_maskrcnn_demo", "lazytrain://rfs_maskrcnn_demo.py"):
+        assert get_config_file(name) == os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")
+    assert get_config_file("conf/x.py") == "conf/x.py"
+    with pytest.raises(
+        ConfigError, match="ships no config 'rfs_maskrcnn_dem'. Did you mean lazytrain://rfs_maskrcnn_demo"
+    ):
+        get_config_file("lazytrain://rfs_maskrcnn_dem")
+
+
+def test_help_lists_the_shipped_configs_and_an_unknown_name_stops_at_once(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "lazytrain", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "python -m lazytrain lazytrain://NAME" in result.stdout
+    for name, _ in list_shipped_configs():
+        assert f"\n  {name} " in result.stdout
+    result = subprocess.run(
+        [sys.executable, "-m", "lazytrain", "lazytrain://nope", "train.max_iter=2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1 and "lazytrain ships no config 'nope'" in result.stderr
+    assert os.listdir(tmp_path) == []  # no run folder
