@@ -48,6 +48,9 @@ def readme_commands(section: str | None = None) -> list[str]:
     text = open(README).read()
     if section is not None:
         text = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    else:  # its commands run in a fresh environment with the wheel, from its files' folder: test_own_project.py
+        before, own_project = text.split("## Your own project\n", 1)
+        text = before + "\n## " + own_project.split("\n## ", 1)[1]
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         commands += [line.split(" #")[0].strip() for line in block.splitlines() if line.strip()]
