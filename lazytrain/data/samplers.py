@@ -259,6 +259,11 @@ class RepeatFactorTrainingSampler(_InfiniteSampler):
         """Number of images sampled from."""
         return len(self.repeat_factors)
 
+    # detectron2's name for the per-image factors, where its users call it
+    # (``RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(dicts, thresh)``): the module's
+    # function itself, with its signature (detectron2's plus ``instance_aware``) and float32 tensor [N].
+    repeat_factors_from_category_frequency = staticmethod(repeat_factors_from_category_frequency)
+
     @classmethod
     def from_dataset_dicts(
         cls,

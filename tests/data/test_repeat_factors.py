@@ -78,3 +78,24 @@ def test_category_index_from_dicts_and_prebuilt_csr_agree():
 def test_category_index_rejects_inconsistent_arrays():
     with pytest.raises(ValueError, match=r"CategoryIndex\(offsets=\) must be 1-D, start at 0"):
         CategoryIndex(np.array([0, 2, 3]), np.zeros(2, np.int32), np.ones(2, np.int32))
+
+
+def test_detectron2s_name_on_the_sampler_is_the_modules_function():
+    """detectron2 users call ``RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(dicts,
+    thresh)``: the same name, positional arguments and tensor there, one implementation (failed before: the
+    factors had moved to lazytrain.data.repeat_factors only)."""
+    from lazytrain.data.samplers import RepeatFactorTrainingSampler
+
+    records = [
+        {"annotations": [{"category_id": 0}, {"category_id": 1}]},
+        {"annotations": [{"category_id": 0}]},
+    ]
+    factors = RepeatFactorTrainingSampler.repeat_factors_from_category_frequency(records, 1.0)
+    assert isinstance(factors, torch.Tensor) and factors.dtype == torch.float32
+    assert factors.tolist() == pytest.approx([math.sqrt(2.0), 1.0])  # f_1 = 1/2 -> sqrt(1 / 0.5)
+    assert (
+        RepeatFactorTrainingSampler.repeat_factors_from_category_frequency
+        is repeat_factors_from_category_frequency
+    )
+    sampler = RepeatFactorTrainingSampler(factors, seed=0, rank=0, world_size=1)
+    assert sampler.repeat_factors_from_category_frequency(records, 1.0, sqrt=False).tolist() == [2.0, 1.0]
