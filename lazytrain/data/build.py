@@ -24,7 +24,13 @@ from lazytrain.data.batch_transport import BatchReceiver, PackingCollate, pin_ba
 from lazytrain.data.common import DatasetFromList, MapDataset
 from lazytrain.data.datasets.cached_records import CachedRecords
 from lazytrain.data.samplers import InferenceSampler, IterationBasedSampler, TrainingSampler, resolve_seed
-from lazytrain.data.workers import WorkerSeeder, make_base_seed_generator, start_workers, worker_context
+from lazytrain.data.workers import (
+    WorkerSeeder,
+    cap_num_workers,
+    make_base_seed_generator,
+    start_workers,
+    worker_context,
+)
 from lazytrain.errors import LazytrainError
 from lazytrain.utils.preemption import outlive_job_sigterm
 
@@ -38,6 +44,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# The key of `build_detection_train_loader`'s max_failure_fraction in the recipes, named by MapDataset's error.
+_TRAIN_FRACTION_KEY = "dataloader.train.max_failure_fraction"
 # Batches each worker works ahead: torch's default, set explicitly because the ring size depends on it.
 _PREFETCH_FACTOR = 2
 
@@ -247,6 +255,7 @@ def build_detection_train_loader(
     seed: int | None = None,
     collate_fn: Callable | None = None,
     pin_memory: bool | str | torch.device = False,
+    max_failure_fraction: float = 0.01,
 ) -> TrainLoader:
     """An infinite, resumable train loader yielding lists of mapped records.
 
@@ -261,13 +270,17 @@ def build_detection_train_loader(
         aspect_ratio_grouping: form each batch from landscape or from portrait images only (needs ``width``
             and ``height`` in the records). A sampler with ``check_batching`` (`MixtureTrainingSampler`, whose
             batches hold fixed shares) is asked first and refuses it.
-        num_workers: data-loader worker processes.
+        num_workers: data-loader worker processes, at most the CPUs this process may use (more are lowered to
+            that, with a log line: `lazytrain.data.workers.cap_num_workers`).
         seed: base of the per-sample augmentation seeds (and of the default sampler); None draws a random seed
             shared by all ranks (the resumed state carries it).
         collate_fn: batch list -> model input; default keeps the list.
         pin_memory: put each batch's tensors in page-locked host memory, from which the model's non-blocking
             copies to the GPU overlap with its work: True, False, or the device the batches are for (the
             recipes pass ``${train.device}``, so ``cuda`` pins and ``cpu`` does not). Ignored without CUDA.
+        max_failure_fraction: largest fraction of the images the mapper may fail to read (each is replaced by
+            another image, with a warning); more stops the run (`MapDataset`). The recipes' key is
+            ``dataloader.train.max_failure_fraction``.
     """
     from lazytrain.utils import comm
 
@@ -287,11 +300,17 @@ def build_detection_train_loader(
         dataset = DatasetFromList(dataset, copy=False)
     if hasattr(mapper, "attach_dataset"):  # copy-paste reads its source images from the loader's own records
         mapper.attach_dataset(dataset)
-    dataset = MapDataset(dataset, mapper if mapper is not None else _identity)
+    dataset = MapDataset(
+        dataset,
+        mapper if mapper is not None else _identity,
+        max_failure_fraction,
+        fraction_setting=_TRAIN_FRACTION_KEY,
+    )
     sampler = _infinite_sampler(sampler, len(dataset), seed)
     batch_sampler = GroupedBatchSampler(
         sampler, total_batch_size // world_size, groups, seed=seed, rank=rank, world_size=world_size
     )
+    num_workers = cap_num_workers(num_workers, "dataloader.train")
     return TrainLoader(
         dataset, batch_sampler, num_workers, collate_fn or trivial_batch_collator, pin_memory=pin
     )
@@ -315,16 +334,17 @@ def build_detection_test_loader(
         mapper: record -> model input; None yields the records.
         sampler: defaults to `InferenceSampler(len(dataset))`.
         batch_size: images per batch (per process).
-        num_workers: data-loader worker processes.
+        num_workers: data-loader worker processes, at most the CPUs this process may use.
         pin_memory: as in `build_detection_train_loader` (torch's DataLoader pins the batches).
     """
     pin = resolve_pin_memory(pin_memory, "build_detection_test_loader")
     if isinstance(dataset, (list, tuple)):
         dataset = DatasetFromList(dataset, copy=False)
     if mapper is not None:
-        dataset = MapDataset(dataset, mapper, max_failure_fraction=0.0)
+        dataset = MapDataset(dataset, mapper, max_failure_fraction=0.0, fraction_setting=None)
     if sampler is None:
         sampler = InferenceSampler(len(dataset))
+    num_workers = cap_num_workers(num_workers, "dataloader.test")
     return DataLoader(
         dataset,
         batch_sampler=torch.utils.data.BatchSampler(sampler, batch_size, drop_last=False),

@@ -122,19 +122,26 @@ class MapDataset(Dataset):
         dataset: a dataset of records (e.g. `DatasetFromList`).
         map_func: record -> model input, e.g. a `DatasetMapper`.
         max_failure_fraction: largest fraction of items that may fail (in [0, 1]).
+        fraction_setting: where a user sets `max_failure_fraction`, named in the error as what to raise (the
+            train loader passes its config key); None gives no such advice (evaluation maps every image).
     """
 
     def __init__(
-        self, dataset: Dataset, map_func: Callable[[Any], Any], max_failure_fraction: float = 0.01
+        self,
+        dataset: Dataset,
+        map_func: Callable[[Any], Any],
+        max_failure_fraction: float = 0.01,
+        *,
+        fraction_setting: str | None = "MapDataset(max_failure_fraction=)",
     ) -> None:
         if not 0 <= max_failure_fraction <= 1:
-            raise ValueError(
-                f"MapDataset(max_failure_fraction=) must be in [0, 1]; got {max_failure_fraction}"
-            )
+            setting = fraction_setting or "MapDataset(max_failure_fraction=)"
+            raise ValueError(f"{setting} must be in [0, 1]; got {max_failure_fraction}")
         self._dataset = dataset
         self._map_func = map_func
         self._max_failures = int(max_failure_fraction * len(dataset))
         self._max_failure_fraction = max_failure_fraction
+        self._fraction_setting = fraction_setting
         self._failed: set[int] = set()
 
     @property
@@ -177,8 +184,9 @@ class MapDataset(Dataset):
             self._failed.add(index)
             logger.warning("Skipping %s (%s); using another image instead.", name, reason)
         if len(self._failed) > self._max_failures:
+            advice = f", or raise {self._fraction_setting}" if self._fraction_setting else ""
             raise LazytrainError(
                 f"MapDataset: {len(self._failed)} of {len(self)} items failed to map, more than "
                 f"max_failure_fraction={self._max_failure_fraction}; the last was {name} ({reason}). Check the "
-                "data set files (missing or corrupt images), or raise max_failure_fraction."
+                f"data set files (missing or corrupt images){advice}."
             ) from error

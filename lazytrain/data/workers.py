@@ -15,7 +15,9 @@ until their rank exits (`lazytrain.utils.preemption`, which owns what every proc
 from __future__ import annotations
 
 import gc
+import logging
 import multiprocessing
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -28,11 +30,14 @@ from lazytrain.utils.preemption import outlive_job_sigterm, share_rank_exit_flag
 
 __all__ = [
     "WorkerSeeder",
+    "cap_num_workers",
     "make_base_seed_generator",
     "sample_seed",
     "start_workers",
     "worker_context",
 ]
+
+logger = logging.getLogger(__name__)
 
 _MASK64 = 2**64 - 1
 
@@ -68,6 +73,42 @@ class WorkerSeeder:
     def __call__(self, worker_id: int) -> None:
         outlive_job_sigterm(worker_id)
         seed_sample_rngs(sample_seed(self.seed ^ 0x5EED, self.rank * 4096 + worker_id))
+
+
+def _available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (cgroups, ``taskset``, SLURM's ``--cpus-per-task``),
+    else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cap_num_workers(num_workers: int, component: str) -> int:
+    """`num_workers`, at most the CPUs this process may use, with one log line when it lowers it.
+
+    More worker processes than CPUs only make them take turns (and torch warns about it): a recipe's 4
+    workers on a 2-core machine run as 2. Batches do not depend on the worker count (every sample is seeded by
+    its stream position), so the cap changes speed only.
+
+    Args:
+        num_workers: the loader's ``num_workers`` (>= 0).
+        component: the loader, named in the log line (e.g. ``dataloader.train``).
+    """
+    if num_workers < 0:
+        raise ValueError(f"{component}.num_workers must be >= 0; got {num_workers}")
+    available = _available_cpus()
+    if num_workers <= available:
+        return num_workers
+    logger.info(
+        "%s.num_workers=%d but this process may use %d CPUs: starting %d workers (set %s.num_workers to "
+        "choose fewer).",
+        component,
+        num_workers,
+        available,
+        available,
+        component,
+    )
+    return available
 
 
 def make_base_seed_generator(seed: int) -> torch.Generator:

@@ -35,6 +35,7 @@ dataloader = dict(
         num_workers=4,
         seed="${train.seed}",
         pin_memory="${train.device}",  # page-locked batches when training on cuda (non-blocking copies)
+        max_failure_fraction=0.01,  # share of unreadable images replaced (with a warning) before the run stops
     ),
     test=L(build_detection_test_loader)(
         dataset=L(get_detection_dataset_dicts)(names="lvis_v1_val", filter_empty=False),

@@ -147,13 +147,41 @@ def test_test_loader_covers_every_image_once():
 
 
 def test_test_loader_does_not_replace_an_unreadable_image():
-    def mapper(record):
-        if record["image_id"] == 2:
-            raise FileNotFoundError("no such file")
-        return record
+    # No advice to raise a fraction: an evaluation maps every image.
+    with pytest.raises(
+        LazytrainError,
+        match=r"the last was 2.jpg \(FileNotFoundError: no such file\)\. Check the data set files "
+        r"\(missing or corrupt images\)\.$",
+    ):
+        list(build_detection_test_loader(make_records(4), mapper=_fails_on_image_2))
 
-    with pytest.raises(LazytrainError, match=r"the last was 2.jpg \(FileNotFoundError: no such file\)"):
-        list(build_detection_test_loader(make_records(4), mapper=mapper))
+
+def _fails_on_image_2(record):
+    if record["image_id"] == 2:
+        raise FileNotFoundError("no such file")
+    return record
+
+
+@pytest.mark.parametrize("recipe", ["synthetic_lt.py", "lvis_v1.py", "coco.py"])
+def test_unreadable_share_is_a_recipe_key_that_the_error_names(recipe):
+    """``dataloader.train.max_failure_fraction`` is a key of the recipes that reaches the loader, and the
+    error says to raise it by that key (failed before: the error said 'raise max_failure_fraction', which no
+    config held)."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cfg = LazyConfig.load(os.path.join(repo, "recipes", "data", recipe))
+    LazyConfig.apply_overrides(cfg, ["dataloader.train.max_failure_fraction=0.25"])
+    assert cfg.dataloader.train.max_failure_fraction == 0.25
+    loader = build(0, records=make_records(4), total_batch_size=2, max_failure_fraction=0.25)
+    assert loader.dataset._max_failures == 1
+    loader = build_detection_train_loader(
+        make_records(4), mapper=_fails_on_image_2, total_batch_size=4, seed=0, max_failure_fraction=0.0
+    )
+    with pytest.raises(
+        LazytrainError,
+        match=r"the last was 2.jpg \(FileNotFoundError: no such file\)\. Check the data set files \(missing or "
+        r"corrupt images\), or raise dataloader\.train\.max_failure_fraction\.$",
+    ):
+        take(loader, 1)
 
 
 @pytest.fixture

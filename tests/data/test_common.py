@@ -59,7 +59,7 @@ def test_map_dataset_stops_when_failures_exceed_the_fraction():
     with pytest.raises(
         LazytrainError,
         match=r"3 of 100 items failed to map, more than max_failure_fraction=0.02; the last was missing2.jpg "
-        r"\(FileNotFoundError.*raise max_failure_fraction",
+        r"\(FileNotFoundError.*raise MapDataset\(max_failure_fraction=\)\.",
     ):
         dataset[2]
 
@@ -70,6 +70,20 @@ def test_map_dataset_with_zero_fraction_raises_on_the_first_failure():
     )
     with pytest.raises(LazytrainError, match="missing.jpg"):
         dataset[0]
+
+
+def test_map_dataset_names_the_setting_to_raise_or_none():
+    """The error's advice names where a user sets the fraction (failed before: 'raise max_failure_fraction',
+    which no config key was)."""
+    records = [{"file_name": "missing.jpg"}, {"file_name": "ok"}]
+    keyed = MapDataset(DatasetFromList(records), flaky_mapper, 0.0, fraction_setting="loader.max_failures")
+    with pytest.raises(
+        LazytrainError, match=r"missing or corrupt images\), or raise loader\.max_failures\.$"
+    ):
+        keyed[0]
+    evaluation = MapDataset(DatasetFromList(records), flaky_mapper, 0.0, fraction_setting=None)
+    with pytest.raises(LazytrainError, match=r"Check the data set files \(missing or corrupt images\)\.$"):
+        evaluation[0]
 
 
 def draw_everywhere(record):
