@@ -154,7 +154,8 @@ def _read_key(path: str) -> dict | None:
 
 
 def _matching(arguments: list[str]) -> tuple[list[str], list[str]]:
-    """(cache files of the jsons named, lines for names whose json has no cache file yet)."""
+    """(cache files of the jsons named, lines for names whose json has no cache file yet); a json path that is
+    not there and is no cache file's json is an error."""
     files = [path for folder in _folders() for path in list_cache_files(folder)]
     if not arguments:
         return files, []
@@ -169,6 +170,11 @@ def _matching(arguments: list[str]) -> tuple[list[str], list[str]]:
             if key is not None and (key["json_file"] == json_file or key["sha256"] == content)
         ]
         found += [p for p in matches if p not in found]
+        if not matches and content is None and get_annotation_source(argument) is None:
+            raise CommandLineError(
+                f"{argument}: no such json file ({json_file}) and no cache file of one at that path; check the "
+                "path, or run 'python -m lazytrain cache' to list every cache file with its json"
+            )
         if not matches:
             missing.append(f"{argument}: no cache file yet (it will be in {get_cache_dir()})")
     return found, missing

@@ -55,6 +55,26 @@ def test_by_name_or_json_and_not_this_machines_json_after_a_change(files, capsys
     assert line.startswith("lvis_v1_train: no cache file yet (it will be ") and files["cache"] in line
 
 
+def test_a_missing_json_is_an_error_in_one_line(files, capsys, tmp_path, monkeypatch):
+    """A json path that is neither there nor the json of a cache file exits 1 with one line naming it (failed
+    before: 'no cache file yet', exit 0); the cache file of a json removed since is still listed and cleared."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        lazytrain_main(["cache", "nonexist.json", "--clear"])
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 1 and out == ""
+    assert err == (
+        f"lazytrain cache: nonexist.json: no such json file ({tmp_path / 'nonexist.json'}) and no cache file of "
+        "one at that path; check the path, or run 'python -m lazytrain cache' to list every cache file with its "
+        "json\n"
+    )
+    assert len(list_cache_files()) == 2  # nothing cleared
+    os.remove(files["coco"])
+    (line,) = _cache(capsys, files["coco"]).splitlines()[1:]
+    assert f"json={files['coco']}" in line and line.endswith("json missing here")
+    assert "removed " in _cache(capsys, files["coco"], "--clear") and len(list_cache_files()) == 1
+
+
 def test_clear_one_then_all(files, capsys):
     out = _cache(capsys, "lvis_v1_val", "--clear")
     assert "removed " in out and len(list_cache_files()) == 1
