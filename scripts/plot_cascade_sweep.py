@@ -25,6 +25,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
+from lazytrain.utils.events import parse_metrics_line  # noqa: E402
+
 METRICS = ("segm/AP", "segm/APr", "segm/APc", "segm/APf")
 DEFAULT_MASKRCNN = Path(__file__).with_name("plot_cascade_sweep_maskrcnn.json")
 # (model, repeat_thresh) -> colour: light for uniform sampling, dark for RFS.
@@ -48,7 +50,7 @@ def read_run(run_dir: Path) -> Run:
     }
     final: dict[str, float] = {}
     for line in (run_dir / "metrics.json").read_text().splitlines():
-        record = json.loads(line) if line.strip() else {}
+        record = parse_metrics_line(line) if line.strip() else {}
         if "segm/AP" in record:
             final = record
     if not final:

@@ -23,6 +23,7 @@ from hydra.experimental.callback import Callback
 
 from lazytrain.engine.plot_writer import write_sweep_plots
 from lazytrain.program.objective import FailedJobValue
+from lazytrain.utils.events import parse_metrics_line
 from lazytrain.utils.plots import plot_sweep
 from lazytrain.utils.run_dirs import get_sweep_points, get_swept_key
 
@@ -51,7 +52,7 @@ def read_final_metrics(output_dir: str) -> dict[str, float]:
     with open(path) as f:
         for line in f:
             try:
-                record = json.loads(line)
+                record = parse_metrics_line(line)  # null (a non-finite value) as NaN
             except json.JSONDecodeError:
                 continue
             metrics.update({k: v for k, v in record.items() if "/AP" in k})

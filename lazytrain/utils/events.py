@@ -10,6 +10,7 @@ import datetime
 import itertools
 import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -26,8 +27,10 @@ __all__ = [
     "HistoryBuffer",
     "JSONWriter",
     "TensorboardWriter",
+    "format_metrics_line",
     "get_event_storage",
     "get_scalars_by_iteration",
+    "parse_metrics_line",
 ]
 
 logger = logging.getLogger(__name__)
@@ -227,7 +230,9 @@ class JSONWriter(EventWriter):
     about to be written again) are removed first, so the file reads as if the run had never stopped.
 
     Each line holds ``iteration`` and every scalar updated since the last write (windowed median for
-    smoothed ones), e.g. ``{"iteration": 99, "total_loss": 0.4, "lr": 0.02, "bbox/AP": 31.2}``.
+    smoothed ones), e.g. ``{"iteration": 99, "total_loss": 0.4, "lr": 0.02, "bbox/AP": 31.2}``. A value that
+    is not finite (an AP of no category, a diverged loss) is written as ``null``, so the file is strict JSON
+    that any parser reads; `parse_metrics_line` reads it back as NaN.
     """
 
     def __init__(self, json_file: str, window_size: int = 20, *, start_iter: int = 0) -> None:
@@ -241,9 +246,7 @@ class JSONWriter(EventWriter):
     def write(self) -> None:
         by_iter = get_scalars_by_iteration(get_event_storage(), self._window, after=self._last_written)
         for iteration in by_iter:
-            self._file.write(
-                json.dumps({"iteration": iteration, **by_iter[iteration]}, sort_keys=True) + "\n"
-            )
+            self._file.write(format_metrics_line(iteration, by_iter[iteration]))
         self._file.flush()
         try:
             os.fsync(self._file.fileno())
@@ -254,6 +257,23 @@ class JSONWriter(EventWriter):
 
     def close(self) -> None:
         self._file.close()
+
+
+def format_metrics_line(iteration: int, scalars: dict[str, Any]) -> str:
+    """One ``metrics.json`` line: strict JSON (non-finite floats as ``null``, which JSON has no other way to
+    say), keys sorted, newline-terminated."""
+    values = {
+        name: None if isinstance(value, float) and not math.isfinite(value) else value
+        for name, value in scalars.items()
+    }
+    return json.dumps({"iteration": iteration, **values}, sort_keys=True, allow_nan=False) + "\n"
+
+
+def parse_metrics_line(line: str) -> dict[str, Any]:
+    """A ``metrics.json`` line as a dict, ``null`` values as NaN (what was written; files written before
+    lazytrain wrote ``null`` hold bare ``NaN``, which Python's json reads too). Raises `json.JSONDecodeError`
+    on a line that is not JSON (a truncated last line)."""
+    return {name: math.nan if value is None else value for name, value in json.loads(line).items()}
 
 
 def get_scalars_by_iteration(

@@ -10,6 +10,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lazytrain.utils.events import parse_metrics_line
+
 __all__ = [
     "DEFAULT_EVAL_METRICS",
     "SWEEP_METRICS",
@@ -31,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 def read_metrics(run_dir: str) -> list[dict]:
-    """The JSON lines of ``<run_dir>/metrics.json``; a truncated last line (run still writing) is skipped."""
+    """The JSON lines of ``<run_dir>/metrics.json`` (``null`` values as NaN: `parse_metrics_line`); a truncated
+    last line (run still writing) is skipped."""
     path = os.path.join(run_dir, "metrics.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(
@@ -43,7 +46,7 @@ def read_metrics(run_dir: str) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                records.append(parse_metrics_line(line))
             except json.JSONDecodeError:
                 logger.warning("Skipping unreadable line %d of %s", number, path)
     return records

@@ -1,5 +1,6 @@
 import json
 import logging
+import math
 import os
 
 import pytest
@@ -17,8 +18,10 @@ from lazytrain.utils.events import (
     EventStorage,
     JSONWriter,
     TensorboardWriter,
+    format_metrics_line,
     get_event_storage,
     get_scalars_by_iteration,
+    parse_metrics_line,
 )
 from tests.engine import toy
 
@@ -56,6 +59,38 @@ def test_json_writer_writes_each_iteration_once(tmp_path):
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     # "loss" was first put with smoothing, so the writer reports the windowed median (1 + 2) / 2
     assert lines == [{"iteration": 0, "loss": 1.0}, {"iteration": 1, "loss": 1.5}]
+
+
+def _strict_json(line):
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_json_writer_writes_non_finite_values_as_null_and_readers_get_nan(tmp_path):
+    """metrics.json is strict JSON (failed before: bare NaN, which JavaScript and jq reject); lazytrain's
+    readers get NaN back, from new files and from older ones that hold NaN."""
+    from lazytrain.program.sweep_summary import read_final_metrics
+    from lazytrain.utils.run_dirs import read_metrics
+
+    path = tmp_path / "metrics.json"
+    writer = JSONWriter(str(path))
+    with EventStorage() as storage:
+        storage.put_scalars(
+            smoothing_hint=False, **{"segm/APr": math.nan, "bbox/APr": math.inf, "segm/AP": 31.5}
+        )
+        writer.write()
+    writer.close()
+    text = path.read_text()
+    assert _strict_json(text) == {"bbox/APr": None, "iteration": 0, "segm/AP": 31.5, "segm/APr": None}
+    (record,) = read_metrics(str(tmp_path))
+    assert math.isnan(record["segm/APr"]) and math.isnan(record["bbox/APr"]) and record["segm/AP"] == 31.5
+    final = read_final_metrics(str(tmp_path))
+    assert math.isnan(final["segm/APr"]) and final["segm/AP"] == 31.5
+    path.write_text('{"iteration": 0, "segm/APr": NaN}\n')  # written by an earlier lazytrain
+    assert math.isnan(parse_metrics_line(path.read_text())["segm/APr"])
+    assert format_metrics_line(3, {"loss": 0.5}) == '{"iteration": 3, "loss": 0.5}\n'
 
 
 def test_tensorboard_writer_writes_event_file(tmp_path):
