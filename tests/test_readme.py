@@ -224,7 +224,7 @@ def check_outputs(command: str, result: subprocess.CompletedProcess, cwd) -> Non
     elif "hydra/sweeper=optuna" in command:
         (best,) = glob.glob(str(cwd / "multirun" / "*" / "*" / "optimization_results.yaml"))
         assert "best_params" in open(best).read() and "Best value:" in output
-    elif "conf/rfs_maskrcnn_custom.py" in command:
+    elif "conf/rfs_maskrcnn_custom" in command:
         # the embedded set is LVIS-style
         assert "Evaluation protocol for custom_val: federated (LVIS)" in output
     elif "--cfg job" in command:

@@ -26,7 +26,12 @@ CONFIGS = sorted(f for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith
 # torchvision's ResNet50_Weights.IMAGENET1K_V1, the backbone of its own Mask R-CNN (torchvision/models/resnet.py).
 IMAGENET_R50 = "https://download.pytorch.org/models/resnet50-0676ba61.pth"
 # The CPU-sized demos (ResNet-18s with trainable BN) start from scratch on purpose.
-RANDOM_INIT = {"rfs_maskrcnn_demo.py", "cascade_maskrcnn_demo.py", "rfs_maskrcnn_demo_timm.py"}
+RANDOM_INIT = {
+    "rfs_maskrcnn_demo.py",
+    "cascade_maskrcnn_demo.py",
+    "rfs_maskrcnn_demo_timm.py",
+    "rfs_maskrcnn_custom_cpu.py",
+}
 # Recipes whose timm backbone brings its own ImageNet weights (model.backbone.pretrained=True): the timm model
 # whose stand-in file the smoke run gets.
 TIMM_PRETRAINED = {
