@@ -75,6 +75,10 @@ class WorkerSeeder:
         seed_sample_rngs(sample_seed(self.seed ^ 0x5EED, self.rank * 4096 + worker_id))
 
 
+# (loader, workers asked, CPUs) already logged by `cap_num_workers`: one line per process.
+_reported_caps: set[tuple[str, int, int]] = set()
+
+
 def _available_cpus() -> int:
     """The CPUs this process may run on: its affinity mask (cgroups, ``taskset``, SLURM's ``--cpus-per-task``),
     else the machine's count."""
@@ -84,7 +88,8 @@ def _available_cpus() -> int:
 
 
 def cap_num_workers(num_workers: int, component: str) -> int:
-    """`num_workers`, at most the CPUs this process may use, with one log line when it lowers it.
+    """`num_workers`, at most the CPUs this process may use, with one log line (once per process) when it
+    lowers it.
 
     More worker processes than CPUs only make them take turns (and torch warns about it): a recipe's 4
     workers on a 2-core machine run as 2. Batches do not depend on the worker count (every sample is seeded by
@@ -99,6 +104,9 @@ def cap_num_workers(num_workers: int, component: str) -> int:
     available = _available_cpus()
     if num_workers <= available:
         return num_workers
+    if (component, num_workers, available) in _reported_caps:  # the test loader is built for every evaluation
+        return available
+    _reported_caps.add((component, num_workers, available))
     logger.info(
         "%s.num_workers=%d but this process may use %d CPUs: starting %d workers (set %s.num_workers to "
         "choose fewer).",

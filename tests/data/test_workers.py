@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from lazytrain.data import workers
 from lazytrain.data.build import build_detection_test_loader, build_detection_train_loader
 from lazytrain.data.workers import sample_seed
 from tests.data.loader_helpers import build, make_records, take
@@ -173,14 +174,18 @@ def test_a_rank_exiting_ends_its_workers_that_outlived_a_sigterm():
 
 
 def test_more_workers_than_cpus_are_capped_with_one_log_line(monkeypatch, caplog):
-    """A recipe's 4 workers on a 2-CPU machine start 2, and the log says so once per loader (failed before:
-    4 workers, and only torch's warning about them)."""
+    """A recipe's 4 workers on a 2-CPU machine start 2, and the log says so once per loader and process
+    (failed before: 4 workers, and only torch's warning about them)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(workers, "_reported_caps", set())
     with caplog.at_level("INFO", logger="lazytrain.data.workers"):
         train = build(4, total_batch_size=2)
         test = build_detection_test_loader(make_records(4), mapper=None, num_workers=4)
+        again = build_detection_test_loader(
+            make_records(4), mapper=None, num_workers=4
+        )  # the next evaluation
         within = build(2, total_batch_size=2)
-    assert (train.num_workers, test.num_workers, within.num_workers) == (2, 2, 2)
+    assert (train.num_workers, test.num_workers, again.num_workers, within.num_workers) == (2, 2, 2, 2)
     assert [r.getMessage() for r in caplog.records] == [
         f"dataloader.{split}.num_workers=4 but this process may use 2 CPUs: starting 2 workers (set "
         f"dataloader.{split}.num_workers to choose fewer)."
