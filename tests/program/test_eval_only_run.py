@@ -5,6 +5,8 @@ import os
 import re
 import shlex
 
+import pytest
+
 from tests.launch.test_entrypoint import ENGINE_TOY, lazytrain
 
 
@@ -51,3 +53,31 @@ def test_the_printed_evaluate_command_evaluates_into_the_run_folder_with_a_heade
     named = [line.split()[0] for line in block[4:]]
     assert named == ["metrics.json", "config.yaml", "log.txt"]
     assert all(os.path.isfile(eval_dir / name) for name in named)
+
+
+def test_an_evaluation_into_the_trained_run_folder_is_refused_before_anything_is_written(tmp_path):
+    from lazytrain.errors import ConfigError
+    from lazytrain.program.default import INJECTED_ARGUMENTS
+    from lazytrain.program.preflight import check_command_line
+    from lazytrain.program.primary_config import DEFAULT_MAIN, load_primary_config
+
+    cfg = load_primary_config(ENGINE_TOY)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last_checkpoint").write_text("model_final.pth")
+    (run / "config.yaml").write_text("trained: true\n")
+    evaluate = ["train.eval_only=true"]
+    with pytest.raises(ConfigError) as error:
+        check_command_line(cfg, [*evaluate, f"hydra.run.dir={run}"], DEFAULT_MAIN, INJECTED_ARGUMENTS)
+    assert str(error.value) == (
+        f"hydra.run.dir={run}: holds a run ({run / 'last_checkpoint'}); an evaluation there would replace its "
+        "config.yaml and mix its metrics.json. Evaluate into a folder of its own: "
+        f"'hydra.run.dir={run}/eval/${{now:%Y-%m-%d_%H-%M-%S}}' (what the run's closing block prints)."
+    )
+    assert (run / "config.yaml").read_text() == "trained: true\n"
+    # An earlier evaluation's folder (metrics.json, no weights) may take another evaluation.
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "metrics.json").write_text("{}\n")
+    check_command_line(
+        cfg, [*evaluate, f"hydra.run.dir={tmp_path / 'eval'}"], DEFAULT_MAIN, INJECTED_ARGUMENTS
+    )
