@@ -6,6 +6,8 @@
     python scripts/benchmark_gpu_step.py --models lazytrain --batch-sizes 8 --precisions bf16 \
         --variants 'base;tf32;fused-optimizer;cudnn-benchmark;compile=default;compile=reduce-overhead'
     python scripts/benchmark_gpu_step.py --models lazytrain --batch-sizes 2 --precisions bf16 --sync-table
+    python scripts/benchmark_gpu_step.py --models lazytrain --batch-sizes 8 \
+        --variants 'base;fixed-shapes;fixed-shapes fixed-compile=default;fixed-shapes cuda-graph'
     python scripts/benchmark_gpu_step.py --device cpu --iters 1 --warmup 1 --batch-sizes 1 --precisions fp32 \
         --size 64 --max-size 64 --num-classes 30 --num-images 1  # a smoke run without a GPU (~10 s)
     python scripts/benchmark_gpu_step.py --device cpu --recipe recipes/models/mask_rcnn_r18_fpn_cpu.py \
@@ -65,6 +67,8 @@ from lazytrain.data.datasets.lvis import load_lvis_json
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt, is_complete
 from lazytrain.data.mappers import DatasetMapper
 from lazytrain.data.transforms import ResizeShortestEdge
+from lazytrain.modeling import FixedShapes
+from lazytrain.modeling.fixed_shapes import pad_batch
 from lazytrain.utils.host_syncs import HostSyncCounter
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,6 +116,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(lazytrain only); 'base' is none of them. E.g. "
         "'base;tf32;fused-optimizer;compile=default;+model.backbone.fold_frozen_bn=false'",
     )
+    parser.add_argument(
+        "--fixed-shapes",
+        action="store_true",
+        help="lazytrain: the training step with fixed shapes (model.fixed_shapes: the batches' padded size and "
+        "their most instances per image)",
+    )
+    parser.add_argument(
+        "--fixed-compile",
+        default=None,
+        metavar="MODE",
+        help="with --fixed-shapes: torch.compile(model.fixed_step, fullgraph=True) with this mode (default, "
+        "reduce-overhead: CUDA graphs of forward and backward), --compile-backend's backend",
+    )
+    parser.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="with --fixed-shapes, CUDA only: forward, backward and optimizer step captured in one "
+        "torch.cuda.CUDAGraph and replayed (the learning rate stays at its value at the capture)",
+    )
     parser.add_argument("--inputs-on-device", action="store_true", help="give lazytrain device tensors")
     parser.add_argument("--sync-table", action="store_true", help="print each step's syncs by line")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -119,7 +142,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --variants flags: the boolean options of the command line.
-VARIANT_FLAGS = ("channels-last", "tf32", "fused-optimizer", "cudnn-benchmark", "inputs-on-device")
+VARIANT_FLAGS = (
+    "channels-last", "tf32", "fused-optimizer", "cudnn-benchmark", "inputs-on-device", "fixed-shapes", "cuda-graph",
+)  # fmt: skip
 
 
 def variant_args(args: argparse.Namespace, variant: str) -> argparse.Namespace:
@@ -133,6 +158,8 @@ def variant_args(args: argparse.Namespace, variant: str) -> argparse.Namespace:
             setattr(changed, token.replace("-", "_"), True)
         elif token.startswith("compile="):
             changed.compile = token.split("=", 1)[1]
+        elif token.startswith("fixed-compile="):
+            changed.fixed_compile = token.split("=", 1)[1]
         elif "=" in token:
             changed.overrides.append(token)
         else:
@@ -149,6 +176,17 @@ def _split(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
     if unknown or not values:
         raise ValueError(f"benchmark_gpu_step: {option} takes {','.join(allowed)}; got {text!r}")
     return values
+
+
+def _check_fixed_options(args: argparse.Namespace) -> None:
+    if (args.fixed_compile or args.cuda_graph) and not args.fixed_shapes:
+        raise ValueError("benchmark_gpu_step: --fixed-compile and --cuda-graph need --fixed-shapes")
+    if args.fixed_compile and args.cuda_graph:
+        raise ValueError("benchmark_gpu_step: give --fixed-compile or --cuda-graph, not both")
+    if args.cuda_graph and torch.device(args.device).type != "cuda":
+        raise ValueError(
+            f"benchmark_gpu_step: --cuda-graph captures a CUDA graph and needs --device cuda; got {args.device!r}"
+        )
 
 
 def _check_counts(args: argparse.Namespace) -> None:
@@ -211,11 +249,20 @@ def torchvision_inputs(batch: list[dict], device: torch.device) -> tuple[list, l
     return images, targets
 
 
-def build_lazytrain(args: argparse.Namespace, device: torch.device):
+def fixed_shapes_for(samples: list[dict]) -> FixedShapes:
+    """The capacities the samples need: their largest size rounded up to 32 px, their most instances."""
+    height = max(sample["image"].shape[-2] for sample in samples)
+    width = max(sample["image"].shape[-1] for sample in samples)
+    instances = max(len(sample["instances"]["classes"]) for sample in samples)
+    return FixedShapes([-(-height // 32) * 32, -(-width // 32) * 32], instances)
+
+
+def build_lazytrain(args: argparse.Namespace, device: torch.device, samples: list[dict]):
     cfg = LazyConfig.load(args.recipe)
     overrides = [f"model.num_classes={args.num_classes}", f"model.channels_last={args.channels_last}"]
     LazyConfig.apply_overrides(cfg, [*overrides, *args.overrides])
-    model = instantiate(cfg.model).to(device).train()
+    fixed = {"fixed_shapes": fixed_shapes_for(samples)} if args.fixed_shapes else {}
+    model = instantiate(cfg.model, **fixed).to(device).train()
     if args.compile:
         model.compile_backbone(
             mode=None if args.compile == "default" else args.compile, backend=args.compile_backend
@@ -242,6 +289,57 @@ def build_torchvision(args: argparse.Namespace, device: torch.device):
 
 def _autocast(device: torch.device, precision: str) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def make_fixed_step(args: argparse.Namespace, model, optimizer, batches: list, precision: str, device):
+    """`step(index)` of the step with fixed shapes: each batch padded (`pad_batch`, as `RCNN.forward` does), then
+    `RCNN.fixed_step` eager, compiled whole (``--fixed-compile``) or replayed as a CUDA graph (``--cuda-graph``)."""
+    fixed, masks = model.fixed_shapes, model.roi_heads.has_mask()
+    base_lrs = [group["lr"] for group in optimizer.param_groups]
+    losses_of = model.fixed_step
+    if args.fixed_compile:
+        mode = None if args.fixed_compile == "default" else args.fixed_compile
+        losses_of = torch.compile(
+            model.fixed_step, fullgraph=True, dynamic=False, mode=mode, backend=args.compile_backend
+        )
+
+    def train(batch) -> None:
+        # Under the host-sync counter (a dispatch mode, which a fullgraph compile refuses) the eager form runs.
+        counting = torch.utils._python_dispatch._get_current_dispatch_mode() is not None
+        with _autocast(device, precision):
+            losses, _ = (model.fixed_step if counting else losses_of)(batch)
+        loss = sum(losses.values())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    if not args.cuda_graph:
+
+        def step(index: int) -> None:
+            for group, base in zip(optimizer.param_groups, base_lrs):
+                group["lr"] = base * min(1.0, (index + 1) / LR_RAMP_STEPS)
+            train(pad_batch(batches[index % len(batches)], fixed, device, masks))
+
+        return step
+    static = pad_batch(batches[0], fixed, device, masks)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):  # the optimizer's state and every lazily made tensor exist before the capture
+            train(static)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        train(static)
+
+    def replay(index: int) -> None:
+        batch = pad_batch(batches[index % len(batches)], fixed, device, masks)
+        for target, source in zip(static, batch):
+            if target is not None:
+                target.copy_(source, non_blocking=True)
+        graph.replay()
+
+    return replay
 
 
 def make_step(name: str, model, optimizer, batches: list, precision: str, device: torch.device):
@@ -338,7 +436,10 @@ def build_run(
 ):
     """The model, its optimizer and the batches in the form that model takes."""
     torch.manual_seed(0)
-    model, optimizer = (build_lazytrain if name == "lazytrain" else build_torchvision)(args, device)
+    if name == "lazytrain":
+        model, optimizer = build_lazytrain(args, device, samples)
+    else:
+        model, optimizer = build_torchvision(args, device)
     batches = make_batches(samples, batch_size)
     if name == "lazytrain":
         return model, optimizer, [lazytrain_inputs(batch, device, args.inputs_on_device) for batch in batches]
@@ -352,7 +453,10 @@ def measure(
     device = torch.device(args.device)
     on_cuda = device.type == "cuda"
     model, optimizer, batches = build_run(name, args, samples, batch_size, device)
-    step = make_step(name, model, optimizer, batches, precision, device)
+    if name == "lazytrain" and args.fixed_shapes:
+        step = make_fixed_step(args, model, optimizer, batches, precision, device)
+    else:
+        step = make_step(name, model, optimizer, batches, precision, device)
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(device)
     time_steps(step, 0, args.warmup, device)
@@ -397,6 +501,8 @@ def _options(args: argparse.Namespace, name: str) -> str:
     if name == "lazytrain":
         if args.compile:
             chosen.append(f"compile {args.compile} ({args.compile_backend})")
+        if args.fixed_compile:
+            chosen.append(f"fixed-compile {args.fixed_compile} ({args.compile_backend})")
         chosen += args.overrides[len(args.base_overrides) :]
     return ", ".join(chosen) or "-"
 
@@ -446,6 +552,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.set_num_threads(args.threads)
     args.base_overrides = list(args.overrides)
     variants = [variant_args(args, variant) for variant in (args.variants or "base").split(";")]
+    for variant in variants:
+        _check_fixed_options(variant)
     samples = load_samples(args)
     device = torch.device(args.device)
     rows = []

@@ -170,7 +170,11 @@ def pad_batch(
             if count:
                 masks[index, :count] = _pad_masks(torch.as_tensor(instances["masks"]), height, width)
     values = (images, sizes, boxes, labels, valid, masks)
-    return FixedBatch(*(v if v is None else v.to(device, non_blocking=True) for v in values))
+    # From page-locked memory the copies run alongside the GPU's work; from pageable memory the host waits.
+    pin = device.type == "cuda"
+    return FixedBatch(
+        *(v if v is None else (v.pin_memory() if pin else v).to(device, non_blocking=True) for v in values)
+    )
 
 
 def check_model(model: RCNN) -> None:
