@@ -18,7 +18,7 @@ Choices worth knowing (details in each module):
 from lazytrain.config.instantiate import InstantiationError, instantiate
 from lazytrain.config.lazy import L, LazyCall, locate
 from lazytrain.config.lazy_config import LazyConfig
-from lazytrain.config.resolvers import register_resolvers
+from lazytrain.config.resolvers import register_resolver, register_resolvers
 from lazytrain.config.validation import find_problems, validate
 from lazytrain.config.versioning import CONFIG_VERSION
 from lazytrain.errors import ConfigError
@@ -33,6 +33,7 @@ __all__ = [
     "find_problems",
     "instantiate",
     "locate",
+    "register_resolver",
     "register_resolvers",
     "validate",
 ]

@@ -83,7 +83,7 @@ class LazyConfig:
         """
         path = os.fspath(path)
         if path.endswith(".py"):
-            return OmegaConf.create(public_values(execute_config_file(path)))
+            return tree.tuples_to_lists(OmegaConf.create(public_values(execute_config_file(path))))
         if path.endswith((".yaml", ".yml")):
             return LazyConfig._load_yaml(path)
         raise ConfigError(f"LazyConfig.load: {path} is neither a .py nor a .yaml config file.")
@@ -124,6 +124,7 @@ class LazyConfig:
         """
         if not isinstance(cfg, DictConfig):  # a plain dict: its values convert as LazyCall arguments do
             cfg = OmegaConf.create({str(k): to_config_value(v, name=str(k)) for k, v in cfg.items()})
+        cfg = tree.tuples_to_lists(cfg)  # OmegaConf 2.4's TupleConfig, written as a list
         _check_representable(cfg)
         text = VERSION_HEADER.format(version=CONFIG_VERSION) + OmegaConf.to_yaml(cfg, resolve=False)
         path = os.fspath(path)

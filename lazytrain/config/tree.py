@@ -21,7 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, TypeAlias
 
-from omegaconf import DictConfig, ListConfig, Node
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
+
+try:  # OmegaConf 2.4 stores a tuple assigned into a config as an immutable TupleConfig
+    from omegaconf import TupleConfig
+except ImportError:  # OmegaConf 2.3 stores it as a ListConfig
+    TupleConfig = None
 
 __all__ = [
     "Container",
@@ -41,6 +46,7 @@ __all__ = [
     "points_at_container",
     "raw_target",
     "raw_value",
+    "tuples_to_lists",
     "walk",
 ]
 
@@ -185,3 +191,25 @@ def raw_target(node: Any) -> Any:
     if not (isinstance(node, DictConfig) and has_children(node)) or "_target_" not in node:
         return None
     return raw_value(child(node, "_target_"))
+
+
+def _as_lists(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _as_lists(item) for key, item in value.items()}
+    return value
+
+
+def tuples_to_lists(cfg: DictConfig) -> DictConfig:
+    """`cfg` itself when it holds no TupleConfig, else a copy in which every tuple is a list (nested ones too;
+    interpolations and ``???`` stay as written), as OmegaConf 2.3 stored a tuple.
+
+    OmegaConf 2.4 stores a tuple assigned into a config (``model.pixel_std = (1.0, 1.0, 1.0)`` in a config
+    file) as an immutable TupleConfig, which `walk` does not go into, an override cannot index and
+    `LazyConfig.save` cannot write; the key keeps a tuple type, so assigning a list there converts it back:
+    hence a new config.
+    """
+    if TupleConfig is None or not any(isinstance(entry.node, TupleConfig) for entry in walk(cfg)):
+        return cfg
+    return OmegaConf.create(_as_lists(OmegaConf.to_container(cfg, resolve=False)))

@@ -32,8 +32,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from omegaconf import OmegaConf
-
+from lazytrain.config import register_resolver
 from lazytrain.data.datasets.cached_records import load_cached_json
 from lazytrain.data.datasets.json_summary import JsonSummary, summarize_json
 from lazytrain.errors import ConfigError
@@ -197,8 +196,7 @@ def register_json_resolvers() -> None:
         ("lazytrain.json_num_classes", _json_num_classes),
         ("lazytrain.json_repeat_thresh", _json_repeat_thresh),
     ):
-        if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, function)
+        register_resolver(name, function)
 
 
 register_json_resolvers()
