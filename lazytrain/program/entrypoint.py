@@ -137,11 +137,26 @@ def _run_hydra(cfg, config_path: str, overrides: list[str]) -> tuple[int, list[s
     with tempfile.TemporaryDirectory(prefix="lazytrain-") as directory:
         result_file = os.path.join(directory, "sweep_result.json")
         add_hydra_settings(cfg, config_path, result_file)
-        ConfigStore.instance().store(name=CONFIG_NAME, node=cfg)
+        if hydra.__version__.startswith("1.3."):
+            # Without version_base, Hydra 1.3 keeps 1.1's behaviour (and warns).
+            ConfigStore.instance().store(name=CONFIG_NAME, node=cfg)
+            hydra_main = hydra.main(version_base="1.3", config_path=None, config_name=CONFIG_NAME)
+        else:
+            # Hydra 1.4 warns on any version_base (deprecated, gone in 1.5) and on a name stored again without
+            # replace=True (a second main() in one process), which 1.3's store() does not take. Its
+            # instantiate, which builds only hydra.callbacks here, warns without an execution allow-list (1.5
+            # refuses): lazytrain's own instantiate builds whatever a config names (a config is code), so an
+            # allow-list would protect nothing and would refuse a user's own callbacks (docs/hydra_versions.md).
+            from hydra.utils import UNSAFE_DISABLE_EXECUTION_CHECKS
+
+            ConfigStore.instance().store(name=CONFIG_NAME, node=cfg, replace=True)
+            hydra_main = hydra.main(
+                config_path=None, config_name=CONFIG_NAME, execution_whitelist=UNSAFE_DISABLE_EXECUTION_CHECKS
+            )
         logging.getLogger("alembic").setLevel(logging.WARNING)  # optuna's import logs its plugin setup
         sys.argv = [sys.argv[0], *_quiet_non_main_rank(overrides)]
         mark_sweep_process()
-        hydra.main(version_base="1.3", config_path=None, config_name=CONFIG_NAME)(run_hydra_job)()
+        hydra_main(run_hydra_job)()
         if not os.path.exists(result_file):  # a single run (its failure already exited), or no sweep
             return 0, []
         with open(result_file) as f:

@@ -358,3 +358,12 @@ def test_hydra_launchers_run_a_sweep(tmp_path, launcher):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_rank(tmp_path / "sweep" / "1", 0)["lr"] == 0.2
+
+
+def test_no_hydra_or_omegaconf_warning_reaches_the_user(tmp_path):
+    # Hydra 1.4 warns on any version_base and when its instantiate builds hydra.callbacks without an execution
+    # allow-list, Hydra 1.3 when version_base is left out, OmegaConf 2.4 on register_new_resolver and on a
+    # resolver's argument of another type than annotated (docs/hydra_versions.md; failed before on Hydra 1.4).
+    result = lazytrain(TOY, f"hydra.run.dir={tmp_path}/run", "launch.num_processes=1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Warning" not in result.stderr, result.stderr[-3000:]
