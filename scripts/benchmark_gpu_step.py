@@ -469,7 +469,7 @@ def measure(
         busy = gpu_seconds_per_step(step, first + args.iters, args.profile_steps, device) / seconds
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if on_cuda else None
     inference = count_inference_syncs(name, model, batches[0], precision, device)
-    eager = "eager " if _has_compiled_parts(model) else ""
+    eager = "eager " if _has_compiled_parts(model) or (name == "lazytrain" and args.fixed_compile) else ""
     tables = {
         "training step": training.format_table(sites=True),
         "training step, memory traffic": training.format_memory_traffic(),

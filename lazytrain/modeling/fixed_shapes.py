@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.rpn import concat_box_prediction_layers
 from torchvision.ops import roi_align
 from torchvision.ops.poolers import LevelMapper
@@ -46,7 +47,7 @@ from lazytrain.modeling.heads import MaskPredictor
 from lazytrain.modeling.matching import PaddedBoxes, gather_boxes, match_padded
 from lazytrain.modeling.nms import GroupedNMS
 from lazytrain.modeling.roi_losses import box_regression_loss, get_predictor_loss
-from lazytrain.modeling.rpn import DECIDED_PER_RESULT, _Candidates, _valid_first
+from lazytrain.modeling.rpn import DECIDED_PER_RESULT, RegionProposalNetwork, _Candidates, _valid_first
 
 if TYPE_CHECKING:
     from lazytrain.modeling.rcnn import RCNN
@@ -185,6 +186,10 @@ def check_model(model: RCNN) -> None:
         problems.append("a classification loss other than softmax cross-entropy (box_predictor.loss)")
     if heads.has_mask() and not isinstance(heads.mask_predictor, MaskPredictor):
         problems.append("a mask predictor other than lazytrain.modeling.MaskPredictor")
+    if not isinstance(model.rpn, RegionProposalNetwork):
+        problems.append("an RPN other than lazytrain.modeling.RegionProposalNetwork")
+    if not hasattr(model.rpn.anchor_generator, "_make_anchors"):
+        problems.append("an anchor generator other than lazytrain.modeling.AnchorGenerator")
     if heads.has_keypoint():
         problems.append("a keypoint branch")
     for name in ("box_head", "mask_head"):
@@ -244,8 +249,7 @@ def _rpn(
     maps = list(features.values())
     objectness, deltas = rpn.head(maps)
     num_images = images.shape[0]
-    grid_sizes = tuple(tuple(m.shape[-2:]) for m in maps)
-    anchors = rpn.anchor_generator._make_anchors(grid_sizes, tuple(images.shape[-2:]), images.device)
+    anchors = _anchors(rpn.anchor_generator, images, maps)
     num_anchors_per_level = [o[0].numel() for o in objectness]
     objectness, deltas = concat_box_prediction_layers(objectness, deltas)
     decoded = rpn.box_coder.decode_single(deltas.detach(), anchors.repeat(num_images, 1))
@@ -267,6 +271,16 @@ def _rpn(
     )
     losses = {"loss_objectness": loss_objectness, "loss_rpn_box_reg": loss_rpn_box_reg}
     return proposals, valid, losses, not_final
+
+
+def _anchors(generator: nn.Module, images: Tensor, maps: list[Tensor]) -> Tensor:
+    """[A, 4] float32 anchors of one image: eager, the generator's kept ones; compiled, made in the graph (the
+    generator's cache is Python state, and under compilation it would follow the maps' dtype)."""
+    if torch.compiler.is_compiling():
+        grid_sizes = tuple(tuple(m.shape[-2:]) for m in maps)
+        return generator._make_anchors(grid_sizes, tuple(images.shape[-2:]), images.device)
+    image_list = ImageList(images, [tuple(images.shape[-2:])] * images.shape[0])
+    return generator(image_list, maps)[0]
 
 
 def _proposals(

@@ -10,8 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.models.detection.roi_heads import project_masks_on_boxes
 
-from lazytrain.modeling import FixedShapes, fixed_shapes
-from lazytrain.modeling.fixed_shapes import _pad_masks, _proposals, pad_batch
+from lazytrain.modeling import FederatedLoss, FixedShapes, fixed_shapes
+from lazytrain.modeling.fixed_shapes import _pad_masks, _proposals, check_model, pad_batch
 from lazytrain.modeling.matching import PaddedBoxes, match_padded, pad_boxes
 from lazytrain.utils.host_syncs import HostSyncCounter
 from tests.modeling.helpers import build_model, make_record
@@ -230,3 +230,12 @@ def test_capacities_are_checked_with_the_key_to_raise():
         pad_batch([make_record(SIZE + 8, SIZE)], fixed, torch.device("cpu"), True)
     with pytest.raises(ValueError, match=r"model.fixed_shapes.max_instances"):
         FixedShapes([SIZE, SIZE], 0)
+
+
+def test_parts_the_fixed_step_lacks_are_refused_before_the_run():
+    _, model = _models()
+    model.roi_heads.box_predictor.loss = FederatedLoss(3, [1.0, 1.0, 1.0])
+    with pytest.raises(
+        ValueError, match=r"model.fixed_shapes.*softmax cross-entropy.*model.fixed_shapes=null"
+    ):
+        check_model(model)
