@@ -9,7 +9,7 @@ import torchvision
 from pytest import param
 
 from lazytrain.config import LazyConfig, instantiate
-from lazytrain.modeling import nms, suppression
+from lazytrain.modeling import FixedShapes, nms, suppression
 from lazytrain.utils.host_syncs import (
     FROM_PYTHON_DATA,
     TO_DEVICE,
@@ -239,6 +239,20 @@ def test_training_step_host_syncs_stay_at_or_below_today():
         _training_step(model, optimizer, batch)
     message = f"host syncs per training step: {counter.format_counts()}\n{counter.format_table(sites=True)}"
     assert 0 < counter.total <= MAX_HOST_SYNCS_PER_STEP, message
+
+
+def test_training_step_with_fixed_shapes_has_no_host_syncs():
+    """The whole step as the trainer runs it (the host pads the batch, forward, backward, SGD) at fixed shapes
+    (`lazytrain.modeling.fixed_shapes`): nothing waits for the device."""
+    torch.manual_seed(0)
+    model = _model().train()
+    model.fixed_shapes = FixedShapes([192, 192], 2)
+    optimizer = _recipe_optimizer(model)
+    batch = _batch()
+    _training_step(model, optimizer, batch)
+    with HostSyncCounter(record_sites=True) as counter:
+        _training_step(model, optimizer, batch)
+    assert counter.total == 0, f"{counter.format_counts()}\n{counter.format_table(sites=True)}"
 
 
 def test_inference_host_syncs_stay_at_or_below_today_and_results_are_unchanged():
