@@ -218,6 +218,8 @@ def fixed_shape_losses(
     proposals, proposal_valid, rpn_losses, nms_not_final = _rpn(model, images, features, batch)
     heads = model.roi_heads
     samples = _sample_rois(heads, proposals, proposal_valid, batch)
+    # Under autocast the maps the poolers read in float32 (as `RoIHeads.forward`), and the RoIs with them.
+    features = heads._pooled_maps_in_float32(features)
     losses = {**_box_losses(heads, features, samples, images.shape[-2:]), **rpn_losses}
     dropped = samples.valid.new_zeros((), dtype=torch.int64)
     if heads.has_mask():
