@@ -13,6 +13,8 @@ from torchvision.models.detection.roi_heads import project_masks_on_boxes
 from lazytrain.modeling import FederatedLoss, FixedShapes, fixed_shapes
 from lazytrain.modeling.fixed_shapes import _pad_masks, _proposals, check_model, pad_batch
 from lazytrain.modeling.matching import PaddedBoxes, match_padded, pad_boxes
+from lazytrain.modeling.roi_losses import box_regression_loss
+from lazytrain.modeling.sampling import BalancedMaskSampler
 from lazytrain.utils.host_syncs import HostSyncCounter
 from tests.modeling.helpers import build_model, make_record
 
@@ -239,3 +241,24 @@ def test_parts_the_fixed_step_lacks_are_refused_before_the_run():
         ValueError, match=r"model.fixed_shapes.*softmax cross-entropy.*model.fixed_shapes=null"
     ):
         check_model(model)
+
+
+def test_sampling_at_fixed_shapes_draws_torchvision_counts_from_valid_rows_only():
+    sampler = BalancedMaskSampler(8, 0.25)
+    torch.manual_seed(0)
+    # Image 0: 6 positives and 20 negatives in 30 rows; image 1: 1 positive, 3 negatives; -1: padding/ignored.
+    labels = torch.full((2, 30), -1)
+    labels[0, :6], labels[0, 6:26] = 1, 0
+    labels[1, :1], labels[1, 1:4] = 2, 0
+    positive, negative = sampler(labels)
+    assert positive.sum(dim=1).tolist() == [2, 1] and negative.sum(dim=1).tolist() == [6, 3]
+    assert not ((positive | negative) & (labels < 0)).any()
+
+
+def test_masked_box_loss_with_padding_rows_equals_the_loss_of_the_real_rows():
+    torch.manual_seed(0)
+    deltas, targets = torch.randn(7, 4 * 4, dtype=torch.float64), torch.randn(7, 4, dtype=torch.float64)
+    labels = torch.tensor([2, 0, 1, 3, 0, 0, 0])  # the last 3 rows: padding, labelled background
+    expected = box_regression_loss(deltas[:4], labels[:4], targets[:4])
+    padded = box_regression_loss(deltas, labels, targets, normalizer=torch.tensor(4))
+    torch.testing.assert_close(padded, expected, rtol=1e-12, atol=0)
