@@ -8,13 +8,14 @@ losses on fixed capacities, with validity masks where the dynamic path has fewer
 
 - images padded to `FixedShapes.image_size`; ground-truth boxes, classes and masks padded to
   `FixedShapes.max_instances` per image (`pad_batch`, on the host, before anything reaches the device; a
-  batch with more is a ValueError naming the key);
+  batch with more is a ValueError naming the key; `FixedShapes.check_instances` checks a data set's most
+  instances per image before a run);
 - the RPN's proposals: NMS decides each level's first ``DECIDED_PER_RESULT * post_nms_top_n`` candidates in
   `NMS_STEPS` greedy steps (the dynamic path's first pass, which it repeats where that is not final: here a
   device counter, `FixedShapeCounters.nms_not_final`, counts those steps instead), and each image gets
   ``post_nms_top_n`` rows with a validity mask;
 - the RoI heads: the ground truth is added to the proposals, matched and sampled on [N, P + G] rows; each
-  image keeps `FixedShapes.sampled_rois` rows (the sampler's ``batch_size_per_image``), foreground first;
+  image keeps the sampler's ``batch_size_per_image`` rows, foreground first, those not drawn invalid;
   the mask branch takes at most `FixedShapes.mask_positives` foreground rows per image (beyond it a uniform
   subsample of the sampler's uniform draw; `FixedShapeCounters.dropped_mask_positives` counts the rest);
 - RoI pooling pools every RoI from every FPN level and keeps its own level's result (L times the pooling
