@@ -95,6 +95,7 @@ def build_resnet_fpn_backbone(
     fpn_norm: str | None = None,
     fold_frozen_bn: bool = True,
     grad_checkpointing: bool = False,
+    stride_in_1x1: bool = False,
 ) -> BackboneWithFPN:
     """A randomly initialised ResNet with an FPN on top (torchvision's `BackboneWithFPN`).
 
@@ -121,11 +122,16 @@ def build_resnet_fpn_backbone(
             mode only: the same gradients for less memory and about one more ResNet forward. The stages become
             `CheckpointedSequential` with the same blocks and state-dict keys; the stem and the FPN are not
             checkpointed.
+        stride_in_1x1: in the first bottleneck of each stage, downsample in its 1x1 ``conv1`` instead of its
+            3x3 ``conv2`` (torchvision's "ResNet v1.5"): the original MSRA ResNet, whose weights detectron2's
+            model zoo holds (its ``stride_in_1x1=True``). Same parameters and keys; ResNet-50 and deeper only.
     """
     _check_choices(depth, norm, fpn_norm, trainable_layers)
     check_grad_checkpointing("build_resnet_fpn_backbone", grad_checkpointing)
     returned_layers = _checked_returned_layers(returned_layers)
     body = _RESNETS[depth](weights=None, norm_layer=NORMS[norm])
+    if stride_in_1x1:
+        _move_stride_to_1x1(body, depth)
     _freeze_stages(body, trainable_layers)
     if fold_frozen_bn:
         fold_frozen_batch_norm(body)
@@ -143,6 +149,18 @@ def build_resnet_fpn_backbone(
         extra_blocks=LastLevelMaxPool(),
         norm_layer=NORMS[fpn_norm] if fpn_norm else None,
     )
+
+
+def _move_stride_to_1x1(body: resnet.ResNet, depth: int) -> None:
+    """Each stage's downsampling moved from the 3x3 conv of its first bottleneck to the 1x1 before it."""
+    if depth < 50:
+        raise ValueError(
+            f"build_resnet_fpn_backbone(stride_in_1x1=True) needs bottleneck blocks (depth 50 or more); got "
+            f"depth={depth}, whose blocks have no 1x1 conv. Set stride_in_1x1=false."
+        )
+    for stage in ("layer1", "layer2", "layer3", "layer4"):
+        first = getattr(body, stage)[0]
+        first.conv1.stride, first.conv2.stride = first.conv2.stride, (1, 1)
 
 
 def _check_choices(depth: int, norm: str, fpn_norm: str | None, trainable_layers: int) -> None:

@@ -21,7 +21,13 @@ class BoxCoder(det_utils.BoxCoder):
     """torchvision's `BoxCoder` without the tensors it builds from Python numbers on every call
     (``torch.as_tensor(weights, device=)`` in encode, ``torch.tensor(0.5, device=)`` twice in decode): each is a
     blocking host-to-device copy on a GPU. x and y are computed as column pairs (about half the kernels);
-    each element's arithmetic is the same, in the same order, so are the bits."""
+    each element's arithmetic is the same, in the same order, so are the bits.
+
+    ``float32_decoding`` (an attribute, False by default) decodes codes of any dtype in float32, as
+    detectron2 does: only a float64 model notices (its boxes are detectron2's bits).
+    """
+
+    float32_decoding: bool = False
 
     def encode_single(self, reference_boxes: Tensor, proposals: Tensor) -> Tensor:
         # x and y (and width and height) as column pairs: half of torchvision's operations, each element
@@ -56,7 +62,7 @@ class BoxCoder(det_utils.BoxCoder):
         """torchvision's decoding, in float32 for half and bfloat16 codes (under autocast the heads give
         those): torchvision decodes in the codes' dtype, which rounds a coordinate between 512 and 1024 px to
         a multiple of 4 in bfloat16. detectron2 decodes in float32 too."""
-        if rel_codes.dtype in (torch.float16, torch.bfloat16):
+        if rel_codes.dtype in (torch.float16, torch.bfloat16) or self.float32_decoding:
             rel_codes = rel_codes.float()
         boxes = boxes.to(rel_codes.dtype)
         weight_xy, weight_wh = self._weights(rel_codes)

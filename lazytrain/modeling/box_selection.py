@@ -22,10 +22,13 @@ __all__ = ["DETECTION_MIN_SIZE", "has_min_size", "nms_in_image", "select_detecti
 DETECTION_MIN_SIZE = 1e-2
 
 
-def has_min_size(boxes: Tensor, min_size: float) -> Tensor:
+def has_min_size(boxes: Tensor, min_size: float, *, strict: bool = False) -> Tensor:
     """Whether each box of `boxes` [..., 4] (XYXY) is at least `min_size` wide and high (torchvision's
-    ``remove_small_boxes`` as a mask)."""
+    ``remove_small_boxes`` as a mask), or with `strict` wider and higher than `min_size` (detectron2's
+    ``Boxes.nonempty(threshold=min_size)``)."""
     widths, heights = boxes[..., 2] - boxes[..., 0], boxes[..., 3] - boxes[..., 1]
+    if strict:
+        return (widths > min_size) & (heights > min_size)
     return (widths >= min_size) & (heights >= min_size)
 
 
@@ -53,7 +56,11 @@ def nms_in_image(
         compiled: `batched_nms`'s ``compiled``.
         limit_per_group: how many boxes of one group to keep at most.
     """
-    keep = batched_nms(boxes, scores, groups, iou_threshold, image_shape, compiled=compiled)
+    # One dtype for both, the wider (a float64 model's scores with its float32-decoded boxes).
+    dtype = torch.promote_types(boxes.dtype, scores.dtype)
+    keep = batched_nms(
+        boxes.to(dtype), scores.to(dtype), groups, iou_threshold, image_shape, compiled=compiled
+    )
     if limit_per_group is not None:
         keep = keep[_is_among_best_of_group(groups[keep], limit_per_group)]
     keep = keep[:limit]
@@ -71,11 +78,13 @@ def select_detections(
     detections_per_img: int,
     compiled_nms: bool = False,
     detections_per_class: int | None = None,
+    min_size: float = DETECTION_MIN_SIZE,
 ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
     """Per image: boxes, scores and labels (1..K) of the detections kept from every RoI's decoded boxes
     `boxes` [R, K+1, 4] and `scores` [R, K+1] (RoIs of all images in the order of `proposals`): score
-    threshold (`score_thresh`, exclusive), small boxes (`DETECTION_MIN_SIZE`), per-class NMS (`nms_thresh`),
-    top `detections_per_img` (torchvision's steps and results; column 0, the background, is never a detection).
+    threshold (`score_thresh`, exclusive), boxes narrower or lower than `min_size` (torchvision's
+    `DETECTION_MIN_SIZE`; detectron2 keeps every box: 0), per-class NMS (`nms_thresh`), top
+    `detections_per_img` (torchvision's steps and results; column 0, the background, is never a detection).
 
     `detections_per_class` (None: no such limit) keeps at most that many of each class per image before the
     `detections_per_img` cut. With a low `score_thresh` and a large `detections_per_img` it gives every class
@@ -96,13 +105,13 @@ def select_detections(
         # shape[0], not len(): a trace (model export) keeps the former dynamic and freezes the latter.
         per_image = [p.shape[0] for p in proposals]
         candidates = [
-            _candidates_in_image(image_boxes, image_scores, image_shape, score_thresh)
+            _candidates_in_image(image_boxes, image_scores, image_shape, score_thresh, min_size)
             for image_boxes, image_scores, image_shape in zip(
                 boxes.split(per_image), scores.split(per_image), image_shapes
             )
         ]
     else:
-        candidates = zip(*_batch_candidates(boxes, scores, proposals, image_shapes, score_thresh))
+        candidates = zip(*_batch_candidates(boxes, scores, proposals, image_shapes, score_thresh, min_size))
     kept = [
         nms_in_image(
             *found,
@@ -127,9 +136,9 @@ def _is_among_best_of_group(groups: Tensor, limit: int) -> Tensor:
     return rank < limit
 
 
-def _is_candidate(boxes: Tensor, scores: Tensor, score_thresh: float) -> Tensor:
+def _is_candidate(boxes: Tensor, scores: Tensor, score_thresh: float, min_size: float) -> Tensor:
     """Which (RoI, class) pairs, boxes clipped and without the background, can be detections."""
-    return (scores > score_thresh) & has_min_size(boxes, DETECTION_MIN_SIZE)
+    return (scores > score_thresh) & has_min_size(boxes, min_size)
 
 
 def _batch_candidates(
@@ -138,6 +147,7 @@ def _batch_candidates(
     proposals: list[Tensor],
     image_shapes: list[tuple[int, int]],
     score_thresh: float,
+    min_size: float,
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...]]:
     """Per image, the boxes, scores and labels of every (RoI, foreground class) scoring above
     `score_thresh` whose box, clipped to its image, is large enough, in torchvision's order (RoI, then
@@ -150,7 +160,7 @@ def _batch_candidates(
     sizes = to_device(image_shapes, boxes.device, boxes.dtype)
     boxes = clip_to_image_sizes(boxes[:, 1:], sizes[image_of_roi])  # column 0, the background: never
     scores = scores[:, 1:]
-    candidate = _is_candidate(boxes, scores, score_thresh)
+    candidate = _is_candidate(boxes, scores, score_thresh, min_size)
     per_image = torch.zeros(num_images, dtype=torch.int64, device=boxes.device)
     per_image = per_image.index_add_(0, image_of_roi, candidate.sum(dim=1)).tolist()  # the host read
     index = torch.nonzero_static(candidate.flatten(), size=sum(per_image))[:, 0]
@@ -160,7 +170,7 @@ def _batch_candidates(
 
 
 def _candidates_in_image(
-    boxes: Tensor, scores: Tensor, image_shape: tuple[int, int], score_thresh: float
+    boxes: Tensor, scores: Tensor, image_shape: tuple[int, int], score_thresh: float, min_size: float
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One image's candidates (as `_batch_candidates`), found with ``torch.where``. `boxes` [R, K+1, 4],
     `scores` [R, K+1]."""
@@ -168,5 +178,5 @@ def _candidates_in_image(
     labels = torch.arange(scores.shape[1], device=scores.device).view(1, -1).expand_as(scores)
     # Column 0 is the background: never a detection.
     boxes, scores, labels = boxes[:, 1:].reshape(-1, 4), scores[:, 1:].flatten(), labels[:, 1:].flatten()
-    keep = torch.where(_is_candidate(boxes, scores, score_thresh))[0]
+    keep = torch.where(_is_candidate(boxes, scores, score_thresh, min_size))[0]
     return boxes[keep], scores[keep], labels[keep]

@@ -11,6 +11,12 @@ pass follows), on CPU tensors, with a fixed ``sampling_ratio``, and for an inter
 ``dense_max_elements`` values (small maps, as in the demo); everything else (inference, GPU, large maps such as
 800 px COCO images, ``sampling_ratio <= 0``) runs torchvision's kernel.
 
+`MultiScaleRoIAlign` takes RoIAlign's ``aligned`` (detectron2's ROIAlignV2: boxes shifted by half a pixel, no
+1-pixel minimum size; with ``sampling_ratio=0``, detectron2's adaptive sample grid) and the rule that assigns a
+box to a level: ``floor(4 + log2(sqrt(area) / 224) + 1e-6)`` (torchvision) or, with ``epsilon_inside_log``,
+``floor(4 + log2(sqrt(area) / 224 + 1e-8))`` (detectron2); they differ only for boxes within ~1e-6 of a level's
+boundary size.
+
 `MultiScaleRoIAlign` pools the FPN levels of torchvision's pooler from the RoIs sorted by level (one stable
 sort): each level pools one slice of them, sized by a single host read of the per-level counts per call, where
 one ``torch.where`` per level makes the host wait for the GPU once per level. While tracing (model export) it
@@ -31,7 +37,7 @@ from torchvision.ops.poolers import LevelMapper, _convert_to_roi_format, _setup_
 from lazytrain.modeling.host_values import to_device
 from lazytrain.modeling.interpolation import linear_interpolation_weights
 
-__all__ = ["MultiScaleRoIAlign", "roi_align", "roi_align_dense"]
+__all__ = ["EpsilonInsideLogLevelMapper", "MultiScaleRoIAlign", "roi_align", "roi_align_dense"]
 
 # Largest [boxes x out_h x channels x width] intermediate of one image and level computed densely
 # (64 MB in float32); above it, torchvision's kernel is cheaper in memory.
@@ -160,13 +166,31 @@ def _batch_rois(boxes: list[Tensor]) -> Tensor:
 
 def _level_of_rois(mapper: LevelMapper, rois: Tensor) -> Tensor:
     """torchvision's `LevelMapper` (FPN paper's Eqn. 1) for the [K, 5] RoIs of all images at once, with the
-    same arithmetic (and bits); torchvision computes the areas image by image."""
+    same arithmetic (and bits); torchvision computes the areas image by image. With an
+    `EpsilonInsideLogLevelMapper`, its rule."""
     areas = (rois[:, 3] - rois[:, 1]) * (rois[:, 4] - rois[:, 2])
     scale = torch.sqrt(areas)
-    eps = torch.tensor(mapper.eps, dtype=scale.dtype)
-    levels = torch.floor(mapper.lvl0 + torch.log2(scale / mapper.s0) + eps)
+    if isinstance(mapper, EpsilonInsideLogLevelMapper):
+        levels = torch.floor(mapper.lvl0 + torch.log2(scale / mapper.s0 + mapper.eps))
+    else:
+        eps = torch.tensor(mapper.eps, dtype=scale.dtype)
+        levels = torch.floor(mapper.lvl0 + torch.log2(scale / mapper.s0) + eps)
     levels = torch.clamp(levels, min=mapper.k_min, max=mapper.k_max)
     return (levels.to(torch.int64) - mapper.k_min).to(torch.int64)
+
+
+class EpsilonInsideLogLevelMapper(LevelMapper):
+    """detectron2's level rule: ``floor(canonical_level + log2(sqrt(area) / canonical_scale + eps))``, eps
+    1e-8 inside the log (torchvision's `LevelMapper` adds 1e-6 to the log). Same arguments as torchvision's."""
+
+    def __init__(self, k_min: int, k_max: int, canonical_scale: int = 224, canonical_level: int = 4) -> None:
+        super().__init__(k_min, k_max, canonical_scale, canonical_level, eps=1e-8)
+
+    def __call__(self, boxlists: list[Tensor]) -> Tensor:
+        scale = torch.sqrt(torch.cat([torchvision.ops.box_area(boxes) for boxes in boxlists]))
+        levels = torch.floor(self.lvl0 + torch.log2(scale / self.s0 + self.eps))
+        levels = torch.clamp(levels, min=self.k_min, max=self.k_max)
+        return (levels.to(torch.int64) - self.k_min).to(torch.int64)
 
 
 class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
@@ -183,6 +207,10 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
         canonical_level: FPN level of a ``canonical_scale`` box.
         dense_max_elements: largest intermediate computed densely per image and level; 0 always uses
             torchvision's kernel.
+        aligned: RoIAlign's ``aligned`` (True: detectron2's ROIAlignV2, boxes shifted by -0.5 pixel in the
+            map's coordinates and not enlarged to 1 pixel; False: torchvision's detection models).
+        epsilon_inside_log: assign boxes to levels by detectron2's rule (`EpsilonInsideLogLevelMapper`)
+            instead of torchvision's `LevelMapper`.
     """
 
     def __init__(
@@ -194,12 +222,16 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
         canonical_scale: int = 224,
         canonical_level: int = 4,
         dense_max_elements: int = DENSE_MAX_ELEMENTS,
+        aligned: bool = False,
+        epsilon_inside_log: bool = False,
     ) -> None:
         super().__init__(
             featmap_names, output_size, sampling_ratio,
             canonical_scale=canonical_scale, canonical_level=canonical_level,
         )  # fmt: skip
         self.dense_max_elements = int(dense_max_elements)
+        self.aligned = bool(aligned)
+        self.epsilon_inside_log = bool(epsilon_inside_log)
 
     def forward(
         self,
@@ -217,6 +249,11 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
             self.scales, self.map_levels = _setup_scales(
                 features, image_shapes, self.canonical_scale, self.canonical_level
             )
+            if self.epsilon_inside_log:
+                levels = self.map_levels
+                self.map_levels = EpsilonInsideLogLevelMapper(
+                    levels.k_min, levels.k_max, self.canonical_scale, self.canonical_level
+                )
         if len(features) == 1:
             return self._pool(features[0], _convert_to_roi_format(boxes), self.scales[0])
         if every_level or torchvision._is_tracing() or torch.compiler.is_exporting():
@@ -276,13 +313,18 @@ class MultiScaleRoIAlign(TorchvisionMultiScaleRoIAlign):
         return pooled
 
     def _pool(self, feature: Tensor, rois: Tensor, scale: float) -> Tensor:
+        if (
+            feature.dtype == torch.float64
+        ):  # a float64 model's proposals are float32 (decoded as detectron2's)
+            rois = rois.to(torch.float64)
         return roi_align(
-            feature, rois, self.output_size, scale, self.sampling_ratio,
+            feature, rois, self.output_size, scale, self.sampling_ratio, self.aligned,
             dense_max_elements=self.dense_max_elements,
         )  # fmt: skip
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(featmap_names={self.featmap_names}, output_size={self.output_size}, "
-            f"sampling_ratio={self.sampling_ratio}, dense_max_elements={self.dense_max_elements})"
+            f"sampling_ratio={self.sampling_ratio}, dense_max_elements={self.dense_max_elements}, "
+            f"aligned={self.aligned}, epsilon_inside_log={self.epsilon_inside_log})"
         )

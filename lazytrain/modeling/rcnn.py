@@ -39,7 +39,7 @@ from lazytrain.modeling.fixed_shapes import (
 )
 from lazytrain.modeling.host_values import to_device
 from lazytrain.modeling.image_batch import IMAGENET_PIXEL_MEAN, IMAGENET_PIXEL_STD, NoResizeTransform
-from lazytrain.modeling.mask_paste import paste_masks
+from lazytrain.modeling.mask_paste import GridSampleMaskPaste, TorchvisionMaskPaste
 from lazytrain.utils.logger import log_first_n
 
 __all__ = ["RCNN"]
@@ -86,6 +86,11 @@ class RCNN(GeneralizedRCNN):
         fixed_shapes: train with every tensor's shape fixed (`lazytrain.modeling.fixed_shapes`: padded images,
             ground truth, proposals, sampled RoIs, mask positives; no host syncs; `fixed_step` compiles whole).
             None (the default): the dynamic step. Evaluation is unchanged.
+        mask_paste: how eval outputs paste and threshold the mask probabilities (`lazytrain.modeling.mask_paste`):
+            `TorchvisionMaskPaste` (None, the default) or `GridSampleMaskPaste` (detectron2's rule).
+        drop_empty_detections: in `forward`'s eval outputs, drop detections whose box, scaled to the original
+            size and clipped, has no width or height (detectron2's postprocessing; they still took a place
+            among the ``detections_per_img``).
     """
 
     def __init__(
@@ -102,6 +107,8 @@ class RCNN(GeneralizedRCNN):
         channels_last: bool | None = None,
         pad_to_sizes: Sequence[Sequence[int]] | None = None,
         fixed_shapes: FixedShapes | None = None,
+        mask_paste: TorchvisionMaskPaste | GridSampleMaskPaste | None = None,
+        drop_empty_detections: bool = False,
     ) -> None:
         transform = NoResizeTransform(
             _check_stats("pixel_mean", pixel_mean),
@@ -113,6 +120,8 @@ class RCNN(GeneralizedRCNN):
         self.num_classes = self._check_num_classes(num_classes)
         self._check_classification_loss()
         self.mask_threshold = float(mask_threshold)
+        self.mask_paste = TorchvisionMaskPaste() if mask_paste is None else mask_paste
+        self.drop_empty_detections = bool(drop_empty_detections)
         self._check_feature_maps()
         self.channels_last = channels_last
         self.memory_format = torch.contiguous_format
@@ -319,7 +328,7 @@ class RCNN(GeneralizedRCNN):
     def to_instances(self, detection: dict[str, Tensor], image_size: tuple[int, int]) -> dict[str, Tensor]:
         """One image's `detect` output, with boxes already in the pixels of `image_size`, as lazytrain
         instances: ``classes`` 0..K-1 and, for Mask R-CNN, ``masks`` uint8 0/1 [N, height, width] pasted at
-        `image_size` and thresholded at `mask_threshold`.
+        `image_size` and thresholded at `mask_threshold` (by `mask_paste`).
 
         Args:
             detection: ``boxes``, ``scores``, ``labels`` (1..K) and optionally ``masks`` [N, 1, M, M].
@@ -332,8 +341,8 @@ class RCNN(GeneralizedRCNN):
         }
         if "masks" in detection:
             # Pasting the small mask probabilities straight at the output size avoids a second resampling.
-            probabilities = paste_masks(detection["masks"], detection["boxes"], image_size)
-            instances["masks"] = (probabilities[:, 0] > self.mask_threshold).to(torch.uint8)
+            masks = self.mask_paste(detection["masks"], detection["boxes"], image_size, self.mask_threshold)
+            instances["masks"] = masks.to(torch.uint8)
         return instances
 
     def _run_backbone_and_heads(
@@ -404,4 +413,8 @@ class RCNN(GeneralizedRCNN):
         scale = [width / input_size[1], height / input_size[0]] * 2
         scale = to_device(scale, detection["boxes"].device, detection["boxes"].dtype)
         boxes = box_ops.clip_boxes_to_image(detection["boxes"] * scale, (height, width))
-        return self.to_instances({**detection, "boxes": boxes}, (height, width))
+        detection = {**detection, "boxes": boxes}
+        if self.drop_empty_detections:
+            keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+            detection = {key: value[keep] for key, value in detection.items()}
+        return self.to_instances(detection, (height, width))

@@ -32,7 +32,7 @@ from torchvision.models.detection.roi_heads import (
 )
 
 from lazytrain.modeling.box_coding import BoxCoder
-from lazytrain.modeling.box_selection import select_detections
+from lazytrain.modeling.box_selection import DETECTION_MIN_SIZE, select_detections
 from lazytrain.modeling.classification_losses import ClassificationLoss
 from lazytrain.modeling.heads import MaskPredictor
 from lazytrain.modeling.matching import Matcher, gather_boxes, match_rois
@@ -117,11 +117,18 @@ class RoIHeads(TorchvisionRoIHeads):
     device above 100,000 box coordinates per image, as LVIS's 1,203 classes at score threshold 1e-4 give;
     torchvision's ``nms`` elsewhere, unchanged; the same detections, the first such call compiles); and
     ``detections_per_class`` (default None: no limit), at most that many detections of each class per image
-    before the ``detections_per_img`` cut, the per-class top-k of AP-fixed's inference (Dave et al.).
+    before the ``detections_per_img`` cut, the per-class top-k of AP-fixed's inference (Dave et al.);
+    ``detection_min_size`` (default torchvision's 0.01 px), detections narrower or lower are dropped before
+    NMS (detectron2 keeps them: 0).
     """
 
     def __init__(
-        self, *args: Any, compiled_nms: bool = False, detections_per_class: int | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        compiled_nms: bool = False,
+        detections_per_class: int | None = None,
+        detection_min_size: float = DETECTION_MIN_SIZE,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         if detections_per_class is not None and (
@@ -135,6 +142,7 @@ class RoIHeads(TorchvisionRoIHeads):
             )
         self.compiled_nms = compiled_nms
         self.detections_per_class = detections_per_class
+        self.detection_min_size = float(detection_min_size)
         # Without host syncs, same results: the box coder (no tensors from Python numbers), the matcher (a
         # batch at once), the sampler (the same counts, drawn as masks; a torchvision sampler assigned here is
         # used as torchvision does).
@@ -288,7 +296,7 @@ class RoIHeads(TorchvisionRoIHeads):
         return select_detections(
             boxes, scores, proposals, image_shapes, score_thresh=self.score_thresh, nms_thresh=self.nms_thresh,
             detections_per_img=self.detections_per_img, compiled_nms=self.compiled_nms,
-            detections_per_class=self.detections_per_class,
+            detections_per_class=self.detections_per_class, min_size=self.detection_min_size,
         )  # fmt: skip
 
     def _mask_branch(self, inputs: BranchInputs, result: list[dict[str, Tensor]]) -> dict[str, Tensor]:

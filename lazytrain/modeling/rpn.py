@@ -78,6 +78,11 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
             memory traffic per training step at large batches and images). The same proposals; the first
             forward compiles (seconds; inductor needs Triton on a GPU, a C++ compiler on the CPU). On the CPU
             it does not pay: the passes run on cache-sized tiles there.
+        min_size: proposals narrower or lower than this (pixels, after clipping) are dropped before NMS
+            (torchvision's 1e-3).
+        strict_min_size: keep proposals wider and higher than `min_size` instead of at least as wide and
+            high: detectron2's rule (``min_size=0``: only empty boxes are dropped). It selects in the batched
+            path (torchvision's loop cannot apply it), which gives torchvision's proposals on any device.
     """
 
     def __init__(
@@ -95,6 +100,8 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         *,
         batched: bool | None = None,
         compiled_nms: bool = False,
+        min_size: float = 1e-3,
+        strict_min_size: bool = False,
     ) -> None:
         if not 0.0 <= nms_thresh <= 1.0:
             raise ValueError(f"RegionProposalNetwork(nms_thresh=) must be in [0, 1]; got {nms_thresh}")
@@ -111,8 +118,15 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
                 "proposal selection, which batched=False turns off. Set batched=None (or true), or "
                 "compiled_nms=false."
             )
+        if strict_min_size and batched is False:
+            raise ValueError(
+                "RegionProposalNetwork(strict_min_size=True, batched=False): the strict rule is applied by the "
+                "batched proposal selection, which batched=False turns off. Set batched=None (or true)."
+            )
         self.batched = batched
         self.compiled_nms = compiled_nms
+        self.min_size = float(min_size)
+        self.strict_min_size = bool(strict_min_size)
 
     def filter_proposals(
         self,
@@ -147,7 +161,7 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         exporting = torch.compiler.is_exporting()
         batched = self.batched
         if batched is None:
-            batched = proposals.device.type != "cpu" or self.compiled_nms
+            batched = proposals.device.type != "cpu" or self.compiled_nms or self.strict_min_size
         if not exporting and (torch.jit.is_tracing() or not batched):
             return super().filter_proposals(proposals, objectness, image_shapes, num_anchors_per_level)
         top, boxes, scores = self._top_scored(proposals, objectness, num_anchors_per_level)
@@ -185,8 +199,9 @@ class RegionProposalNetwork(TorchvisionRegionProposalNetwork):
         return top, boxes, scores
 
     def _is_valid(self, boxes: Tensor, scores: Tensor) -> Tensor:
-        """Which candidates take part in NMS: at least ``min_size`` wide and high, scoring ``score_thresh``."""
-        return has_min_size(boxes, self.min_size) & (scores >= self.score_thresh)
+        """Which candidates take part in NMS: at least ``min_size`` wide and high (wider and higher with
+        ``strict_min_size``), scoring ``score_thresh``."""
+        return has_min_size(boxes, self.min_size, strict=self.strict_min_size) & (scores >= self.score_thresh)
 
     def _proposals_in_each_image(
         self,
