@@ -306,7 +306,11 @@ def make_fixed_step(args: argparse.Namespace, model, optimizer, batches: list, p
     def train(batch) -> None:
         # Under the host-sync counter (a dispatch mode, which a fullgraph compile refuses) the eager form runs.
         counting = torch.utils._python_dispatch._get_current_dispatch_mode() is not None
-        with _autocast(device, precision):
+        # A CUDA graph replays the casts it captured: autocast's cache of cast weights would go stale in it.
+        autocast = torch.autocast(
+            device.type, dtype=torch.bfloat16, enabled=precision == "bf16", cache_enabled=not args.cuda_graph
+        )
+        with autocast:
             losses, _ = (model.fixed_step if counting else losses_of)(batch)
         loss = sum(losses.values())
         optimizer.zero_grad(set_to_none=True)
