@@ -10,13 +10,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.models.detection.roi_heads import project_masks_on_boxes
 
+from lazytrain.config import LazyCall as L
+from lazytrain.config import instantiate
+from lazytrain.config.instantiate import InstantiationError
 from lazytrain.modeling import FederatedLoss, FixedShapes, fixed_shapes
 from lazytrain.modeling.fixed_shapes import _pad_masks, _proposals, check_model, pad_batch
 from lazytrain.modeling.matching import PaddedBoxes, match_padded, pad_boxes
 from lazytrain.modeling.roi_losses import box_regression_loss
 from lazytrain.modeling.sampling import BalancedMaskSampler
 from lazytrain.utils.host_syncs import HostSyncCounter
-from tests.modeling.helpers import build_model, make_record
+from tests.modeling.helpers import build_model, load_model_config, make_record
 
 SIZE = 64
 # Every RoI drawn (no random choice among them), so that both paths train on the same examples.
@@ -262,3 +265,14 @@ def test_masked_box_loss_with_padding_rows_equals_the_loss_of_the_real_rows():
     expected = box_regression_loss(deltas[:4], labels[:4], targets[:4])
     padded = box_regression_loss(deltas, labels, targets, normalizer=torch.tensor(4))
     torch.testing.assert_close(padded, expected, rtol=1e-12, atol=0)
+
+
+def test_the_recipe_key_builds_the_step_and_the_default_stays_dynamic():
+    cfg = load_model_config(overrides=("model.num_classes=3",))
+    assert instantiate(cfg.model).fixed_shapes is None
+    cfg.model.fixed_shapes = L(FixedShapes)(image_size=[SIZE, SIZE], max_instances=4, mask_positives=16)
+    model = instantiate(cfg.model)
+    assert model.fixed_shapes == FixedShapes((SIZE, SIZE), 4, 16)
+    cfg.model.roi_heads.box_predictor.loss = L(FederatedLoss)(num_classes=3, class_image_counts=[1, 1, 1])
+    with pytest.raises(InstantiationError, match=r"model.fixed_shapes"):
+        instantiate(cfg.model)
