@@ -8,7 +8,10 @@ shape differs from the model's (a new box predictor for another class count), an
 - a torchvision detection state dict (``backbone.body.*``, ``rpn.*``, ``roi_heads.*``): `RCNN` keeps
   torchvision's module names, so keys map one to one;
 - an ImageNet classification ResNet state dict (``conv1.*``, ``layer1.*``, ``fc.*``): loaded into the
-  model's ResNet (found by its keys, ``backbone.body.`` for `RCNN`); the classifier ``fc`` is ignored.
+  model's ResNet (found by its keys, ``backbone.body.`` for `RCNN`); the classifier ``fc`` is ignored;
+- a detectron2 Mask/Faster R-CNN R-FPN checkpoint: a model zoo pickle (``model_final_*.pkl``, read by an
+  unpickler that builds numpy arrays only) or a ``.pth`` its training wrote (``backbone.bottom_up.*`` keys),
+  converted by `lazytrain.modeling.detectron2_weights` (the report says what was converted).
 
 Paths may be local files or http(s) URLs. A URL is downloaded once per machine into torch hub's cache
 (``torch.hub.get_dir()/checkpoints/``), verified by the sha256 prefix in its name and reused after
@@ -32,6 +35,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from lazytrain.modeling.detectron2_weights import (
+    convert_detectron2_state_dict,
+    is_detectron2_state_dict,
+    read_detectron2_pickle,
+)
 from lazytrain.modeling.download import download_to_cache, is_url
 from lazytrain.utils.file_io import load_torch_file
 
@@ -41,6 +49,7 @@ __all__ = [
     "load_init_weights",
     "load_state_dict_report",
     "prefetch_init_weights",
+    "read_state_dict",
 ]
 
 logger = logging.getLogger(__name__)
@@ -147,6 +156,32 @@ def get_local_path(path: str) -> str:
     return local
 
 
+def _is_plain_pickle(local_path: str) -> bool:
+    """A pickle that is not a torch file: protocol 2+ and not torch's zip (torch's legacy format is a pickle
+    too, but starts with a number, which `read_state_dict` tells apart)."""
+    with open(local_path, "rb") as file:
+        return file.read(1) == b"\x80"
+
+
+def read_state_dict(path: str, *, allow_unsafe: bool = False) -> tuple[dict, str]:
+    """The tensors (or numpy arrays, from a detectron2 pickle) of an initial-weights file and the kind of file.
+
+    A plain pickle is read by `read_detectron2_pickle` (numpy arrays only, anything else refused before it
+    runs); every other file by torch's weights-only loader (`load_torch_file`).
+    """
+    local = get_local_path(path)
+    if _is_plain_pickle(local):
+        data = read_detectron2_pickle(path, local)
+        if isinstance(data, Mapping):
+            model = data.get("model", data)
+            if not isinstance(model, Mapping):
+                raise ValueError(
+                    f"load_init_weights: {path}'s 'model' is a {type(model).__name__}, not a dict."
+                )
+            return {str(k): v for k, v in model.items()}, "detectron2 pickle"
+    return _read_state_dict(path, allow_unsafe)
+
+
 def _read_state_dict(path: str, allow_unsafe: bool) -> tuple[dict[str, torch.Tensor], str]:
     data = load_torch_file(path, get_local_path(path), allow_unsafe=allow_unsafe, reader="load_init_weights")
     if not isinstance(data, Mapping):
@@ -178,6 +213,15 @@ def _find_resnet_prefix(model: nn.Module) -> str | None:
 
 def _convert(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> tuple[dict, str, list[str]]:
     """Rename file keys to model keys; returns (state, source, keys dropped on purpose)."""
+    if is_detectron2_state_dict(state):
+        state, notes = convert_detectron2_state_dict(state)
+        kind = "detectron2 pickle" if source == "detectron2 pickle" else "detectron2 checkpoint"
+        return state, f"{kind}, converted: " + "; ".join(notes), []
+    if source == "detectron2 pickle":
+        raise ValueError(
+            "load_init_weights: the pickle holds no detectron2 model (no backbone.bottom_up.* or "
+            "proposal_generator.* keys); give a detectron2 Mask/Faster R-CNN checkpoint or a torch file."
+        )
     if source == "state dict" and all(key in state for key in _IMAGENET_RESNET_KEYS):
         prefix = _find_resnet_prefix(model)
         if prefix is None:
@@ -225,7 +269,8 @@ def load_state_dict_report(
 
 
 def load_init_weights(model: nn.Module, path: str, *, allow_unsafe: bool = False) -> WeightsReport:
-    """Load initial weights from a lazytrain checkpoint, torchvision detection or ImageNet ResNet file.
+    """Load initial weights from a lazytrain checkpoint, torchvision detection, ImageNet ResNet or detectron2
+    file.
 
     Loading is non-strict: missing and unexpected keys and shape mismatches are reported (and logged),
     never fatal, so a COCO checkpoint can start an LVIS model with a fresh predictor.
@@ -243,7 +288,7 @@ def load_init_weights(model: nn.Module, path: str, *, allow_unsafe: bool = False
         ConfigError: the URL could not be downloaded. CheckpointError: a download's sha256 is wrong.
         ValueError: the file is not a state dict, or is an ImageNet ResNet file and the model has no ResNet.
     """
-    state, source = _read_state_dict(path, allow_unsafe)
+    state, source = read_state_dict(path, allow_unsafe=allow_unsafe)
     state, source, ignored = _convert(model, state, source)
     report = load_state_dict_report(model, state, path=path, source=source)
     report.ignored = ignored

@@ -28,12 +28,13 @@ from lazytrain.program.shipped_configs import SCHEME
 __all__ = ["CONFIG_NAME", "SUBCOMMANDS", "main"]
 
 CONFIG_NAME = "lazytrain_config"
-SUBCOMMANDS = ("predict", "export", "cache")
+SUBCOMMANDS = ("predict", "export", "cache", "convert-detectron2")
 _USAGE = (
     "usage: python -m lazytrain CONFIG.py|CONFIG.yaml|lazytrain://NAME [-m] [key=value ...] [Hydra flags]\n"
     "       python -m lazytrain predict RUN_DIR IMAGE... [key=value ...]   (--help for more)\n"
     "       python -m lazytrain export RUN_DIR [key=value ...]              (--help for more)\n"
-    "       python -m lazytrain cache [DATASET|JSON ...] [--clear]           (--help for more)"
+    "       python -m lazytrain cache [DATASET|JSON ...] [--clear]           (--help for more)\n"
+    "       python -m lazytrain convert-detectron2 FILE OUT.pth [--force]      (--help for more)"
 )
 
 
@@ -55,7 +56,7 @@ def _fail(message: str) -> None:
 
 def _run_subcommand(name: str, argv: list[str]) -> None:
     """``python -m lazytrain predict|export ...``: what to do with a trained run; ``cache``: the annotation
-    cache files."""
+    cache files; ``convert-detectron2``: a detectron2 checkpoint as a lazytrain one."""
     if name == "predict":
         from lazytrain.program import predict_command
 
@@ -64,6 +65,10 @@ def _run_subcommand(name: str, argv: list[str]) -> None:
         from lazytrain.program import export_command
 
         export_command.main(argv)
+    elif name == "convert-detectron2":
+        from lazytrain.program import convert_command
+
+        convert_command.main(argv)
     else:
         from lazytrain.program import cache_command
 

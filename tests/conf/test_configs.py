@@ -39,6 +39,12 @@ TIMM_PRETRAINED = {
     "maskrcnn_vitdet_b_rfs.py": "vit_base_patch16_224",
     "cascade_maskrcnn_swin_b_rfs.py": "swin_base_patch4_window7_224",
 }
+# Recipes for detectron2's weights (recipes/models/mask_rcnn_fpn_detectron2.py): the file each starts from.
+DETECTRON2_WEIGHTS = {
+    "detectron2_lvis_maskrcnn_r50.py": "",  # the user's file: train.init_checkpoint=PATH
+    "detectron2_coco_maskrcnn_r50.py": "https://dl.fbaipublicfiles.com/detectron2/COCO-InstanceSegmentation/"
+    "mask_rcnn_R_50_FPN_3x/137849600/model_final_f10217.pkl",
+}
 # What timm's loaders need to see in a stand-in file besides the stem: ConvNeXt's marker of timm's own key format.
 _TIMM_FORMAT_KEYS = ("head.norm.",)
 # The recipes that train in bf16 autocast on GPUs (recipes/schedules.py's use_vitdet_lvis_schedule).
@@ -173,6 +179,8 @@ def test_gpu_recipes_start_from_imagenet_weights_and_the_demos_from_scratch(name
     elif name in RANDOM_INIT:
         assert cfg.train.init_checkpoint == "" and backbone.get("depth", 18) == 18
         assert not backbone.get("pretrained", False)
+    elif name in DETECTRON2_WEIGHTS:
+        assert cfg.train.init_checkpoint == DETECTRON2_WEIGHTS[name] and backbone.stride_in_1x1 is True
     else:
         assert cfg.train.init_checkpoint == IMAGENET_R50 and backbone.depth == 50
 

@@ -1,0 +1,168 @@
+"""detectron2 checkpoints: names, values, the safe unpickler, loading through ``train.init_checkpoint`` and the
+``convert-detectron2`` command, on a small synthetic checkpoint."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from lazytrain.config import LazyConfig, instantiate
+from lazytrain.errors import CheckpointError
+from lazytrain.modeling.detectron2_weights import convert_detectron2_state_dict
+from lazytrain.modeling.weights import load_init_weights
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NUM_CLASSES = 3
+
+
+def _small_model() -> torch.nn.Module:
+    cfg = LazyConfig.load(os.path.join(REPO, "recipes/models/mask_rcnn_r18_fpn_cpu.py"))
+    cfg.model.num_classes = NUM_CLASSES
+    return instantiate(cfg.model)
+
+
+# lazytrain name -> detectron2 name, written from detectron2's module names (the inverse of the converter).
+_TO_DETECTRON2 = (
+    (r"backbone\.body\.conv1\.", "backbone.bottom_up.stem.conv1."),
+    (r"backbone\.body\.bn1\.", "backbone.bottom_up.stem.conv1.norm."),
+    (r"backbone\.body\.layer(\d)\.(\d+)\.conv(\d)\.", lambda m: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.conv{m[3]}."),
+    (r"backbone\.body\.layer(\d)\.(\d+)\.bn(\d)\.", lambda m: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.conv{m[3]}.norm."),
+    (r"backbone\.body\.layer(\d)\.(\d+)\.downsample\.0\.", lambda m: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.shortcut."),
+    (r"backbone\.body\.layer(\d)\.(\d+)\.downsample\.1\.", lambda m: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.shortcut.norm."),
+    (r"backbone\.fpn\.inner_blocks\.(\d)\.0\.", lambda m: f"backbone.fpn_lateral{int(m[1]) + 2}."),
+    (r"backbone\.fpn\.layer_blocks\.(\d)\.0\.", lambda m: f"backbone.fpn_output{int(m[1]) + 2}."),
+    (r"rpn\.head\.conv\.0\.0\.", "proposal_generator.rpn_head.conv."),
+    (r"rpn\.head\.cls_logits\.", "proposal_generator.rpn_head.objectness_logits."),
+    (r"rpn\.head\.bbox_pred\.", "proposal_generator.rpn_head.anchor_deltas."),
+    (r"roi_heads\.box_head\.fc6\.", "roi_heads.box_head.fc1."),
+    (r"roi_heads\.box_head\.fc7\.", "roi_heads.box_head.fc2."),
+    (r"roi_heads\.box_predictor\.", "roi_heads.box_predictor."),
+    (r"roi_heads\.mask_head\.(\d)\.0\.", lambda m: f"roi_heads.mask_head.mask_fcn{int(m[1]) + 1}."),
+    (r"roi_heads\.mask_predictor\.conv5_mask\.", "roi_heads.mask_head.deconv."),
+    (r"roi_heads\.mask_predictor\.mask_fcn_logits\.", "roi_heads.mask_head.predictor."),
+)  # fmt: skip
+
+
+def _detectron2_checkpoint(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The model's weights (random values) as detectron2 stores them: its names, BGR conv1, background last,
+    no background rows in the box regressor and the mask predictor."""
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for key, value in model.state_dict().items():
+        if key.endswith("num_batches_tracked"):
+            continue
+        for pattern, name in _TO_DETECTRON2:
+            match = re.match(pattern, key)
+            if match:
+                new = (name if isinstance(name, str) else name(match)) + key[match.end() :]
+                break
+        else:
+            raise AssertionError(key)
+        value = torch.randn(value.shape, generator=generator)
+        if key.startswith("roi_heads.box_predictor.cls_score"):
+            value = torch.cat((value[1:], value[:1]))  # detectron2: background last
+        elif key.startswith(
+            ("roi_heads.box_predictor.bbox_pred", "roi_heads.mask_predictor.mask_fcn_logits")
+        ):
+            value = value[4:] if "bbox_pred" in key else value[1:]  # no background rows
+        state[new] = value.numpy()
+    return state
+
+
+def _expected(model_key: str, detectron2: dict[str, np.ndarray], detectron2_key: str) -> torch.Tensor:
+    value = torch.from_numpy(detectron2[detectron2_key])
+    if model_key == "backbone.body.conv1.weight":
+        return value.flip(1)
+    if model_key.startswith("roi_heads.box_predictor.cls_score"):
+        return torch.cat((value[-1:], value[:-1]))
+    if model_key.startswith("roi_heads.box_predictor.bbox_pred"):
+        return torch.cat((torch.zeros(4, *value.shape[1:]), value))
+    if model_key.startswith("roi_heads.mask_predictor.mask_fcn_logits"):
+        return torch.cat((torch.zeros(1, *value.shape[1:]), value))
+    return value
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("detectron2")
+    state = _detectron2_checkpoint(_small_model())
+    pkl, pth = folder / "model_final_abc.pkl", folder / "model_final.pth"
+    with open(pkl, "wb") as file:
+        pickle.dump({"model": state, "__author__": "Detectron2 Model Zoo", "matching_heuristics": True}, file)
+    torch.save({"model": {k: torch.from_numpy(v) for k, v in state.items()}, "iteration": 9}, pth)
+    return state, str(pkl), str(pth)
+
+
+@pytest.mark.parametrize("kind", ["pkl", "pth"])
+def test_detectron2_checkpoint_loads_through_init_checkpoint_converted(checkpoints, kind, caplog):
+    state, pkl, pth = checkpoints
+    model = _small_model()
+    with caplog.at_level("INFO"):
+        report = load_init_weights(model, pkl if kind == "pkl" else pth)
+    assert report.missing == [] and report.unexpected == [] and report.shape_mismatched == []
+    assert len(report.loaded) == len(state)
+    assert "detectron2" in report.source and "BGR to RGB" in report.source and "background" in caplog.text
+    own = model.state_dict()
+    for model_key, pattern_key in zip(
+        ("backbone.body.conv1.weight", "roi_heads.box_predictor.cls_score.bias",
+         "roi_heads.box_predictor.bbox_pred.weight", "roi_heads.mask_predictor.mask_fcn_logits.weight",
+         "backbone.body.layer2.0.downsample.1.running_var", "rpn.head.conv.0.0.weight"),
+        ("backbone.bottom_up.stem.conv1.weight", "roi_heads.box_predictor.cls_score.bias",
+         "roi_heads.box_predictor.bbox_pred.weight", "roi_heads.mask_head.predictor.weight",
+         "backbone.bottom_up.res3.0.shortcut.norm.running_var", "proposal_generator.rpn_head.conv.weight"),
+    ):  # fmt: skip
+        assert torch.equal(own[model_key], _expected(model_key, state, pattern_key)), model_key
+
+
+def test_unsupported_lsj_parts_are_refused_by_name():
+    state = {
+        "backbone.bottom_up.stem.conv1.weight": np.zeros((2, 3, 1, 1), np.float32),
+        "proposal_generator.rpn_head.conv.conv0.weight": np.zeros((2, 2, 3, 3), np.float32),
+        "roi_heads.box_head.conv1.norm.weight": np.zeros(2, np.float32),
+    }
+    with pytest.raises(ValueError, match="box head with convs .4conv1fc.*RPN head with several convs"):
+        convert_detectron2_state_dict(state)
+
+
+class _Payload:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_holding_more_than_numpy_arrays_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "ran"
+    path = tmp_path / "model_final_evil.pkl"
+    with open(path, "wb") as file:
+        pickle.dump({"model": {"backbone.bottom_up.stem.conv1.weight": _Payload(str(marker))}}, file)
+    with pytest.raises(
+        CheckpointError, match=r"refused to read .*evil.pkl as a detectron2 pickle: it holds \S+system"
+    ):
+        load_init_weights(_small_model(), str(path))
+    assert not marker.exists()
+
+
+def test_convert_command_writes_a_lazytrain_checkpoint_once(checkpoints, tmp_path, capsys):
+    from lazytrain.program.entrypoint import main
+
+    _, pkl, _ = checkpoints
+    out = str(tmp_path / "converted.pth")
+    main(["convert-detectron2", pkl, out])
+    assert "BGR to RGB" in capsys.readouterr().out
+    direct, converted = _small_model(), _small_model()
+    load_init_weights(direct, pkl)
+    report = load_init_weights(converted, out)
+    assert report.source == "lazytrain checkpoint" and report.missing == []
+    assert all(torch.equal(a, b) for a, b in zip(direct.state_dict().values(), converted.state_dict().values()))
+    written = os.path.getmtime(out)
+    with pytest.raises(SystemExit):
+        main(["convert-detectron2", pkl, out])
+    assert "exists" in capsys.readouterr().err and os.path.getmtime(out) == written
+    main(["convert-detectron2", pkl, out, "--force"])
