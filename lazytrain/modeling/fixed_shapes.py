@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -49,9 +49,6 @@ from lazytrain.modeling.matching import PaddedBoxes, gather_boxes, match_padded
 from lazytrain.modeling.nms import GroupedNMS
 from lazytrain.modeling.roi_losses import box_regression_loss, get_predictor_loss
 from lazytrain.modeling.rpn import DECIDED_PER_RESULT, RegionProposalNetwork, _Candidates, _valid_first
-
-if TYPE_CHECKING:
-    from lazytrain.modeling.rcnn import RCNN
 
 __all__ = ["FixedBatch", "FixedShapeCounters", "FixedShapes", "fixed_shape_losses", "pad_batch"]
 
@@ -179,7 +176,7 @@ def pad_batch(
     )
 
 
-def check_model(model: RCNN) -> None:
+def check_model(model: nn.Module) -> None:
     """Refuse, before a run, the parts the fixed-shape step does not implement."""
     heads = model.roi_heads
     problems = []
@@ -207,11 +204,12 @@ def check_model(model: RCNN) -> None:
 
 
 def fixed_shape_losses(
-    model: RCNN, batch: FixedBatch, fixed: FixedShapes
+    model: nn.Module, batch: FixedBatch, fixed: FixedShapes
 ) -> tuple[dict[str, Tensor], FixedShapeCounters]:
-    """The training losses of `model` on `batch` with every shape fixed by the batch's shapes, `fixed` and the
-    model's settings: ``loss_objectness``, ``loss_rpn_box_reg``, ``loss_classifier``, ``loss_box_reg`` and,
-    with a mask head, ``loss_mask``; and the step's `FixedShapeCounters`. No host syncs; traceable whole."""
+    """The training losses of `model` (an `RCNN`; typed as a module: rcnn.py imports this one) on `batch` with
+    every shape fixed by the batch's shapes, `fixed` and the model's settings: ``loss_objectness``,
+    ``loss_rpn_box_reg``, ``loss_classifier``, ``loss_box_reg`` and, with a mask head, ``loss_mask``; and the
+    step's `FixedShapeCounters`. No host syncs; traceable whole."""
     images = _normalized(model, batch.images, batch.image_sizes)
     features = model.backbone(images)
     if isinstance(features, Tensor):
@@ -230,7 +228,7 @@ def fixed_shape_losses(
     return losses, FixedShapeCounters(dropped, nms_not_final)
 
 
-def _normalized(model: RCNN, images: Tensor, image_sizes: Tensor) -> Tensor:
+def _normalized(model: nn.Module, images: Tensor, image_sizes: Tensor) -> Tensor:
     """`NoResizeTransform.normalized_batch` of images already padded: normalised, and 0 outside each image
     (the dynamic batch's padding), the same values."""
     transform = model.transform
@@ -244,7 +242,7 @@ def _normalized(model: RCNN, images: Tensor, image_sizes: Tensor) -> Tensor:
 
 
 def _rpn(
-    model: RCNN, images: Tensor, features: dict[str, Tensor], batch: FixedBatch
+    model: nn.Module, images: Tensor, features: dict[str, Tensor], batch: FixedBatch
 ) -> tuple[Tensor, Tensor, dict[str, Tensor], Tensor]:
     """The RPN at fixed shapes: proposals [N, P, 4] and their validity [N, P] (P = ``post_nms_top_n()``), the
     RPN's losses, and whether NMS was not final (0-dim int64)."""
