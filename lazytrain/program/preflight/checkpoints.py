@@ -25,14 +25,14 @@ def find_checkpoint_problems(cfg: DictConfig) -> list[str]:
     if not os.path.exists(path):
         return [
             f"train.init_checkpoint={path}: no such file. Give the path of a checkpoint (a lazytrain .pth, "
-            "torchvision detection or ImageNet ResNet weights), or train.init_checkpoint=null to start from "
-            "random weights."
+            "torchvision detection, ImageNet ResNet or detectron2 weights), or train.init_checkpoint=null to start "
+            "from random weights."
         ]
     reason = get_non_checkpoint_reason(path) if os.path.isfile(path) else None
     if reason:
         return [
             f"train.init_checkpoint={path}: not a checkpoint: {reason}. Give a lazytrain .pth, torchvision "
-            "detection or ImageNet ResNet weights, or train.init_checkpoint=null."
+            "detection, ImageNet ResNet or detectron2 weights, or train.init_checkpoint=null."
         ]
     return []
 
