@@ -47,6 +47,7 @@ from lazytrain.modeling.classification_losses import SoftmaxCrossEntropy
 from lazytrain.modeling.heads import MaskPredictor
 from lazytrain.modeling.matching import PaddedBoxes, gather_boxes, match_padded
 from lazytrain.modeling.nms import GroupedNMS
+from lazytrain.modeling.poolers import EpsilonInsideLogLevelMapper
 from lazytrain.modeling.roi_losses import box_regression_loss, get_predictor_loss
 from lazytrain.modeling.rpn import DECIDED_PER_RESULT, RegionProposalNetwork, _Candidates, _valid_first
 
@@ -365,7 +366,9 @@ def _pool(pooler: nn.Module, features: dict[str, Tensor], boxes: Tensor, image_s
     pooled = None
     levels = None
     if len(maps) > 1:
-        mapper = LevelMapper(
+        # detectron2's level rule where the pooler takes it (`MultiScaleRoIAlign(epsilon_inside_log=True)`).
+        rule = EpsilonInsideLogLevelMapper if getattr(pooler, "epsilon_inside_log", False) else LevelMapper
+        mapper = rule(
             int(-math.log2(scales[0])), int(-math.log2(scales[-1])),
             canonical_scale=pooler.canonical_scale, canonical_level=pooler.canonical_level,
         )  # fmt: skip

@@ -68,10 +68,18 @@ def _losses_and_grads(model, records, seed: int = 1):
     return {k: v.detach() for k, v in losses.items()}, grads
 
 
+DETECTRON2_RULES = tuple(
+    f"+model.roi_heads.{pool}.{option}=true"
+    for pool in ("box_roi_pool", "mask_roi_pool")
+    for option in ("aligned", "epsilon_inside_log")
+) + ("+model.rpn.strict_min_size=true",)
+
+
 @pytest.mark.slow
-def test_losses_gradients_and_buffers_equal_the_dynamic_path():
-    """Slow (~25 s on 2 loaded cores): two float64 training steps of the CPU recipe's model."""
-    dynamic, fixed = _models()
+@pytest.mark.parametrize("rules", [(), DETECTRON2_RULES], ids=["torchvision rules", "detectron2 rules"])
+def test_losses_gradients_and_buffers_equal_the_dynamic_path(rules):
+    """Slow (~25 s on 2 loaded cores each): two float64 training steps of the CPU recipe's model."""
+    dynamic, fixed = _models(DRAW_ALL + rules)
     dynamic, fixed = dynamic.double(), fixed.double()
     records = _records(0, dtype=torch.float64) + _records(1, dtype=torch.float64)
     dynamic_losses, dynamic_grads = _losses_and_grads(dynamic, records)
