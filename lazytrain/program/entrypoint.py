@@ -97,10 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     from lazytrain.program.preflight import check_command_line
     from lazytrain.program.preflight.command_line import apply_plain_overrides
     from lazytrain.program.primary_config import DEFAULT_MAIN, load_primary_config
+    from lazytrain.program.shipped_configs import get_config_file
 
     try:
         cfg = load_primary_config(config_path)
-        check_command_line(cfg, overrides, DEFAULT_MAIN, INJECTED_ARGUMENTS)
+        check_command_line(cfg, overrides, DEFAULT_MAIN, INJECTED_ARGUMENTS, get_config_file(config_path))
         # A search sweeper (hydra/sweeper=optuna, ...) is told the objective's direction.
         overrides = overrides + get_search_overrides(apply_plain_overrides(cfg, overrides), overrides)
     except ConfigError as e:

@@ -39,6 +39,7 @@ from lazytrain.utils import comm, run_dirs
 __all__ = [
     "COMMAND_ENV",
     "EVAL_FOLDER",
+    "EVAL_FOLDER_NAME",
     "find_short_warmup",
     "format_eval_header",
     "format_eval_summary",
@@ -58,6 +59,9 @@ COMMAND_ENV = "LAZYTRAIN_COMMAND"
 _BUCKET_NAMES = {"r": "rare", "c": "common", "f": "frequent"}
 # The sub-folder of a run that the closing block's Evaluate command writes into.
 EVAL_FOLDER = "eval"
+EVAL_FOLDER_NAME = "${now:%Y-%m-%d_%H-%M-%S.%f}"
+"""The folder of an evaluation in `EVAL_FOLDER`: the time to the microsecond (Hydra's ``now`` resolver), so that
+two evaluations never share one."""
 
 
 # ------------------------------------------------------------------------------------------------- header
@@ -405,7 +409,7 @@ def _eval_run_dir(output_dir: str) -> str:
     """The ``hydra.run.dir`` override of an evaluation of the run in `output_dir`: a sub-folder named by the
     time (Hydra's ``now`` resolver), so that its files never replace the training's own or an earlier
     evaluation's."""
-    return shlex.quote(f"hydra.run.dir={os.path.join(output_dir, EVAL_FOLDER, '${now:%Y-%m-%d_%H-%M-%S}')}")
+    return shlex.quote(f"hydra.run.dir={os.path.join(output_dir, EVAL_FOLDER, EVAL_FOLDER_NAME)}")
 
 
 def resume_command(output_dir: str) -> str:

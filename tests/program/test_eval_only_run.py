@@ -30,7 +30,7 @@ def test_the_printed_evaluate_command_evaluates_into_the_run_folder_with_a_heade
     evaluated = lazytrain(*shlex.split(evaluate), cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     (eval_dir,) = (run_dir / "eval").iterdir()
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", eval_dir.name)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}", eval_dir.name)  # to the microsecond
     assert not (tmp_path / "outputs").exists()
     assert (run_dir / "metrics.json").read_text() == training_metrics
     assert '"toy/AP"' in (eval_dir / "metrics.json").read_text()
@@ -72,12 +72,94 @@ def test_an_evaluation_into_the_trained_run_folder_is_refused_before_anything_is
     assert str(error.value) == (
         f"hydra.run.dir={run}: holds a run ({run / 'last_checkpoint'}); an evaluation there would replace its "
         "config.yaml and mix its metrics.json. Evaluate into a folder of its own: "
-        f"'hydra.run.dir={run}/eval/${{now:%Y-%m-%d_%H-%M-%S}}' (what the run's closing block prints)."
+        f"'hydra.run.dir={run}/eval/${{now:%Y-%m-%d_%H-%M-%S.%f}}' (what the run's closing block prints)."
     )
     assert (run / "config.yaml").read_text() == "trained: true\n"
-    # An earlier evaluation's folder (metrics.json, no weights) may take another evaluation.
-    (tmp_path / "eval").mkdir()
-    (tmp_path / "eval" / "metrics.json").write_text("{}\n")
-    check_command_line(
-        cfg, [*evaluate, f"hydra.run.dir={tmp_path / 'eval'}"], DEFAULT_MAIN, INJECTED_ARGUMENTS
+
+
+def _check(tmp_path, *overrides, config_file=None):
+    from lazytrain.program.default import INJECTED_ARGUMENTS
+    from lazytrain.program.preflight import check_command_line
+    from lazytrain.program.primary_config import DEFAULT_MAIN, load_primary_config
+
+    cfg = load_primary_config(config_file or ENGINE_TOY)
+    check_command_line(cfg, list(overrides), DEFAULT_MAIN, INJECTED_ARGUMENTS, config_file)
+
+
+def _trained_run(folder):
+    folder.mkdir()
+    (folder / "last_checkpoint").write_text("model_final.pth")
+    (folder / "model_final.pth").write_bytes(b"")
+    (folder / "metrics.json").write_text('{"iteration": 1}\n')
+    return folder
+
+
+def test_an_evaluation_over_a_resumed_run_or_into_its_output_dir_is_refused(tmp_path):
+    # A resumed run's config.yaml says train.resume=true: that must not let an evaluation append its line to
+    # the run's metrics.json (failed before: the resume returned before eval_only was looked at).
+    from lazytrain.errors import ConfigError
+
+    run = _trained_run(tmp_path / "run")
+    weights = f"train.init_checkpoint={run / 'model_final.pth'}"
+    for where in (f"hydra.run.dir={run}", f"train.output_dir={run}"):
+        with pytest.raises(ConfigError) as error:
+            _check(tmp_path, "train.resume=true", "train.eval_only=true", weights, where)
+        key = where.split("=")[0]
+        (line,) = [line for line in str(error.value).splitlines() if line.startswith(f"{key}={run}:")]
+        assert line.startswith(
+            f"{key}={run}: holds a run ({run / 'last_checkpoint'}); an evaluation there would"
+        )
+    assert line.endswith("(what the run's closing block prints) without train.output_dir.")
+    assert (run / "metrics.json").read_text() == '{"iteration": 1}\n'
+
+
+def test_an_evaluation_into_the_folder_of_an_earlier_evaluation_is_refused(tmp_path):
+    # README's fixed eval/ap_fixed run twice appended to one metrics.json (failed before: it was let through).
+    from lazytrain.errors import ConfigError
+
+    earlier = tmp_path / "eval"
+    earlier.mkdir()
+    (earlier / "metrics.json").write_text("{}\n")
+    with pytest.raises(ConfigError) as error:
+        _check(tmp_path, "train.eval_only=true", f"hydra.run.dir={earlier}")
+    assert str(error.value) == (
+        f"hydra.run.dir={earlier}: holds an earlier evaluation ({earlier / 'metrics.json'}); another there would "
+        "replace its config.yaml and append to its metrics.json. Choose another hydra.run.dir (a new folder) for "
+        "this evaluation."
     )
+    _check(tmp_path, "train.eval_only=true", f"hydra.run.dir={tmp_path / 'eval2'}")  # a new folder is fine
+
+
+def test_an_evaluation_of_a_run_config_must_name_the_run_weights(tmp_path):
+    # Its saved train.init_checkpoint is where the training started: evaluating it silently measured the
+    # initial weights (failed before: no refusal).
+    from lazytrain.config import LazyConfig
+    from lazytrain.errors import ConfigError
+    from lazytrain.program.primary_config import load_primary_config
+
+    run = _trained_run(tmp_path / "run")
+    config = run / "config.yaml"
+    LazyConfig.save(load_primary_config(ENGINE_TOY), config)
+    new_dir = f"hydra.run.dir={tmp_path / 'new'}"
+    with pytest.raises(ConfigError) as error:
+        _check(tmp_path, "train.eval_only=true", new_dir, config_file=str(config))
+    assert str(error.value).startswith(
+        f"train.eval_only=true with {config}, the config of the trained run in "
+    )
+    assert str(error.value).endswith(
+        f"Name the weights to evaluate: train.init_checkpoint={run}/model_final.pth."
+    )
+    # Named on the command line (whatever they are), or in the file as a file of the run: evaluated as asked.
+    from lazytrain.program.preflight.existing_runs import find_unnamed_run_weights_problems
+
+    cfg = load_primary_config(str(config))
+    named = ["train.eval_only=true", f"train.init_checkpoint={run}/model_final.pth"]
+    assert (
+        find_unnamed_run_weights_problems(LazyConfig.apply_overrides(cfg.copy(), named), named, str(config))
+        == []
+    )
+    cfg.train.eval_only = True
+    assert find_unnamed_run_weights_problems(cfg, [], str(config)) != []
+    cfg.train.init_checkpoint = str(run / "model_0000009.pth")
+    assert find_unnamed_run_weights_problems(cfg, [], str(config)) == []
+    assert find_unnamed_run_weights_problems(cfg, [], ENGINE_TOY) == []  # not a run's config

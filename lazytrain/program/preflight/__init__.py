@@ -48,7 +48,10 @@ from lazytrain.program.preflight.command_line import (
     iter_swept_values,
 )
 from lazytrain.program.preflight.components import find_component_problems
-from lazytrain.program.preflight.existing_runs import find_existing_run_problems
+from lazytrain.program.preflight.existing_runs import (
+    find_existing_run_problems,
+    find_unnamed_run_weights_problems,
+)
 from lazytrain.program.preflight.json_data import find_swept_json_dataset_problems
 from lazytrain.program.preflight.processes import find_launch_problems
 
@@ -63,6 +66,7 @@ def check_command_line(
     overrides: list[str],
     default_main: str,
     injected: Mapping[str, tuple[str, ...]],
+    config_file: str | None = None,
 ) -> None:
     """Check the command line before Hydra starts (what it adds for a search sweeper is planned by the entry
     point: `lazytrain.program.objective.get_search_overrides`).
@@ -72,6 +76,8 @@ def check_command_line(
         overrides: the command line after CONFIG (Hydra overrides and flags).
         default_main: the default per-rank program (the only one whose hooks are checked for an EvalHook).
         injected: arguments the program passes at instantiation time (as `preflight`'s).
+        config_file: the CONFIG file, when known: an evaluation from a trained run's ``config.yaml`` must name
+            the weights it evaluates.
 
     Raises:
         ConfigError: naming every problem found, a line each: the values' first, then the run folders'.
@@ -83,6 +89,7 @@ def check_command_line(
     # Reported with the values' problems, after them: a user who follows a folder's advice (train.resume=true,
     # another folder) must not meet a bad value only then.
     folders = find_output_dir_problems(overrides) + find_existing_run_problems(overridden, overrides)
+    folders += find_unnamed_run_weights_problems(overridden, overrides, config_file)
     if INFO_FLAGS.intersection(overrides):
         raise_problems(folders)
         return
