@@ -37,13 +37,24 @@ SHIPPED_CONFIG_PACKAGES = ("lazytrain.conf", "lazytrain.recipes")
 
 
 def get_shipped_config_dir(package: str) -> str:
-    """The folder of `package` (one of `SHIPPED_CONFIG_PACKAGES`): ``conf/`` or ``recipes/`` of the clone for
-    an editable install, ``site-packages/lazytrain/conf`` or ``.../recipes`` for a wheel.
+    """The folder of `package` (one of `SHIPPED_CONFIG_PACKAGES`) that belongs to the imported lazytrain:
+    ``lazytrain/conf`` or ``lazytrain/recipes`` inside an installed wheel, else ``conf/`` or ``recipes/``
+    beside the package (a clone: pyproject.toml's package-dir), else wherever the import system finds it.
+
+    The folders next to ``lazytrain.__file__`` come first: an editable install's finder is pinned to the
+    installed checkout, so with another clone (or git worktree) on ``PYTHONPATH`` it would give the installed
+    checkout's configs to the clone's code.
 
     Raises:
-        ConfigError: the installed lazytrain does not have the package (an editable install made before
-            the packages existed: install again).
+        ConfigError: none of them has the package (install lazytrain, or run from a clone).
     """
+    package_dir = os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__))
+    )  # lazytrain/config/.. = lazytrain
+    folder = package.split(".", 1)[1]  # lazytrain.conf -> conf
+    for candidate in (os.path.join(package_dir, folder), os.path.join(os.path.dirname(package_dir), folder)):
+        if os.path.isdir(candidate):
+            return candidate
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(

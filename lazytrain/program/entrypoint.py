@@ -118,9 +118,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def _describe_shipped_configs() -> str:
     """``--help``'s list of the configs in the package, by the name that runs them."""
+    from lazytrain.errors import ConfigError
     from lazytrain.program.shipped_configs import list_shipped_configs
 
-    configs = list_shipped_configs()
+    try:
+        configs = list_shipped_configs()
+    except ConfigError as e:  # a clone run without an install, an editable install older than the configs
+        return f"Shipped configs: none found ({e})"
     width = max(len(name) for name, _ in configs)
     lines = [f"Shipped configs (python -m lazytrain {SCHEME}NAME; in a clone also conf/NAME.py):"]
     for name, summary in configs:

@@ -3,6 +3,7 @@ as config files (executed afresh, like relative imports), and ``lazytrain://NAME
 command line (README "Your own project"; tests/program/test_own_project.py runs them from an installed wheel)."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -101,3 +102,51 @@ def test_help_lists_the_shipped_configs_and_an_unknown_name_stops_at_once(tmp_pa
     )
     assert result.returncode == 1 and "lazytrain ships no config 'nope'" in result.stderr
     assert os.listdir(tmp_path) == []  # no run folder
+
+
+def test_another_clone_on_the_path_gets_its_own_configs_not_the_installed_checkout(tmp_path):
+    # An editable install's finder is pinned to the installed checkout: with another clone on PYTHONPATH,
+    # lazytrain's code came from the clone and its configs from the installed checkout (failed before).
+    clone = tmp_path / "clone"
+    shutil.copytree(
+        os.path.join(REPO, "lazytrain"), clone / "lazytrain", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for folder in ("conf", "recipes"):
+        (clone / folder).mkdir()
+    write(clone / "conf" / "clone_only.py", '"""Only in the clone."""\ntrain = dict(max_iter=3)\n')
+    write(clone / "recipes" / "schedule.py", "steps = [1, 2]\n")
+    write(tmp_path / "mine.py", "from lazytrain.recipes.schedule import steps\n")
+    code = (
+        "import lazytrain; from lazytrain.config import LazyConfig\n"
+        "from lazytrain.program.shipped_configs import get_config_file, list_shipped_configs\n"
+        "print(lazytrain.__file__); print(get_config_file('lazytrain://clone_only'))\n"
+        "print([name for name, _ in list_shipped_configs()]); print(list(LazyConfig.load('mine.py').steps))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(clone)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [
+        str(clone / "lazytrain" / "__init__.py"),
+        str(clone / "conf" / "clone_only.py"),
+        "['clone_only']",
+        "[1, 2]",
+    ]
+
+
+def test_help_without_the_shipped_configs_prints_the_usage_and_one_line(monkeypatch, capsys):
+    # A clone without an install, or an editable install older than the configs: --help ended in a traceback
+    # (failed before).
+    from lazytrain.program import entrypoint, shipped_configs
+
+    def missing(package):
+        raise ConfigError(f"{package} is not installed with this lazytrain; reinstall lazytrain.")
+
+    monkeypatch.setattr(shipped_configs, "get_shipped_config_dir", missing)
+    entrypoint.main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m lazytrain CONFIG.py|CONFIG.yaml|lazytrain://NAME")
+    assert out.splitlines()[-1] == (
+        "Shipped configs: none found (lazytrain.conf is not installed with this lazytrain; reinstall lazytrain.)"
+    )
