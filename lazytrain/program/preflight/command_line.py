@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import tempfile
+import types
+import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,10 +67,12 @@ def apply_plain_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
 
 
 def find_node_replaced_by_value_problems(cfg: DictConfig, overrides: list[str]) -> list[str]:
-    """A line for each override that gives a plain value (a string, number or bool; each value of a sweep)
-    to a key whose node builds an object (a LazyCall node, ``_target_``): the object's argument was meant
-    (``copy_paste=rare`` for ``copy_paste.mode=rare``), and the value would reach the code as it is, after the
-    run folder exists. The line names the key form with the argument that takes such a value.
+    """A line for each override that gives a plain value (a string, number or bool; any value of a sweep)
+    to a key whose node surely builds an object (``_target_`` a class, or a function annotated to return
+    something other than a plain value): the object's argument was meant (``copy_paste=rare`` for
+    ``copy_paste.mode=rare``), and the value would reach the code as it is, after the run folder exists. A
+    function that may return a plain value (unannotated, a builtin, ``-> int | None``) may be replaced by one.
+    The line names the argument whose value the given one fits, when a single one does.
 
     Args:
         cfg: the config before the command line's overrides.
@@ -77,31 +82,57 @@ def find_node_replaced_by_value_problems(cfg: DictConfig, overrides: list[str]) 
     for line, override in iter_config_overrides(overrides):
         key = override.key_or_group
         node = _select(cfg, key) if not override.is_delete() else None
-        if not isinstance(node, DictConfig) or "_target_" not in node or _builds_plain_value(node):
+        if not isinstance(node, DictConfig) or "_target_" not in node or not _surely_builds_object(node):
             continue
-        values = list(override.sweep_iterator()) if override.is_choice_sweep() else [override.value()]
-        plain = [value for value in values if _is_plain_value(value)]
+        if override.is_choice_sweep():
+            given = list(zip(override.sweep_iterator(), override.sweep_string_iterator()))
+        else:
+            given = [(override.value(), line.split("=", 1)[1])]
+        plain = [(value, text) for value, text in given if _is_plain_value(value)]
         if plain:
-            problems.append(_describe_node_replaced(line, key, node, plain[0]))
+            problems.append(_describe_node_replaced(line, key, node, plain))
     return problems
 
 
-def _builds_plain_value(node: DictConfig) -> bool:
-    """Whether `node`'s target returns a plain value (``register_json_dataset`` returns the name it registers,
-    which a plain name may replace)."""
+def _surely_builds_object(node: DictConfig) -> bool:
+    """Whether `node`'s target is a class (not a plain type) or a function annotated to return no plain value
+    (``register_json_dataset`` returns the name it registers, which a plain name may replace)."""
     target = tree.raw_target(node)
     try:
         function = locate(target) if isinstance(target, str) else None
     except ImportError:
-        return False
-    if not callable(function) or isinstance(function, type):
+        return False  # not known here (preflight names a target that does not import)
+    if isinstance(function, type):
+        return not issubclass(function, _PLAIN_TYPES)
+    if not callable(function):
         return False
     try:
         returned = inspect.signature(function).return_annotation
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # some builtins have no signature
         return False
-    names = {t.__name__ for t in _PLAIN_TYPES}
-    return returned in names if isinstance(returned, str) else any(returned is t for t in _PLAIN_TYPES)
+    if returned is inspect.Signature.empty:
+        return False
+    if isinstance(returned, str):
+        try:
+            returned = typing.get_type_hints(function).get("return", returned)
+        except Exception:  # an annotation that names what the module imports only for type checking
+            pass
+    return not _may_be_plain(returned)
+
+
+def _may_be_plain(annotation: Any) -> bool:
+    """Whether a return annotation admits a plain value: a plain type, ``Any``/``object``, a union holding one,
+    or a string annotation that names one."""
+    if isinstance(annotation, str):
+        names = set(re.findall(r"[A-Za-z_][\w.]*", annotation))
+        return bool(names & {"str", "int", "float", "bool", "Any", "typing.Any", "object"})
+    if annotation in (Any, object) or isinstance(annotation, typing.TypeVar):
+        return True
+    if isinstance(annotation, type):
+        return issubclass(annotation, _PLAIN_TYPES)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_may_be_plain(argument) for argument in typing.get_args(annotation))
+    return False
 
 
 def _is_plain_value(value: Any) -> bool:
@@ -110,23 +141,30 @@ def _is_plain_value(value: Any) -> bool:
     return isinstance(value, (bool, int, float))
 
 
-def _describe_node_replaced(line: str, key: str, node: DictConfig, value: Any) -> str:
+def _fits(value: Any, current: Any) -> bool:
+    """Whether the string or bool `value` is of the kind of an argument whose value is `current`."""
+    if isinstance(value, bool):
+        return isinstance(current, bool)
+    return isinstance(current, str) and "${" not in current
+
+
+def _describe_node_replaced(line: str, key: str, node: DictConfig, plain: list[tuple[Any, str]]) -> str:
+    """The line for `plain` (each (value, its text)) given to `key`; a sweep's nulls are left out of the fix."""
     arguments = [name for name in node.keys() if not str(name).startswith("_")]
     target = tree.raw_target(node)
-    kind = bool if isinstance(value, bool) else str if isinstance(value, str) else (int, float)
-    # The argument whose current value is of the same kind: copy_paste=rare -> copy_paste.mode ("none").
-    same_kind = [
+    # A string or bool that fits a single argument names it (copy_paste=rare -> copy_paste.mode, "none"); a
+    # number fits too many meanings (lr_multiplier=0.1 is no warm-up factor) to pick one.
+    numbers = any(isinstance(value, (int, float)) and not isinstance(value, bool) for value, _ in plain)
+    fitting = [
         name
         for name in arguments
-        if isinstance(raw := tree.raw_value(tree.child(node, name)), kind)
-        and (kind is bool or not isinstance(raw, bool))
-        and not (isinstance(raw, str) and "${" in raw)
+        if not numbers and all(_fits(value, tree.raw_value(tree.child(node, name))) for value, _ in plain)
     ]
-    text = line.split("=", 1)[1]
+    text = ",".join(text for _, text in plain)
     fix = (
-        f"set one of its arguments, e.g. {key}.{same_kind[0]}={text}"
-        if same_kind
-        else "set one of its arguments"
+        f"set one of its arguments, e.g. {key}.{fitting[0]}={text}"
+        if len(fitting) == 1
+        else ("set one of its arguments")
     )
     listed = f" ({', '.join(map(str, arguments))})" if arguments else ""
     return (
