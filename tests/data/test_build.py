@@ -169,9 +169,14 @@ def test_unreadable_share_is_a_recipe_key_that_the_error_names(recipe):
     config held)."""
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cfg = LazyConfig.load(os.path.join(repo, "recipes", "data", recipe))
-    LazyConfig.apply_overrides(cfg, ["dataloader.train.max_failure_fraction=0.25"])
-    assert cfg.dataloader.train.max_failure_fraction == 0.25
-    loader = build(0, records=make_records(4), total_batch_size=2, max_failure_fraction=0.25)
+    # The recipe's loader node as a run instantiates it, on 4 toy records (a quarter of them may fail).
+    cfg.train = {"seed": 0, "device": "cpu"}
+    cfg.dataloader.train.dataset = L(make_records)(n=4)
+    cfg.dataloader.train.mapper = L(NoisyMapper)()
+    LazyConfig.apply_overrides(
+        cfg, ["dataloader.train.max_failure_fraction=0.25", "dataloader.train.num_workers=0"]
+    )
+    loader = instantiate(cfg.dataloader.train)
     assert loader.dataset._max_failures == 1
     loader = build_detection_train_loader(
         make_records(4), mapper=_fails_on_image_2, total_batch_size=4, seed=0, max_failure_fraction=0.0
