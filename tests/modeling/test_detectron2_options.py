@@ -109,9 +109,9 @@ def _detectron2_paste(mask: torch.Tensor, box: list[float], height: int, width: 
     x0, y0, x1, y1 = box
     ys = (torch.arange(height, dtype=torch.float32) + 0.5 - y0) / (y1 - y0) * 2 - 1
     xs = (torch.arange(width, dtype=torch.float32) + 0.5 - x0) / (x1 - x0) * 2 - 1
-    grid = torch.stack(
-        (xs[None, :].expand(height, width), ys[:, None].expand(height, width)), dim=-1
-    )[None].to(mask.dtype)
+    grid = torch.stack((xs[None, :].expand(height, width), ys[:, None].expand(height, width)), dim=-1)[
+        None
+    ].to(mask.dtype)
     return F.grid_sample(mask[None, None], grid, align_corners=False)[0, 0]
 
 
@@ -141,7 +141,13 @@ def test_detection_min_size_zero_keeps_boxes_torchvision_drops():
     boxes[0, 1] = torch.tensor([10.0, 10.0, 10.005, 20.0])  # 0.005 px wide: below torchvision's 0.01
     scores = torch.tensor([[0.1, 0.9]])
     kept = select_detections(
-        boxes, scores, [torch.zeros(1, 4)], [(32, 32)], score_thresh=0.05, nms_thresh=0.5, detections_per_img=10
+        boxes,
+        scores,
+        [torch.zeros(1, 4)],
+        [(32, 32)],
+        score_thresh=0.05,
+        nms_thresh=0.5,
+        detections_per_img=10,
     )
     assert kept[0][0].shape[0] == 0
     kept = select_detections(

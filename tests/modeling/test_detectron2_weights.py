@@ -160,7 +160,9 @@ def test_convert_command_writes_a_lazytrain_checkpoint_once(checkpoints, tmp_pat
     load_init_weights(direct, pkl)
     report = load_init_weights(converted, out)
     assert report.source == "lazytrain checkpoint" and report.missing == []
-    assert all(torch.equal(a, b) for a, b in zip(direct.state_dict().values(), converted.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(direct.state_dict().values(), converted.state_dict().values())
+    )
     written = os.path.getmtime(out)
     with pytest.raises(SystemExit):
         main(["convert-detectron2", pkl, out])
