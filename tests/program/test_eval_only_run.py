@@ -109,7 +109,9 @@ def test_an_evaluation_over_a_resumed_run_or_into_its_output_dir_is_refused(tmp_
         assert line.startswith(
             f"{key}={run}: holds a run ({run / 'last_checkpoint'}); an evaluation there would"
         )
-    assert line.endswith("(what the run's closing block prints) without train.output_dir.")
+    assert line.endswith(
+        "(what the run's closing block prints) and 'train.output_dir=${hydra:runtime.output_dir}'."
+    )
     assert (run / "metrics.json").read_text() == '{"iteration": 1}\n'
 
 

@@ -40,9 +40,11 @@ def find_existing_run_problems(cfg: DictConfig, overrides: list[str]) -> list[st
     given = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in overrides if "=" in o}
     sweep = bool({"-m", "--multirun"}.intersection(overrides))
     key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    if get_restart_count() is not None:
+        return []  # the job itself, started again into its own folder
     if train.get("eval_only", False):  # before resume: a resumed run's config.yaml says resume: true
         return _find_evaluation_folder_problems(train, given, key, sweep)
-    if train.get("resume", False) or get_restart_count() is not None:
+    if train.get("resume", False):
         return []
     value = given.get(key)
     if value is None or "${" in value or not os.path.isdir(value):
@@ -104,8 +106,8 @@ def _describe_evaluation_over_run(key: str, value: str, found: str, sweep: bool)
     run = os.path.dirname(found) if sweep else value
     where = os.path.join(run, EVAL_FOLDER, EVAL_FOLDER_NAME)
     fix = f"'hydra.run.dir={where}' (what the run's closing block prints)"
-    if key == "train.output_dir":
-        fix += " without train.output_dir"
+    if key == "train.output_dir":  # the config's train.output_dir wins over hydra.run.dir
+        fix += " and 'train.output_dir=${hydra:runtime.output_dir}'"
     return (
         f"{key}={value}: holds a run ({found}); an evaluation there would replace its config.yaml and mix its "
         f"metrics.json. Evaluate into a folder of its own: {fix}."
