@@ -149,6 +149,11 @@ class MapDataset(Dataset):
         """The dataset of records being mapped (e.g. a `DatasetFromList`)."""
         return self._dataset
 
+    @property
+    def map_func(self) -> Callable[[Any], Any]:
+        """The function each record is mapped with (e.g. a `DatasetMapper`)."""
+        return self._map_func
+
     def __len__(self) -> int:
         return len(self._dataset)
 

@@ -8,8 +8,9 @@ losses on fixed capacities, with validity masks where the dynamic path has fewer
 
 - images padded to `FixedShapes.image_size`; ground-truth boxes, classes and masks padded to
   `FixedShapes.max_instances` per image (`pad_batch`, on the host, before anything reaches the device; a
-  batch with more is a ValueError naming the key; `FixedShapes.check_instances` checks a data set's most
-  instances per image before a run);
+  batch with more is a ValueError naming the key; `FixedShapes.check_data` checks the data set's most
+  instances per image and the mapper's largest image before the first step, from
+  `lazytrain.data.training_extent`);
 - the RPN's proposals: NMS decides each level's first ``DECIDED_PER_RESULT * post_nms_top_n`` candidates in
   `NMS_STEPS` greedy steps (the dynamic path's first pass, which it repeats where that is not final: here a
   device counter, `FixedShapeCounters.nms_not_final`, counts those steps instead), and each image gets
@@ -17,7 +18,8 @@ losses on fixed capacities, with validity masks where the dynamic path has fewer
 - the RoI heads: the ground truth is added to the proposals, matched and sampled on [N, P + G] rows; each
   image keeps the sampler's ``batch_size_per_image`` rows, foreground first, those not drawn invalid;
   the mask branch takes at most `FixedShapes.mask_positives` foreground rows per image (beyond it a uniform
-  subsample of the sampler's uniform draw; `FixedShapeCounters.dropped_mask_positives` counts the rest);
+  subsample of the sampler's uniform draw; `FixedShapeCounters.dropped_mask_positives` counts the rest; the
+  trainer's `PeriodicWriter` logs the counters as ``fixed_shapes/*`` metrics);
 - RoI pooling pools every RoI from every FPN level and keeps its own level's result (L times the pooling
   work, no per-level counts to read); the losses are masked sums with the dynamic path's normalisation.
 
@@ -96,6 +98,23 @@ class FixedShapes:
                 f"{self.max_instances}. Raise model.fixed_shapes.max_instances to at least {count}."
             )
 
+    def check_image_size(self, height: int, width: int, where: str = "a training image") -> None:
+        """Raise a ValueError when a `height` x `width` image does not fit in `image_size`."""
+        fixed_height, fixed_width = self.image_size
+        if height > fixed_height or width > fixed_width:
+            needed = [max(height, fixed_height), max(width, fixed_width)]
+            raise ValueError(
+                f"FixedShapes: {where} is {height} x {width}, larger than model.fixed_shapes.image_size="
+                f"[{fixed_height}, {fixed_width}]. Raise model.fixed_shapes.image_size to at least {needed}."
+            )
+
+    def check_data(self, most_instances: int, fullest_image: str, largest_size: Sequence[int] | None) -> None:
+        """The checks before a run: the data set's `most_instances` in one image (`fullest_image` names it)
+        and the `largest_size` [height, width] its mapper makes (None: unknown, each batch checks it)."""
+        self.check_instances(most_instances, f"the training image {fullest_image}")
+        if largest_size is not None:
+            self.check_image_size(*largest_size, where="the train mapper's largest image")
+
 
 class FixedBatch(NamedTuple):
     """A training batch at fixed shapes (`pad_batch`): N images padded to [H, W], G instances per image."""
@@ -150,11 +169,7 @@ def pad_batch(
         if instances is None:
             raise ValueError("RCNN: training inputs need 'instances'; build the mapper with is_train=True.")
         h, w = image.shape[-2:]
-        if h > height or w > width:
-            raise ValueError(
-                f"FixedShapes: a training image is {h} x {w}, larger than model.fixed_shapes.image_size="
-                f"[{height}, {width}]; raise it to the mapper's largest size."
-            )
+        fixed.check_image_size(h, w)
         image_boxes = torch.as_tensor(instances["boxes"], dtype=torch.float32).reshape(-1, 4)
         count = image_boxes.shape[0]
         fixed.check_instances(count)

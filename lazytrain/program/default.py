@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lazytrain.config import LazyConfig, instantiate, tree
 from lazytrain.config.versioning import find_meaning_changes, read_version
+from lazytrain.data.training_extent import get_training_extent
 from lazytrain.engine import HookBase
 from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.engine.ema import EMAHook, ModelEMA
@@ -365,6 +366,9 @@ def do_train(cfg: DictConfig) -> dict:
     optimizer = _build_optimizer(cfg, comm.unwrap_model(model))
     scale_learning_rate(cfg, optimizer)  # train.auto_scale_lr
     train_loader = instantiate(cfg.dataloader.train)
+    fixed_shapes = getattr(comm.unwrap_model(model), "fixed_shapes", None)
+    if fixed_shapes is not None:  # model.fixed_shapes' capacities against the data set's most, before step 1
+        fixed_shapes.check_data(*get_training_extent(train_loader))
     _save_categories(cfg)
 
     # Trainer from the config with the shared objects injected; the checkpointer holds model, optimizer, the
