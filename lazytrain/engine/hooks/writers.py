@@ -3,6 +3,7 @@ and at the end, on the main process."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 
@@ -12,6 +13,20 @@ from lazytrain.utils import comm
 from lazytrain.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardWriter
 
 __all__ = ["PeriodicWriter"]
+
+logger = logging.getLogger(__name__)
+
+# What a nonzero count of the fixed-shape step's counters (`lazytrain.modeling.FixedShapeCounters`) means.
+_COUNTER_WARNINGS = {
+    "dropped_mask_positives": (
+        "the mask branch left out %d foreground RoIs beyond model.fixed_shapes.mask_positives (a uniform "
+        "subsample trained instead); set it to null (the sampler's most positives) to train on all of them"
+    ),
+    "nms_not_final": (
+        "the RPN's NMS needed more greedy steps than the fixed-shape step takes (%d times), so some "
+        "proposals may differ from the dynamic step's"
+    ),
+}
 
 
 class PeriodicWriter(HookBase):
@@ -35,6 +50,8 @@ class PeriodicWriter(HookBase):
         self.period = period
         self.writers = list(writers) if writers is not None else None
         self.tensorboard = tensorboard
+        self._counted: dict[str, int] = {}  # the model's counter totals at the last write
+        self._warned: set[str] = set()
 
     def before_train(self) -> None:
         if self.writers is None:
@@ -49,6 +66,7 @@ class PeriodicWriter(HookBase):
 
     def after_step(self) -> None:
         if is_period_end(self.trainer, self.period) or self.trainer.iter + 1 >= self.trainer.max_iter:
+            self._put_model_counters()
             for writer in self.writers:
                 writer.write()
 
@@ -56,3 +74,23 @@ class PeriodicWriter(HookBase):
         for writer in self.writers or []:
             writer.write()
             writer.close()
+
+    def _put_model_counters(self) -> None:
+        """The model's device counters (``fixed_shape_counters`` of an `RCNN` training with fixed shapes,
+        summed over its steps) as metrics ``fixed_shapes/<name>``: the counts of the steps since the last
+        write, of this process. Read here only, as reading one waits for the device; a warning the first
+        time each is nonzero."""
+        model = getattr(self.trainer, "model", None)
+        if model is None or not comm.is_main_process():
+            return
+        counters = getattr(comm.unwrap_model(model), "fixed_shape_counters", None)
+        if counters is None:
+            return
+        for name, value in counters._asdict().items():
+            total, before = int(value), self._counted.get(name, 0)
+            count = total - before if total >= before else total  # the model's totals were reset
+            self._counted[name] = total
+            self.trainer.storage.put_scalar(f"fixed_shapes/{name}", count, smoothing_hint=False)
+            if count and name in _COUNTER_WARNINGS and name not in self._warned:
+                self._warned.add(name)
+                logger.warning("Fixed shapes: " + _COUNTER_WARNINGS[name] + ".", count)
