@@ -24,9 +24,9 @@ __all__ = ["TrainingExtent", "get_training_extent", "largest_output_size", "most
 class TrainingExtent(NamedTuple):
     """The most a train loader gives: `most_instances` in one image (`fullest_image` names it: its
     ``file_name``), and `largest_size` [height, width] of a mapped image (each the largest over the data
-    set), or None when the mapper's augmentations or the records do not tell."""
+    set); None where the loader's records, or the mapper's augmentations, do not tell."""
 
-    most_instances: int
+    most_instances: int | None
     fullest_image: str
     largest_size: tuple[int, int] | None
 
@@ -124,11 +124,14 @@ def _largest_mapped_size(records: Sequence[dict], mapper: Any) -> tuple[int, int
 
 def get_training_extent(loader: Any) -> TrainingExtent:
     """The `TrainingExtent` of a train loader built by `build_detection_train_loader` (its records and
-    mapper); a loader of another kind gives what can be read from its ``dataset`` of records."""
+    mapper); a loader of another kind gives what can be read from its ``dataset`` of records (nothing when
+    that is not a list, `DatasetFromList` or `CachedRecords`)."""
     dataset = getattr(loader, "dataset", loader)
     mapper = None
     if isinstance(dataset, MapDataset):
         dataset, mapper = dataset.dataset, dataset.map_func
+    if not isinstance(dataset, (list, tuple, DatasetFromList, CachedRecords)):
+        return TrainingExtent(None, "", None)
     most, fullest = most_instances_per_image(dataset)
     copy_paste = getattr(mapper, "copy_paste", None)
     if copy_paste is not None and copy_paste.mode != "none":

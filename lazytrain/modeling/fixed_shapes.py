@@ -108,10 +108,13 @@ class FixedShapes:
                 f"[{fixed_height}, {fixed_width}]. Raise model.fixed_shapes.image_size to at least {needed}."
             )
 
-    def check_data(self, most_instances: int, fullest_image: str, largest_size: Sequence[int] | None) -> None:
+    def check_data(
+        self, most_instances: int | None, fullest_image: str, largest_size: Sequence[int] | None
+    ) -> None:
         """The checks before a run: the data set's `most_instances` in one image (`fullest_image` names it)
-        and the `largest_size` [height, width] its mapper makes (None: unknown, each batch checks it)."""
-        self.check_instances(most_instances, f"the training image {fullest_image}")
+        and the `largest_size` [height, width] its mapper makes (None: unknown; each batch checks its own)."""
+        if most_instances is not None:
+            self.check_instances(most_instances, f"the training image {fullest_image}")
         if largest_size is not None:
             self.check_image_size(*largest_size, where="the train mapper's largest image")
 

@@ -109,3 +109,10 @@ def test_cached_records_are_counted_from_their_arrays_without_crowd(tmp_path, ca
     assert type(records).__name__ == "CachedRecords"
     extent = get_training_extent(_loader(records, [ResizeShortestEdge([192], max_size=256)]))
     assert extent == (3, "/images/c.jpg", (256, 256))
+
+
+def test_a_loader_of_other_items_gives_nothing_to_check():
+    class Loader:  # e.g. a torch DataLoader over tensors
+        dataset = range(5)
+
+    assert get_training_extent(Loader()) == (None, "", None)
