@@ -50,6 +50,7 @@ __all__ = [
     "INJECTED_ARGUMENTS",
     "build_model",
     "build_model_ema",
+    "check_num_classes",
     "compile_backbone",
     "default_setup",
     "do_test",
@@ -369,6 +370,7 @@ def do_train(cfg: DictConfig) -> dict:
     fixed_shapes = getattr(comm.unwrap_model(model), "fixed_shapes", None)
     if fixed_shapes is not None:  # model.fixed_shapes' capacities against the data set's most, before step 1
         fixed_shapes.check_data(*get_training_extent(train_loader))
+    check_num_classes(cfg, comm.unwrap_model(model))
     _save_categories(cfg)
 
     # Trainer from the config with the shared objects injected; the checkpointer holds model, optimizer, the
@@ -424,6 +426,46 @@ def _resume_or_load_initial_weights(cfg: DictConfig, trainer, model: torch.nn.Mo
     if cfg.train.get("init_checkpoint"):
         load_init_checkpoint(cfg, model)
     return 0
+
+
+def check_num_classes(cfg: DictConfig, model: torch.nn.Module) -> None:
+    """Stop before the first step when ``model.num_classes`` is fewer than the train data's categories (the
+    first target id past it would stop a step with torch's ``IndexError: Target N is out of bounds``); warn
+    once when it is more. Several train data sets (a list of names, a mixture) share one category list: the
+    most categories of any of them count. Reads each data set's ``thing_classes`` (filled when it loaded);
+    a data set without them, or a model without ``num_classes``, is not checked.
+
+    Raises:
+        ConfigError: naming ``model.num_classes``, the data set, its category count and the value to set.
+    """
+    from lazytrain.data.catalog import MetadataCatalog
+    from lazytrain.errors import ConfigError
+
+    num_classes = getattr(model, "num_classes", None)
+    names_node = OmegaConf.select(cfg, "dataloader.train.dataset.names")
+    if num_classes is None or names_node is None:
+        return
+    names = instantiate(names_node)  # a name, a list, or registrations returning their names (as when loaded)
+    counts = {}
+    for name in [names] if isinstance(names, str) else list(names):
+        classes = MetadataCatalog.get(name).get("thing_classes") if isinstance(name, str) else None
+        if classes is not None:
+            counts[name] = len(classes)
+    if not counts:
+        return
+    largest = max(counts, key=counts.get)
+    needed = counts[largest]
+    if num_classes < needed:
+        raise ConfigError(
+            f"model.num_classes={num_classes} is fewer than the {needed} categories of the train data set "
+            f"'{largest}' (dataloader.train.dataset.names): set model.num_classes={needed}."
+        )
+    if num_classes > needed:
+        logger.warning(
+            "model.num_classes=%d is more than the %d categories of the train data set '%s': the extra %d "
+            "classes are never trained (set model.num_classes=%d unless you add data later).",
+            num_classes, needed, largest, num_classes - needed, needed,
+        )  # fmt: skip
 
 
 def _save_categories(cfg: DictConfig) -> None:
