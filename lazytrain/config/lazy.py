@@ -47,7 +47,10 @@ def locate(path: str) -> Any:
         first_attr = end
         break
     if module is None:
-        raise ImportError(f"cannot import '{path}': no module named '{parts[0]}'") from import_error
+        raise ImportError(
+            f"cannot import '{path}': no module named '{parts[0]}'. Run from the folder that holds your modules "
+            "(python -m puts the current folder on the import path) or add it to PYTHONPATH."
+        ) from import_error
     obj = module
     for index in range(first_attr, len(parts)):
         try:

@@ -73,6 +73,17 @@ def test_locate_names_missing_attribute():
         locate("tests.config.helpers.nope")
 
 
+def test_locate_of_a_missing_module_says_where_python_looks():
+    # A user's printed Evaluate: command run from another folder than the one holding their module.
+    with pytest.raises(
+        ImportError,
+        match=r"^cannot import 'shapes_nowhere.register_shapes': no module named 'shapes_nowhere'\. Run from the "
+        r"folder that holds your modules \(python -m puts the current folder on the import path\) or add it "
+        r"to PYTHONPATH\.$",
+    ):
+        locate("shapes_nowhere.register_shapes")
+
+
 def test_import_config_does_not_import_torch():
     code = "import sys, lazytrain.config; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
