@@ -105,3 +105,6 @@ def test_preflight_names_missing_builtin_data(tmp_path, monkeypatch):
     assert (
         "'lvis_v1_train' is not on disk" in problems[0] and str(tmp_path / "coco" / "val2017") in problems[1]
     )
+    # LVIS v1 train needs COCO's train2017 images only; the demo is named as a wheel user can run it.
+    assert str(tmp_path / "coco" / "val2017") not in problems[0]
+    assert problems[0].endswith("python -m lazytrain lazytrain://rfs_maskrcnn_demo")

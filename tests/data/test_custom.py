@@ -106,7 +106,7 @@ def test_box_only_export_is_named_for_the_mask_recipe_and_trains_with_the_box_re
     paths = write_export(str(tmp_path), "box_only")
     problems = find_json_dataset_problems(custom_config(paths))
     assert len(problems) == 2 and all("no annotation has a 'segmentation'" in p for p in problems)
-    assert "conf/rfs_fasterrcnn_custom.py" in problems[0] and paths["data.train.json"] in problems[0]
+    assert "lazytrain://rfs_fasterrcnn_custom" in problems[0] and paths["data.train.json"] in problems[0]
     cfg = custom_config(paths, "rfs_fasterrcnn_custom.py")
     assert find_json_dataset_problems(cfg) == []
     mapper = instantiate(cfg.dataloader.train.mapper)

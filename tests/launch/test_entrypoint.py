@@ -133,7 +133,7 @@ def test_missing_lvis_stops_before_spawn_with_layout_help(tmp_path):
     )
     assert result.returncode == 1
     assert "data set 'lvis_v1_train' is not on disk" in result.stderr
-    assert "python -m lazytrain conf/rfs_maskrcnn_demo.py" in result.stderr
+    assert "python -m lazytrain lazytrain://rfs_maskrcnn_demo" in result.stderr
 
 
 @pytest.mark.slow

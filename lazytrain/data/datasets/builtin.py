@@ -94,7 +94,9 @@ def get_required_files(name: str) -> list[str]:
         return list(_coco_files(split))
     if name in (f"lvis_v1_{s}" for s in _SPLITS):
         json_file, coco = _lvis_files(split)
-        return [json_file, os.path.join(coco, "train2017"), os.path.join(coco, "val2017")]
+        # LVIS v1 train's images are all COCO train2017 ones; val's come from train2017 and val2017.
+        folders = ["train2017"] if split == "train" else ["train2017", "val2017"]
+        return [json_file, *(os.path.join(coco, folder) for folder in folders)]
     return []
 
 

@@ -52,6 +52,6 @@ def find_missing_data(cfg) -> list[str]:
                 f"data set '{name}' is not on disk; looked for: {', '.join(absent)}. Set LAZYTRAIN_DATASETS to the "
                 "folder holding coco/ (train2017/, val2017/, annotations/) and lvis/ (lvis_v1_train.json, "
                 "lvis_v1_val.json), see README 'Real data'. To try lazytrain without downloads, run the demo on "
-                "the embedded data set: python -m lazytrain conf/rfs_maskrcnn_demo.py"
+                "the embedded data set: python -m lazytrain lazytrain://rfs_maskrcnn_demo"
             )
     return missing

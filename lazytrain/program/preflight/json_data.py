@@ -38,7 +38,7 @@ _FIXES = {
     "annotations without 'bbox'": "give every annotation a 'bbox' [x, y, width, height] in pixels",
 }
 BOX_ONLY_HINT = (
-    "For a box-only data set train Faster R-CNN: python -m lazytrain conf/rfs_fasterrcnn_custom.py with the "
+    "For a box-only data set train Faster R-CNN: python -m lazytrain lazytrain://rfs_fasterrcnn_custom with the "
     "same data.* keys."
 )
 
