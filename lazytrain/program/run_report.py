@@ -148,9 +148,10 @@ def _describe_sampler(cfg: DictConfig, data_loader: Any) -> tuple[str, float | N
     if shares is not None:
         names = _get_dataset_names(cfg)
         if len(names) == len(shares):
+            thresholds = _source_thresholds(cfg, len(shares))
             per_source = ", ".join(
-                f"{name} {share} (of {size} images)"
-                for name, share, size in zip(names, shares, sampler.sizes)
+                f"{name} {share} (of {size} images{f', RFS t={t} inside it' if t is not None else ''})"
+                for name, share, size, t in zip(names, shares, sampler.sizes, thresholds)
             )
             return f"{type(sampler).__name__}: images per step (all ranks) {per_source}", None
         return (
@@ -160,6 +161,14 @@ def _describe_sampler(cfg: DictConfig, data_loader: Any) -> tuple[str, float | N
     size = getattr(sampler, "size", None)
     name = type(sampler).__name__ if sampler is not None else "unknown sampler"
     return (f"{name}: epoch {size} images" if size else name), size
+
+
+def _source_thresholds(cfg: DictConfig, count: int) -> list[Any]:
+    """A mixture's RFS threshold per source (None: shuffled epochs), from ``dataloader.train.sampler``."""
+    thresholds = OmegaConf.select(cfg, "dataloader.train.sampler.repeat_thresh", default=None)
+    if OmegaConf.is_list(thresholds) and len(thresholds) == count:
+        return list(thresholds)
+    return [thresholds] * count  # one threshold for every source, or None
 
 
 def _describe_schedule(cfg: DictConfig, epoch: float | None) -> str:
@@ -281,11 +290,13 @@ _FILES = (  # (file name, what it holds), in the order the summary lists them
     ("model_best.pth", "weights of the best evaluation"),
     ("config.yaml", "the full config; runs again as CONFIG"),
     ("categories.json", "class names and json ids (predict and export read them)"),
-    (CURVES_FILE, "losses, learning rate and AP over iterations"),
+    (CURVES_FILE, "losses, learning rate and AP over iterations"),  # `_CURVES_WITHOUT_AP` without evaluation
     (AP_BY_FREQUENCY_FILE, "AP per category against its train images, rare/common/frequent"),
     ("log.txt", "the full log, with the config, environment and model"),
 )
 
+
+_CURVES_WITHOUT_AP = {CURVES_FILE: "losses and learning rate over iterations"}
 
 # With train.ema the checkpoints' "model" is the EMA of the weights.
 _EMA_FILES = {
@@ -320,14 +331,29 @@ def _format_value(value: Any) -> str:
     return "nan" if math.isnan(float(value)) else f"{float(value):.1f}"
 
 
-def _seconds_per_iteration(trainer: Any) -> float | None:
-    """Mean step time after the first 3 steps (the `IterationTimer` warm-up), from the event storage."""
+def _seconds_per_iteration(trainer: Any) -> tuple[float, int] | None:
+    """Mean step time after the first 3 steps (the `IterationTimer` warm-up; all of them when there are no
+    more), from the event storage, and the number of steps it is the mean of."""
     storage = getattr(trainer, "storage", None)
     if storage is None or "time" not in storage.histories():
         return None
     times = [value for value, _ in storage.history("time").values()]
     counted = times[3:] if len(times) > 3 else times
-    return sum(counted) / len(counted) if counted else None
+    return (sum(counted) / len(counted), len(counted)) if counted else None
+
+
+def _describe_speed(trainer: Any, iterations: int) -> str:
+    """``, 0.52 s/it over the last 96 iterations`` (the steps timed after warm-up), or "" when none were."""
+    timed = _seconds_per_iteration(trainer) if iterations > 0 else None
+    if not timed:
+        return ""
+    mean, count = timed
+    counted = (
+        f"the last {count} iteration{'s' if count > 1 else ''}"
+        if count < iterations
+        else f"{count} iterations"
+    )
+    return f", {mean:.2f} s/it over {counted}"
 
 
 def _get_trackers(trainer: Any) -> list[Tracker]:
@@ -343,8 +369,7 @@ def _has_evaluation(trainer: Any) -> bool:
 def _format_done(trainer: Any, seconds: float) -> list[str]:
     """The first line (iterations, wall time, s/it) and the final evaluation's table, if there was one."""
     iterations = trainer.iter - trainer.start_iter
-    per_iteration = _seconds_per_iteration(trainer) if iterations > 0 else None
-    speed = f", {per_iteration:.2f} s/it" if per_iteration else ""
+    speed = _describe_speed(trainer, iterations)
     done = f"Done: {iterations} iterations in {datetime.timedelta(seconds=round(seconds))}"
     if iterations == 0 and trainer.iter > 0:
         done = f"Done: no iteration left to train (resumed at {trainer.start_iter}); {datetime.timedelta(seconds=round(seconds))}"
@@ -393,7 +418,8 @@ def format_run_summary(cfg: DictConfig, trainer: Any, seconds: float) -> str:
         lines.append("Tracking:")
         width = max(len(type(tracker).__name__) for tracker in trackers)
         lines += [f"  {type(t).__name__.ljust(width)}  {t.describe_outcome()}" for t in trackers]
-    lines += [f"Files in {output_dir}:", *_list_files(cfg, output_dir, trackers)]
+    texts = None if _has_evaluation(trainer) else _CURVES_WITHOUT_AP
+    lines += [f"Files in {output_dir}:", *_list_files(cfg, output_dir, trackers, texts)]
     config = shlex.quote(os.path.join(output_dir, "config.yaml"))
     weights = shlex.quote(os.path.join(output_dir, "model_final.pth"))
     lines += [
@@ -451,7 +477,27 @@ def format_eval_header(cfg: DictConfig, model: torch.nn.Module) -> str:
         f"  model     {_describe_model(model)}",
         f"  weights   {_describe_weights(cfg)}",
     ]
+    fixed = _describe_fixed_ap(cfg)
+    if fixed:
+        lines.append(f"  metrics   {fixed}")
     return "Evaluation:\n" + "\n".join(lines)
+
+
+def _describe_fixed_ap(cfg: DictConfig) -> str:
+    """AP-fixed / AP-pool, their K and the model's score threshold, when the evaluator computes them ("")."""
+    evaluator = OmegaConf.select(cfg, "dataloader.evaluator", default=None)
+    if not isinstance(evaluator, DictConfig):
+        return ""
+    names = [name for key, name in (("ap_fixed", "AP-fixed"), ("ap_pool", "AP-pool")) if evaluator.get(key)]
+    if not names:
+        return ""
+    k = evaluator.get("max_dets_per_category") or 10_000  # LVISEvaluator's default
+    score = OmegaConf.select(cfg, "model.roi_heads.score_thresh", default="?")
+    per_image = OmegaConf.select(cfg, "model.roi_heads.detections_per_img", default="?")
+    return (
+        f"AP and {' and '.join(names)}: K={k} detections per category, model.roi_heads.score_thresh={score}, "
+        f"detections_per_img={per_image}"
+    )
 
 
 def format_eval_summary(cfg: DictConfig, results: dict, seconds: float) -> str:

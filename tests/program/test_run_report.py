@@ -34,7 +34,8 @@ def test_a_run_without_evaluation_ends_without_talk_of_evaluation(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert re.search(
-        r"Done: 2 iterations in 0:00:\d\d \(wall time\)(, \d+\.\d\d s/it)?; no evaluation", output
+        r"Done: 2 iterations in 0:00:\d\d \(wall time\)(, \d+\.\d\d s/it over 2 iterations)?; no evaluation",
+        output,
     )
     assert "with evaluation" not in output and "Final evaluation" not in output
     # The config's objective (toy/AP) is for sweeps: a single run without evaluation does not mention it.
