@@ -90,7 +90,7 @@ def test_functions_and_classes_without_var_keyword_keep_their_signature():
 def test_roi_heads_accepts_torchvision_names_and_names_a_misspelled_one():
     names = _names(RoIHeads)
     assert (
-        names[:3] == ["compiled_nms", "detections_per_class", "box_roi_pool"]
+        names[:4] == ["compiled_nms", "detections_per_class", "detection_min_size", "box_roi_pool"]
         and "batch_size_per_image" in names
     )
     cfg = OmegaConf.create({"heads": L(PassesAll)(3, extra=1, widht=2)})
