@@ -431,7 +431,8 @@ def _resume_or_load_initial_weights(cfg: DictConfig, trainer, model: torch.nn.Mo
 def check_num_classes(cfg: DictConfig, model: torch.nn.Module) -> None:
     """Stop before the first step when ``model.num_classes`` is fewer than the train data's categories (the
     first target id past it would stop a step with torch's ``IndexError: Target N is out of bounds``); warn
-    once when it is more. Several train data sets (a list of names, a mixture) share one category list: the
+    once when it is more. The preflight already stopped the counts known before loading
+    (`lazytrain.program.preflight.num_classes`). Several train data sets (a list of names, a mixture) share one category list: the
     most categories of any of them count. Reads each data set's ``thing_classes`` (filled when it loaded);
     a data set without them, or a model without ``num_classes``, is not checked.
 
@@ -440,6 +441,7 @@ def check_num_classes(cfg: DictConfig, model: torch.nn.Module) -> None:
     """
     from lazytrain.data.catalog import MetadataCatalog
     from lazytrain.errors import ConfigError
+    from lazytrain.program.preflight.num_classes import describe_too_few_classes
 
     num_classes = getattr(model, "num_classes", None)
     names_node = OmegaConf.select(cfg, "dataloader.train.dataset.names")
@@ -456,10 +458,7 @@ def check_num_classes(cfg: DictConfig, model: torch.nn.Module) -> None:
     largest = max(counts, key=counts.get)
     needed = counts[largest]
     if num_classes < needed:
-        raise ConfigError(
-            f"model.num_classes={num_classes} is fewer than the {needed} categories of the train data set "
-            f"'{largest}' (dataloader.train.dataset.names): set model.num_classes={needed}."
-        )
+        raise ConfigError(describe_too_few_classes(num_classes, largest, needed))
     if num_classes > needed:
         logger.warning(
             "model.num_classes=%d is more than the %d categories of the train data set '%s': the extra %d "

@@ -1,17 +1,23 @@
-"""A run whose model.num_classes does not cover the train data's categories stops before the first step."""
+"""A run whose model.num_classes does not cover the train data's categories stops: before Hydra starts where
+the count is known unloaded (the embedded data set, a registered json), else before the first step."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
 import pytest
 
+from lazytrain.config import LazyCall as L
 from lazytrain.config import LazyConfig
+from lazytrain.data.datasets.custom import register_json_dataset
 from lazytrain.data.datasets.synthetic import generate_synthetic_lt
 from lazytrain.errors import ConfigError
 from lazytrain.modeling.rcnn import RCNN
 from lazytrain.program.default import run
+from lazytrain.program.preflight.num_classes import find_num_classes_problems
+from tests.launch.test_entrypoint import lazytrain
 from tests.smoke import TINY_SYNTHETIC_LT, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -74,3 +80,42 @@ def test_the_demo_passes_the_check(datasets, tmp_path, monkeypatch, one_thread, 
     with caplog.at_level(logging.WARNING, logger="lazytrain.program.default"), step_started:
         _run_demo_with([], datasets, tmp_path, monkeypatch)
     assert not [r for r in caplog.records if "model.num_classes" in r.getMessage()]
+
+
+def _demo_with(*overrides):
+    cfg = LazyConfig.load(os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py"))
+    return LazyConfig.apply_overrides(cfg, list(overrides))
+
+
+def test_the_embedded_data_sets_count_is_checked_unloaded():
+    assert find_num_classes_problems(_demo_with()) == []
+    assert find_num_classes_problems(_demo_with("model.num_classes=31")) == []  # more: warned once loaded
+    assert find_num_classes_problems(_demo_with("model.num_classes=10")) == [
+        "model.num_classes=10 is fewer than the 30 categories of the train data set 'synthetic_lt_train' "
+        "(dataloader.train.dataset.names): set model.num_classes=30."
+    ]
+
+
+def test_a_registered_json_in_a_mixture_is_counted_from_its_summary(tmp_path):
+    categories = [{"id": i, "name": f"c{i}"} for i in range(1, 41)]
+    json_file = tmp_path / "mine.json"
+    json_file.write_text(json.dumps({"images": [], "annotations": [], "categories": categories}))
+    mine = L(register_json_dataset)(name="my_train", json_file=str(json_file), image_root=str(tmp_path))
+    cfg = _demo_with("model.num_classes=30")
+    cfg.dataloader.train.dataset.names = ["synthetic_lt_train", mine]
+    (problem,) = find_num_classes_problems(cfg)
+    assert problem.startswith(
+        "model.num_classes=30 is fewer than the 40 categories of the train data set 'my_train'"
+    )
+
+
+def test_the_command_line_stops_before_the_run_folder(tmp_path):
+    # The issue's command: the demo's 30 categories, model.num_classes=10.
+    run_dir = tmp_path / "run"
+    demo = os.path.join(REPO, "conf", "rfs_maskrcnn_demo.py")
+    result = lazytrain(
+        demo, "model.num_classes=10", "train.max_iter=2", f"hydra.run.dir={run_dir}", cwd=tmp_path
+    )
+    assert result.returncode == 1
+    assert "set model.num_classes=30." in result.stderr and "Traceback" not in result.stderr
+    assert not run_dir.exists() and not (tmp_path / "datasets").exists()

@@ -12,11 +12,12 @@ Two entry points, one per moment:
 - `preflight(cfg)`: in each Hydra job, on its resolved config, before any process starts: the config's
   structure (`lazytrain.config.find_problems`, a line each), values its components would refuse (`components`), the
   ``launch.*`` values and GPU count, the batch settings (gradient accumulation, LR scaling), the torch backend
-  settings, the built-in data sets on disk, and the checkpoint the run starts from. Returns every problem at
+  settings, the built-in data sets on disk, ``model.num_classes`` against the train data's categories where
+  they are known unloaded, and the checkpoint the run starts from. Returns every problem at
   once.
 
 Modules: `command_line` (overrides, output directories), `json_data` (a user's COCO/LVIS json), `builtin_data`
-(``coco_2017_*``, ``lvis_v1_*``), `checkpoints`, `processes` (``launch.*``), `batch` (``train.images_per_forward``,
+(``coco_2017_*``, ``lvis_v1_*``), `num_classes` (``model.num_classes`` against the train data), `checkpoints`, `processes` (``launch.*``), `batch` (``train.images_per_forward``,
 ``train.auto_scale_lr``, a `MixtureTrainingSampler`'s ratios and batch), `backends` (``train.cudnn_benchmark``,
 ``train.float32_matmul_precision``), `components` (``train.ema``, a W&B tracker's mode, a timm backbone's model
 name).
@@ -53,6 +54,7 @@ from lazytrain.program.preflight.existing_runs import (
     find_unnamed_run_weights_problems,
 )
 from lazytrain.program.preflight.json_data import find_swept_json_dataset_problems
+from lazytrain.program.preflight.num_classes import find_num_classes_problems
 from lazytrain.program.preflight.processes import find_launch_problems
 
 __all__ = ["INFO_FLAGS", "check_command_line", "find_swept_job_problems", "preflight", "raise_problems"]
@@ -133,6 +135,7 @@ def preflight(
     missing = run(find_missing_data, cfg)
     if missing:
         problems.append("\n".join(missing))
+    problems += run(find_num_classes_problems, cfg)
     return problems + run(find_checkpoint_problems, cfg)
 
 

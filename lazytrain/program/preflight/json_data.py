@@ -23,7 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 from lazytrain.config import LazyConfig, tree
 from lazytrain.data.datasets.json_summary import JsonSummary, summarize_json
 
-__all__ = ["find_json_dataset_problems", "find_swept_json_dataset_problems", "get_json_dataset_keys"]
+__all__ = [
+    "find_json_dataset_problems",
+    "find_swept_json_dataset_problems",
+    "get_json_dataset_keys",
+    "is_registering_node",
+    "read_node_value",
+]
 
 _REGISTER = "register_json_dataset"
 _FIRST = 5
@@ -45,15 +51,16 @@ BOX_ONLY_HINT = (
 
 def _register_nodes(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     """(key path, node) of every call of `register_json_dataset` in `cfg`."""
-    return [(path, node) for path, node in tree.nodes(cfg) if _registers(node)]
+    return [(path, node) for path, node in tree.nodes(cfg) if is_registering_node(node)]
 
 
-def _registers(node: Any) -> bool:
+def is_registering_node(node: Any) -> bool:
+    """Whether `node` calls `register_json_dataset`."""
     target = tree.raw_target(node) if isinstance(node, DictConfig) else None
     return isinstance(target, str) and target.rsplit(".", 1)[-1] == _REGISTER
 
 
-def _value(node: DictConfig, key: str, path: str) -> tuple[str | None, str]:
+def read_node_value(node: DictConfig, key: str, path: str) -> tuple[str | None, str]:
     """(value or None when unset, the key the user sets: the interpolated key, e.g. data.train.json)."""
     raw = tree.raw_value(tree.child(node, key)) if key in node else None
     match = re.fullmatch(r"\$\{([\w.]+)\}", raw) if isinstance(raw, str) else None
@@ -164,9 +171,9 @@ def find_json_dataset_problems(cfg: DictConfig, *, skip_unset: bool = False) -> 
     problems: list[str] = []
     checked: set[tuple[str, str]] = set()
     for path, node in _register_nodes(cfg):
-        json_file, json_key = _value(node, "json_file", path)
-        image_root, root_key = _value(node, "image_root", path)
-        train_json, _ = _value(node, "train_json_file", path)
+        json_file, json_key = read_node_value(node, "json_file", path)
+        image_root, root_key = read_node_value(node, "image_root", path)
+        train_json, _ = read_node_value(node, "train_json_file", path)
         unset = [key for key, value in ((json_key, json_file), (root_key, image_root)) if value is None]
         if unset:
             if not skip_unset:
@@ -187,7 +194,7 @@ def get_json_dataset_keys(cfg: DictConfig) -> set[str]:
     keys = set()
     for path, node in _register_nodes(cfg):
         for name in ("json_file", "image_root", "train_json_file"):
-            keys.add(_value(node, name, path)[1])
+            keys.add(read_node_value(node, name, path)[1])
     return keys
 
 
