@@ -218,7 +218,10 @@ def summary_of(run_dir, trainer):
 
 @pytest.mark.parametrize("how", ["corrupted", "deleted-folder"])
 def test_a_broken_mlflow_store_is_one_line_quiet_and_reported(tmp_path, caplog, capfd, how):
-    run_dir, store_dir = make_run_dir(tmp_path / "run"), tmp_path / "store"
+    # A store path of its own per case: pytest names both cases' tmp_path ..._is_0 (names cut at 30 characters,
+    # a passing test's folder deleted), and MLflow keeps one store per URI in the process, whose tables were
+    # created in the first case's file ("no such table: experiments" on the floor's MLflow 3.7).
+    run_dir, store_dir = make_run_dir(tmp_path / "run"), tmp_path / f"store-{how}"
     uri = make_store(store_dir)
     tracker = MLflowTracker(str(run_dir), period=2, tracking_uri=uri, timeout=6.0)
     breaker = CallbackHook(after_step=lambda t: break_store(how, str(store_dir)) if t.iter == 1 else None)
