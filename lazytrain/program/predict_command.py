@@ -1,7 +1,7 @@
 """``python -m lazytrain predict RUN_DIR IMAGE... [key=value ...]``: a trained run on new images.
 
     python -m lazytrain predict outputs/demo photos/ "shots/*.jpg" extra.png predict.draw=true
-    python -m lazytrain predict conf/rfs_maskrcnn_demo.py photos/ predict.checkpoint=model.pth
+    python -m lazytrain predict my_config.py photos/ predict.checkpoint=model.pth
 
 IMAGE: files, folders (their images, not sub-folders) and globs (``**`` recurses). Keys, in Hydra's override
 grammar: the ``predict.*`` keys below, and any key of the run's config (``model.roi_heads.nms_thresh=0.6``).
