@@ -21,7 +21,8 @@ start, so that a machine without internet fails with one line saying where to pu
 With another number of classes than the file (fine-tuning a COCO Mask R-CNN on LVIS or on a user's data), the
 class-dependent layers (``roi_heads.box_predictor.cls_score``/``bbox_pred``,
 ``roi_heads.mask_predictor.mask_fcn_logits``) differ in shape: they keep the model's fresh initialisation, and
-the report names them as re-initialised.
+a warning names them as re-initialised. For evaluation (``train.eval_only``, ``for_evaluation=True``) a head
+the file does not fill is an error naming ``model.num_classes`` and the file's class count.
 """
 
 from __future__ import annotations
@@ -268,7 +269,9 @@ def load_state_dict_report(
     return report
 
 
-def load_init_weights(model: nn.Module, path: str, *, allow_unsafe: bool = False) -> WeightsReport:
+def load_init_weights(
+    model: nn.Module, path: str, *, allow_unsafe: bool = False, for_evaluation: bool = False
+) -> WeightsReport:
     """Load initial weights from a lazytrain checkpoint, torchvision detection, ImageNet ResNet or detectron2
     file.
 
@@ -279,6 +282,9 @@ def load_init_weights(model: nn.Module, path: str, *, allow_unsafe: bool = False
         model: the model (not DDP-wrapped).
         path: local path or URL (``https://...``; downloaded once per machine, see `prefetch_init_weights`).
         allow_unsafe: allow files that need arbitrary unpickling (only for files you trust).
+        for_evaluation: the weights are evaluated as they are (``train.eval_only``): a head the file does not
+            fill (another class count, or absent) is an error instead of a warning, as it would be evaluated
+            at its random initialisation.
 
     Returns:
         A `WeightsReport`; ``str(report)`` is the logged summary.
@@ -286,14 +292,48 @@ def load_init_weights(model: nn.Module, path: str, *, allow_unsafe: bool = False
     Raises:
         FileNotFoundError: `path` does not exist.
         ConfigError: the URL could not be downloaded. CheckpointError: a download's sha256 is wrong.
-        ValueError: the file is not a state dict, or is an ImageNet ResNet file and the model has no ResNet.
+        ValueError: the file is not a state dict, or is an ImageNet ResNet file and the model has no ResNet;
+            with `for_evaluation`, the file does not fill the model's heads.
     """
     state, source = read_state_dict(path, allow_unsafe=allow_unsafe)
     state, source, ignored = _convert(model, state, source)
     report = load_state_dict_report(model, state, path=path, source=source)
     report.ignored = ignored
+    unfilled = _unfilled_heads(report)
+    if for_evaluation and unfilled:
+        raise ValueError(_evaluation_error(model, state, path, unfilled))
     if not report.loaded:
         logger.warning("%s\nNo tensor matched: is this file meant for this model?", report)
+    elif unfilled:
+        logger.warning("%s\nThese heads start from random weights: %s.", report, ", ".join(unfilled))
     else:
         logger.info("%s", report)
     return report
+
+
+# The modules after the backbone: evaluated at random initialisation when the file does not fill them.
+_HEAD_PREFIXES = ("rpn.", "roi_heads.")
+
+
+def _unfilled_heads(report: WeightsReport) -> list[str]:
+    """The head modules with a tensor missing in the file or of another shape (re-initialised)."""
+    keys = [key for key, _, _ in report.shape_mismatched] + report.missing
+    return list(dict.fromkeys(key.rpartition(".")[0] for key in keys if key.startswith(_HEAD_PREFIXES)))
+
+
+def _evaluation_error(
+    model: nn.Module, state: Mapping[str, torch.Tensor], path: str, heads: list[str]
+) -> str:
+    """Why ``train.eval_only`` cannot evaluate `path`'s weights: the class counts when they differ."""
+    key = "roi_heads.box_predictor.cls_score.weight"
+    theirs, own = state.get(key), model.state_dict().get(key)
+    random = f"{', '.join(heads)} would be evaluated at their random initialisation"
+    if theirs is not None and own is not None and theirs.shape[0] != own.shape[0]:
+        return (
+            f"load_init_weights: train.eval_only=true with model.num_classes={own.shape[0] - 1} but {path} has "
+            f"{theirs.shape[0] - 1} classes: {random}. Set model.num_classes={theirs.shape[0] - 1}."
+        )
+    return (
+        f"load_init_weights: train.eval_only=true but {path} lacks weights of this model's heads: {random}. "
+        "Evaluate a checkpoint of this model (the report of `load_init_weights` lists the keys)."
+    )

@@ -14,8 +14,11 @@ recipes/models/mask_rcnn_fpn_detectron2.py's.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
+from collections.abc import Callable
+from typing import IO, Any
 
 import torch
 
@@ -30,6 +33,23 @@ __all__ = ["main"]
 def _fail(message: str) -> None:
     print(f"lazytrain convert-detectron2: {message}", file=sys.stderr)
     raise SystemExit(1)
+
+
+def _write_new(path: str, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write `path` through a temporary file linked to its name, which fails when `path` exists by then (a file
+    made since the first check is kept, not replaced)."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.link(tmp, path)
+    except FileExistsError:
+        _fail(f"{path} exists; give another name or --force to replace it.")
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def main(argv: list[str]) -> None:
@@ -55,7 +75,11 @@ def main(argv: list[str]) -> None:
         converted, notes = convert_detectron2_state_dict(state, path=args.file)
     except (LazytrainError, ValueError, FileNotFoundError) as error:
         _fail(str(error).splitlines()[0])
-    atomic_write(args.out, lambda file: torch.save({"model": converted}, file))
+    save = functools.partial(torch.save, {"model": converted})
+    if args.force:
+        atomic_write(args.out, save)
+    else:
+        _write_new(args.out, save)
     print(f"wrote {args.out}: {len(converted)} tensors")
     for note in notes:
         print(f"  {note}")

@@ -316,6 +316,7 @@ def load_init_checkpoint(cfg: DictConfig, model: torch.nn.Module) -> None:
         comm.unwrap_model(model),
         cfg.train.init_checkpoint,
         allow_unsafe=bool(cfg.train.get("allow_unsafe_checkpoint", False)),
+        for_evaluation=bool(cfg.train.get("eval_only", False)),
     )
 
 

@@ -20,9 +20,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 NUM_CLASSES = 3
 
 
-def _small_model() -> torch.nn.Module:
+def _small_model(num_classes: int = NUM_CLASSES) -> torch.nn.Module:
     cfg = LazyConfig.load(os.path.join(REPO, "recipes/models/mask_rcnn_r18_fpn_cpu.py"))
-    cfg.model.num_classes = NUM_CLASSES
+    cfg.model.num_classes = num_classes
     return instantiate(cfg.model)
 
 
@@ -168,3 +168,133 @@ def test_convert_command_writes_a_lazytrain_checkpoint_once(checkpoints, tmp_pat
         main(["convert-detectron2", pkl, out])
     assert "exists" in capsys.readouterr().err and os.path.getmtime(out) == written
     main(["convert-detectron2", pkl, out, "--force"])
+
+
+def test_a_single_class_mask_rcnn_keeps_its_mask_predictor(tmp_path):
+    # K = 1: detectron2's mask predictor has one row, as a class-agnostic one has; it is class 1's map.
+    state = _detectron2_checkpoint(_small_model(1))
+    assert state["roi_heads.mask_head.predictor.weight"].shape[0] == 1
+    path = tmp_path / "model_final_k1.pkl"
+    with open(path, "wb") as file:
+        pickle.dump({"model": state}, file)
+    model = _small_model(1)
+    report = load_init_weights(model, str(path))
+    assert report.shape_mismatched == [] and report.missing == []
+    assert "mask_fcn_logits: 1 zero background row(s) added" in report.source
+    own = model.state_dict()
+    for key, detectron2_key in (
+        ("roi_heads.mask_predictor.mask_fcn_logits.weight", "roi_heads.mask_head.predictor.weight"),
+        ("roi_heads.mask_predictor.mask_fcn_logits.bias", "roi_heads.mask_head.predictor.bias"),
+        ("roi_heads.box_predictor.bbox_pred.weight", "roi_heads.box_predictor.bbox_pred.weight"),
+    ):
+        assert torch.equal(own[key], _expected(key, state, detectron2_key)), key
+
+
+def _minimal(classes: int, box_rows: int, mask_rows: int) -> dict[str, np.ndarray]:
+    """The parts every detectron2 R-CNN has, with a box regressor and mask predictor of the given rows."""
+    return {
+        "backbone.bottom_up.stem.conv1.weight": np.zeros((2, 3, 1, 1), np.float32),
+        "proposal_generator.rpn_head.objectness_logits.weight": np.zeros((3, 2, 1, 1), np.float32),
+        "roi_heads.box_predictor.cls_score.weight": np.zeros((classes + 1, 8), np.float32),
+        "roi_heads.box_predictor.cls_score.bias": np.zeros(classes + 1, np.float32),
+        "roi_heads.box_predictor.bbox_pred.weight": np.zeros((box_rows, 8), np.float32),
+        "roi_heads.box_predictor.bbox_pred.bias": np.zeros(box_rows, np.float32),
+        "roi_heads.mask_head.predictor.weight": np.zeros((mask_rows, 4, 1, 1), np.float32),
+        "roi_heads.mask_head.predictor.bias": np.zeros(mask_rows, np.float32),
+    }
+
+
+@pytest.mark.parametrize(
+    "box_rows, mask_rows, message",
+    [
+        (12, 1, r"roi_heads\.mask_head\.predictor has 1 rows for 3 classes, class-agnostic "
+                r"\(MODEL\.ROI_MASK_HEAD\.CLS_AGNOSTIC_MASK=True\)"),
+        (4, 3, r"roi_heads\.box_predictor\.bbox_pred has 4 rows for 3 classes, class-agnostic "
+               r"\(MODEL\.ROI_BOX_HEAD\.CLS_AGNOSTIC_BBOX_REG=True\)"),
+        (12, 2, r"roi_heads\.mask_head\.predictor has 2 rows for 3 classes; .* trained without"),
+    ],
+)  # fmt: skip
+def test_class_agnostic_predictors_are_refused_by_their_detectron2_key(box_rows, mask_rows, message):
+    with pytest.raises(ValueError, match=message):
+        convert_detectron2_state_dict(_minimal(3, box_rows, mask_rows))
+    converted, notes = convert_detectron2_state_dict(_minimal(3, 12, 3))
+    assert converted["roi_heads.box_predictor.bbox_pred.weight"].shape[0] == 16
+    assert converted["roi_heads.mask_predictor.mask_fcn_logits.weight"].shape[0] == 4
+
+
+def test_a_faster_rcnn_gets_no_note_of_a_mask_map():
+    state = _minimal(3, 12, 3)
+    del state["roi_heads.mask_head.predictor.weight"], state["roi_heads.mask_head.predictor.bias"]
+    _, notes = convert_detectron2_state_dict(state)
+    assert not any("mask" in note for note in notes)
+
+
+def test_a_weight_without_its_bias_and_a_partial_checkpoint_are_refused_by_name():
+    state = _minimal(3, 12, 3)
+    del state["roi_heads.box_predictor.bbox_pred.bias"]
+    with pytest.raises(
+        ValueError, match=r"has no roi_heads\.box_predictor\.bbox_pred\.bias \(it has its weight\)"
+    ):
+        convert_detectron2_state_dict(state)
+    one_tensor = {"backbone.bottom_up.stem.conv1.weight": np.zeros((2, 3, 1, 1), np.float32)}
+    with pytest.raises(
+        ValueError,
+        match=r"x.pkl is not a whole Mask/Faster R-CNN: it has no RPN \(proposal_generator.*, box predictor",
+    ):
+        convert_detectron2_state_dict(one_tensor, path="x.pkl")
+
+
+def test_convert_command_keeps_a_file_made_while_it_converted(checkpoints, tmp_path, monkeypatch, capsys):
+    from lazytrain.program import convert_command
+    from lazytrain.program.entrypoint import main
+
+    out = tmp_path / "converted.pth"
+    convert = convert_command.convert_detectron2_state_dict
+
+    def convert_while_another_writes(*args, **kwargs):
+        out.write_text("another program's file")
+        return convert(*args, **kwargs)
+
+    monkeypatch.setattr(convert_command, "convert_detectron2_state_dict", convert_while_another_writes)
+    with pytest.raises(SystemExit):
+        main(["convert-detectron2", checkpoints[1], str(out)])
+    assert out.read_text() == "another program's file" and "exists" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["converted.pth"]  # no temporary file left
+
+
+@pytest.mark.parametrize("kind", ["detectron2", "lazytrain"])
+def test_evaluating_a_checkpoint_of_another_class_count_is_an_error(checkpoints, tmp_path, kind, caplog):
+    path = checkpoints[1]
+    if kind == "lazytrain":
+        path = str(tmp_path / "model_final.pth")
+        torch.save({"model": _small_model().state_dict()}, path)
+    model = _small_model(5)
+    with pytest.raises(ValueError) as error:
+        load_init_weights(model, path, for_evaluation=True)
+    assert str(error.value) == (
+        f"load_init_weights: train.eval_only=true with model.num_classes=5 but {path} has 3 classes: "
+        "roi_heads.box_predictor.cls_score, roi_heads.box_predictor.bbox_pred, "
+        "roi_heads.mask_predictor.mask_fcn_logits would be evaluated at their random initialisation. "
+        "Set model.num_classes=3."
+    )
+    with caplog.at_level("INFO", logger="lazytrain.modeling.weights"):
+        report = load_init_weights(model, path)  # training: re-initialised heads are a warning
+    (record,) = [r for r in caplog.records if r.name == "lazytrain.modeling.weights"]
+    assert record.levelname == "WARNING" and len(report.reinitialised) == 3
+    assert record.getMessage().endswith(
+        "These heads start from random weights: roi_heads.box_predictor.cls_score, "
+        "roi_heads.box_predictor.bbox_pred, roi_heads.mask_predictor.mask_fcn_logits."
+    )
+
+
+def test_eval_only_evaluates_only_checkpoints_that_fill_the_heads(checkpoints):
+    from omegaconf import OmegaConf
+
+    from lazytrain.program.default import load_init_checkpoint
+
+    cfg = OmegaConf.create({"train": {"init_checkpoint": checkpoints[1], "eval_only": True}})
+    with pytest.raises(ValueError, match="model.num_classes=5 but .* has 3 classes"):
+        load_init_checkpoint(cfg, _small_model(5))
+    load_init_checkpoint(cfg, _small_model())
+    cfg.train.eval_only = False
+    load_init_checkpoint(cfg, _small_model(5))
