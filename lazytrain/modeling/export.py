@@ -195,7 +195,11 @@ class ExportableRCNN(nn.Module):
         corner = size.flip(0).to(torch.float32).repeat(2)  # (width, height, width, height)
         scale = corner / torch.tensor([image.shape[-1], image.shape[-2]], dtype=torch.float32).repeat(2)
         boxes = torch.minimum((detection["boxes"] * scale).clamp(min=0), corner)
-        return self.model.to_instances({**detection, "boxes": boxes}, (height, width))
+        detection = {**detection, "boxes": boxes}
+        if self.model.drop_empty_detections:  # as RCNN._to_original_size
+            keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+            detection = {key: value[keep] for key, value in detection.items()}
+        return self.model.to_instances(detection, (height, width))
 
 
 # The oldest torch whose export of these models keeps the image size dynamic and converts to ONNX and

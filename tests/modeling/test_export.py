@@ -556,3 +556,25 @@ def test_missing_onnx_packages_name_the_extra(exported, monkeypatch, tmp_path):
         ImportError, match=rf"exported.load_onnx\(\) needs 'onnxruntime', which is not.*{extra}"
     ):
         load_onnx(str(tmp_path / "model.onnx"))
+
+
+def test_wrapper_drops_empty_detections_as_the_model_does():
+    # RCNN(drop_empty_detections=True) drops boxes empty once scaled and clipped to the original size; the
+    # exported model did not (its boxes differ from the eager model's by those detections).
+    model = _build()
+    model.drop_empty_detections = True
+    generator = torch.Generator().manual_seed(0)
+    detection = {
+        # input 128 x 160, original 256 x 320: the 2nd box has no width, the 3rd lies right of the image.
+        "boxes": torch.tensor([[0.0, 0, 10, 10], [5, 5, 5, 9], [170, 10, 190, 20], [20, 30, 60, 50]]),
+        "scores": torch.tensor([0.9, 0.8, 0.7, 0.6]),
+        "labels": torch.tensor([1, 2, 3, 1]),
+        "masks": torch.rand(4, 1, 28, 28, generator=generator),
+    }
+    image = _image(*EXAMPLE_SIZE)
+    expected = model._to_original_size(detection, EXAMPLE_SIZE, {"height": 256, "width": 320})
+    got = ExportableRCNN(model)._in_original_size(detection, image, torch.tensor([256, 320]))
+    assert expected["scores"].tolist() == pytest.approx([0.9, 0.6])
+    assert got.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
