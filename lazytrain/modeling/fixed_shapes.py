@@ -13,8 +13,10 @@ losses on fixed capacities, with validity masks where the dynamic path has fewer
   `lazytrain.data.training_extent`);
 - the RPN's proposals: NMS decides each level's first ``DECIDED_PER_RESULT * post_nms_top_n`` candidates in
   `NMS_STEPS` greedy steps (the dynamic path's first pass, which it repeats where that is not final: here a
-  device counter, `FixedShapeCounters.nms_not_final`, counts those steps instead), and each image gets
-  ``post_nms_top_n`` rows with a validity mask;
+  device counter, `FixedShapeCounters.nms_not_final`, counts those steps instead) and one more, so that
+  where the steps have not settled the proposals are a subset of greedy NMS's (never a box it suppresses;
+  ``GroupedNMS.survivors(never_suppressed=True)``), and each image gets ``post_nms_top_n`` rows with a validity
+  mask;
 - the RoI heads: the ground truth is added to the proposals, matched and sampled on [N, P + G] rows; each
   image keeps the sampler's ``batch_size_per_image`` rows, foreground first, those not drawn invalid;
   the mask branch takes at most `FixedShapes.mask_positives` foreground rows per image (beyond it a uniform
@@ -24,13 +26,18 @@ losses on fixed capacities, with validity masks where the dynamic path has fewer
   work, no per-level counts to read); the losses are masked sums with the dynamic path's normalisation.
 
 With capacities that nothing exceeds, and the same sampled examples, the losses and gradients are the dynamic
-path's (tests/modeling/test_fixed_shapes.py, float64). The function is traceable whole by ``torch.compile(...,
+path's (tests/modeling/test_fixed_shapes.py, float64) where the dynamic batches are padded to `image_size` as
+well: fixed-size crops (LSJ) or ``model.pad_to_sizes=[image_size]``. Padded beyond a batch's own padded size,
+the anchors over the extra padding are easy negatives the RPN's sampler draws, and the features near the
+images' borders (and BatchNorm's statistics, where the backbone trains them) change: every loss differs (all
+five did at image_size 128 for 64 px images). The function is traceable whole by ``torch.compile(...,
 fullgraph=True)``. Supported: `SoftmaxCrossEntropy` classification (the default), `MaskPredictor` mask
 predictors, heads without BatchNorm (padding rows would enter its statistics), no keypoints.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -55,15 +62,27 @@ from lazytrain.modeling.rpn import DECIDED_PER_RESULT, RegionProposalNetwork, _C
 
 __all__ = ["FixedBatch", "FixedShapeCounters", "FixedShapes", "fixed_shape_losses", "pad_batch"]
 
+logger = logging.getLogger(__name__)
+
+# The padding multiple `check_image_size` rounds its suggestions up to where the caller gives none:
+# `RCNN(size_divisible=)`'s default.
+_SIZE_DIVISIBLE = 32
+
 
 @dataclass(frozen=True)
 class FixedShapes:
     """The capacities of a training step with fixed shapes (``model.fixed_shapes``).
 
     Args:
-        image_size: [height, width] every training batch is padded to (images larger: a ValueError).
+        image_size: [height, width] every training batch is padded to (images larger: a ValueError), each a
+            multiple of the model's ``size_divisible`` (32; checked by `check_model`: the anchors' strides
+            follow from it as in the dynamic path). The losses equal the dynamic step's only where its batches
+            are padded to the same size (see the module's docstring).
         max_instances: ground-truth instances per image (more: a ValueError naming
-            ``model.fixed_shapes.max_instances``); LVIS's train set has up to 294 per image.
+            ``model.fixed_shapes.max_instances``); LVIS's train set has up to 294 per image. Memory grows
+            with it: the masks are [N, max_instances, H, W] uint8 on the device (pinned on the host too) and
+            their RoIAlign input a float copy of them, 4 bytes a pixel: at 294, 1024 x 1024 and 2 images per
+            GPU, about 0.6 GB of masks and 2.5 GB of float32 copy each step.
         mask_positives: foreground RoIs per image in the mask branch; None: the RoI sampler's most
             positives (``batch_size_per_image * positive_fraction``), which nothing exceeds.
     """
@@ -98,11 +117,21 @@ class FixedShapes:
                 f"{self.max_instances}. Raise model.fixed_shapes.max_instances to at least {count}."
             )
 
-    def check_image_size(self, height: int, width: int, where: str = "a training image") -> None:
-        """Raise a ValueError when a `height` x `width` image does not fit in `image_size`."""
+    def check_image_size(
+        self,
+        height: int,
+        width: int,
+        where: str = "a training image",
+        size_divisible: int = _SIZE_DIVISIBLE,
+    ) -> None:
+        """Raise a ValueError when a `height` x `width` image does not fit in `image_size`; the size it
+        suggests is rounded up to a multiple of `size_divisible` (the model's)."""
         fixed_height, fixed_width = self.image_size
         if height > fixed_height or width > fixed_width:
-            needed = [max(height, fixed_height), max(width, fixed_width)]
+            needed = [
+                _round_up(max(height, fixed_height), size_divisible),
+                _round_up(max(width, fixed_width), size_divisible),
+            ]
             raise ValueError(
                 f"FixedShapes: {where} is {height} x {width}, larger than model.fixed_shapes.image_size="
                 f"[{fixed_height}, {fixed_width}]. Raise model.fixed_shapes.image_size to at least {needed}."
@@ -112,11 +141,31 @@ class FixedShapes:
         self, most_instances: int | None, fullest_image: str, largest_size: Sequence[int] | None
     ) -> None:
         """The checks before a run: the data set's `most_instances` in one image (`fullest_image` names it)
-        and the `largest_size` [height, width] its mapper makes (None: unknown; each batch checks its own)."""
+        and the `largest_size` [height, width] its mapper makes (None: unknown; each batch checks its own, and
+        one warning here says so)."""
         if most_instances is not None:
             self.check_instances(most_instances, f"the training image {fullest_image}")
         if largest_size is not None:
             self.check_image_size(*largest_size, where="the train mapper's largest image")
+        unknown = [
+            f"{what} (model.fixed_shapes.{key})"
+            for what, key, value in (
+                ("the most instances per image", "max_instances", most_instances),
+                ("the largest image", "image_size", largest_size),
+            )
+            if value is None
+        ]
+        if unknown:
+            logger.warning(
+                "Fixed shapes: %s of the training data could not be checked before the run (augmentations or "
+                "a data set whose extent is unknown); the first batch beyond the capacity stops the run with "
+                "the key to raise.",
+                " and ".join(unknown),
+            )
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 class FixedBatch(NamedTuple):
@@ -153,11 +202,16 @@ def _pad_masks(masks: Tensor, height: int, width: int) -> Tensor:
 
 
 def pad_batch(
-    batched_inputs: Sequence[Mapping[str, Any]], fixed: FixedShapes, device: torch.device, with_masks: bool
+    batched_inputs: Sequence[Mapping[str, Any]],
+    fixed: FixedShapes,
+    device: torch.device,
+    with_masks: bool,
+    size_divisible: int = _SIZE_DIVISIBLE,
 ) -> FixedBatch:
     """Mapper outputs as a `FixedBatch` on `device`: padded on the host (where the loader put them), checked
-    against `fixed`'s capacities there, then copied without blocking. Empty boxes (zero width or height, from
-    crops) are marked invalid, as the dynamic path drops them."""
+    against `fixed`'s capacities there (sizes suggested as multiples of `size_divisible`), then copied without
+    blocking. Empty boxes (zero width or height, from crops) are left out, as the dynamic path drops them,
+    and do not count against ``max_instances``."""
     height, width = fixed.image_size
     num_images, capacity = len(batched_inputs), fixed.max_instances
     first = batched_inputs[0]["image"]
@@ -172,21 +226,23 @@ def pad_batch(
         if instances is None:
             raise ValueError("RCNN: training inputs need 'instances'; build the mapper with is_train=True.")
         h, w = image.shape[-2:]
-        fixed.check_image_size(h, w)
+        fixed.check_image_size(h, w, size_divisible=size_divisible)
         image_boxes = torch.as_tensor(instances["boxes"], dtype=torch.float32).reshape(-1, 4)
+        non_empty = (image_boxes[:, 2] > image_boxes[:, 0]) & (image_boxes[:, 3] > image_boxes[:, 1])
+        image_boxes = image_boxes[non_empty]
         count = image_boxes.shape[0]
         fixed.check_instances(count)
         images[index, :, :h, :w] = image
         sizes[index] = torch.tensor((h, w))
         boxes[index, :count] = image_boxes
-        labels[index, :count] = torch.as_tensor(instances["classes"]).long() + 1
-        non_empty = (image_boxes[:, 2] > image_boxes[:, 0]) & (image_boxes[:, 3] > image_boxes[:, 1])
-        valid[index, :count] = non_empty
+        labels[index, :count] = torch.as_tensor(instances["classes"]).long()[non_empty] + 1
+        valid[index, :count] = True
         if masks is not None:
             if "masks" not in instances:
                 raise ValueError("RCNN: this model has a mask head but 'instances' has no 'masks'.")
             if count:
-                masks[index, :count] = _pad_masks(torch.as_tensor(instances["masks"]), height, width)
+                image_masks = torch.as_tensor(instances["masks"])[non_empty]
+                masks[index, :count] = _pad_masks(image_masks, height, width)
     values = (images, sizes, boxes, labels, valid, masks)
     # From page-locked memory the copies run alongside the GPU's work; from pageable memory the host waits.
     pin = device.type == "cuda"
@@ -219,6 +275,18 @@ def check_model(model: nn.Module) -> None:
         raise ValueError(
             "RCNN(fixed_shapes=...) (model.fixed_shapes) does not support " + "; ".join(problems) + ". Set "
             "model.fixed_shapes=null for the dynamic training step."
+        )
+    # The anchor generator derives each level's stride from the padded size (size // grid): a size that is not
+    # a multiple would give strides below the real ones (1333 // 334 = 3 at P2) and anchors short of the
+    # bottom and right of the image.
+    multiple = int(model.transform.size_divisible)
+    size = list(model.fixed_shapes.image_size)
+    if any(side % multiple for side in size):
+        rounded = [_round_up(side, multiple) for side in size]
+        raise ValueError(
+            f"RCNN(fixed_shapes=...): model.fixed_shapes.image_size={size} must be multiples of the model's "
+            f"size_divisible={multiple} (model.size_divisible); got {size}. Set model.fixed_shapes.image_size="
+            f"{rounded} (rounded up)."
         )
 
 
@@ -314,7 +382,10 @@ def _proposals(
     candidates = _valid_first(_Candidates(boxes, scores, rpn._is_valid(boxes, scores), level_sizes))
     limit = rpn.post_nms_top_n()
     nms = GroupedNMS(*candidates, rpn.nms_thresh, compiled=rpn.compiled_nms)
-    keep, is_final = nms.survivors(needed=limit, decide_first=math.ceil(DECIDED_PER_RESULT * limit))
+    # Unsettled steps would keep boxes greedy NMS suppresses (duplicates); the odd step keeps none of them.
+    keep, is_final = nms.survivors(
+        needed=limit, decide_first=math.ceil(DECIDED_PER_RESULT * limit), never_suppressed=True
+    )
     ranked = candidates.scores.masked_fill(~keep, -math.inf)
     order = ranked.sort(dim=1, descending=True, stable=True).indices[:, :limit]
     proposals = gather_boxes(candidates.boxes, order)

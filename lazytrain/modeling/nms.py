@@ -45,7 +45,7 @@ __all__ = ["NMS_STEPS", "GroupedNMS", "batched_nms", "grouped_batched_nms", "gro
 # Greedy NMS is solved by repeated steps on a bit matrix of who suppresses whom; NMS_STEPS run before the host
 # looks at the result: enough for the demo model's RPN, trained or at random initialisation (docs/benchmarks.md);
 # `_step_until_settled` steps on where they are not.
-NMS_STEPS = 16
+NMS_STEPS = 16  # even: `GroupedNMS.survivors(never_suppressed=True)` relies on it
 # Box coordinates above which torchvision's ``batched_nms`` loops over the groups (its CUDA threshold); there
 # `batched_nms` below runs `grouped_batched_nms` instead, except on the CPU, where nothing waits for a device.
 _GROUPED_ABOVE_ELEMENTS = {"cpu": None}
@@ -195,7 +195,9 @@ class GroupedNMS:
         self._steps = _compiled_greedy_steps() if compiled else _greedy_steps
         self._last: _Pass | None = None
 
-    def survivors(self, *, needed: int, decide_first: int | None = None) -> tuple[Tensor, Tensor]:
+    def survivors(
+        self, *, needed: int, decide_first: int | None = None, never_suppressed: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """The survivors among each group's first `decide_first` candidates (all when None, then stepping, with a
         host read per `NMS_STEPS` steps, until the result is final).
 
@@ -206,6 +208,11 @@ class GroupedNMS:
         Args:
             needed: how many of each row's best survivors the caller needs (what ``is_final`` vouches for).
             decide_first: candidates decided per group, from its first; None: all.
+            never_suppressed: for a caller that takes the first pass as it is (no second pass: the fixed-shape
+                training step), one more step after the pass's `NMS_STEPS`. From all valid candidates, the
+                iterates alternate around greedy NMS's survivors (the step reverses inclusion): after an even
+                number of steps a superset (boxes greedy NMS suppresses still kept), after an odd number a
+                subset (some survivors missing, no suppressed box kept). Settled, the step changes nothing.
 
         Returns:
             ``(keep, is_final)``: [N, K] survivors among the decided candidates, and a 0-dim bool: false when
@@ -225,6 +232,8 @@ class GroupedNMS:
                 self._steps, decision.suppression, decision.valid, keep, settled
             )
         self._last = decision._replace(keep=keep)
+        if never_suppressed:  # NMS_STEPS is even: from all valid candidates, the odd step after it
+            keep = _greedy_step(decision.suppression, decision.valid, keep, byte_bit_values(keep.device))
         keep = _unstack_groups(keep, groups, is_decided)
         return keep, settled & _is_complete(self.scores, self.valid, keep, is_decided, needed)
 
@@ -278,9 +287,14 @@ def _greedy_steps(suppression: Tensor, valid: Tensor, keep: Tensor) -> tuple[Ten
     bit_values = byte_bit_values(keep.device)
     for _ in range(NMS_STEPS):
         previous = keep
-        suppressed = (suppression & pack_bits(previous, bit_values)[:, :, None, :]).any(dim=-1)
-        keep = valid & ~suppressed
+        keep = _greedy_step(suppression, valid, previous, bit_values)
     return keep, (keep == previous).all()
+
+
+def _greedy_step(suppression: Tensor, valid: Tensor, keep: Tensor, bit_values: Tensor) -> Tensor:
+    """One step of keep <- valid & ~(a kept box suppresses it) (`_greedy_steps`)."""
+    suppressed = (suppression & pack_bits(keep, bit_values)[:, :, None, :]).any(dim=-1)
+    return valid & ~suppressed
 
 
 @functools.cache

@@ -280,7 +280,13 @@ class RCNN(GeneralizedRCNN):
         """
         device = self.device
         if self.training and self.fixed_shapes is not None:
-            batch = pad_batch(batched_inputs, self.fixed_shapes, device, self.roi_heads.has_mask())
+            batch = pad_batch(
+                batched_inputs,
+                self.fixed_shapes,
+                device,
+                self.roi_heads.has_mask(),
+                size_divisible=self.transform.size_divisible,
+            )
             losses, counters = self.fixed_step(batch)
             totals = self.fixed_shape_counters
             self.fixed_shape_counters = (

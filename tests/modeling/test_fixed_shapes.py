@@ -4,11 +4,13 @@ host syncs, a whole-graph compile, and the dynamic path's losses and gradients."
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.models.detection.roi_heads import project_masks_on_boxes
+from torchvision.ops import box_iou
 
 from lazytrain.config import LazyCall as L
 from lazytrain.config import instantiate
@@ -284,3 +286,65 @@ def test_the_recipe_key_builds_the_step_and_the_default_stays_dynamic():
     cfg.model.roi_heads.box_predictor.loss = L(FederatedLoss)(num_classes=3, class_image_counts=[1, 1, 1])
     with pytest.raises(InstantiationError, match=r"model.fixed_shapes"):
         instantiate(cfg.model)
+
+
+def test_an_image_size_off_the_padding_multiple_is_refused_with_the_rounded_size():
+    """1333 // 334 = 3: the anchors' P2 stride would be 3 instead of 4, leaving out the bottom and right."""
+    cfg = load_model_config(overrides=("model.num_classes=3",))
+    cfg.model.fixed_shapes = L(FixedShapes)(image_size=[1333, 1024], max_instances=4)
+    with pytest.raises(
+        InstantiationError,
+        match=r"model.fixed_shapes.image_size=\[1333, 1024\].*size_divisible=32.*\[1344, 1024\]",
+    ):
+        instantiate(cfg.model)
+    # The size a too large image asks for is a multiple too (ResizeShortestEdge's max_size 1333).
+    with pytest.raises(ValueError, match=r"at least \[1344, 1024\]"):
+        FixedShapes([1024, 1024], 4).check_image_size(1333, 1000)
+    with pytest.raises(ValueError, match=r"at least \[1088, 1024\]"):
+        FixedShapes([1024, 1024], 4).check_image_size(1060, 1000, size_divisible=64)
+
+
+def test_unsettled_nms_keeps_no_box_that_greedy_nms_suppresses():
+    """A chain of 60 boxes, each 1.5 px right of the last (IoU 0.86 with the next, 0.74 with the one after):
+    16 greedy steps do not settle; the even iterate kept 44 boxes with 69 overlapping pairs."""
+    dynamic, _ = _models()
+    rpn = dynamic.rpn
+    count = 60
+    x = torch.arange(count, dtype=torch.float32) * 1.5
+    boxes = torch.stack((x, torch.zeros(count), x + 20, torch.full((count,), 20.0)), dim=1)[None]
+    objectness = torch.linspace(5, 1, count)[:, None]  # greedy order = chain order
+    image_sizes = [(64, 128)]
+    expected, _ = rpn.filter_proposals(boxes, objectness, image_sizes, [count])
+    proposals, valid, not_final = _proposals(rpn, boxes, objectness, torch.tensor(image_sizes), [count])
+    assert int(not_final) == 1
+    kept = proposals[0][valid[0]]
+    overlaps = box_iou(kept, kept).fill_diagonal_(0)
+    assert int((overlaps > rpn.nms_thresh).sum()) == 0
+    # A subset of greedy NMS's survivors, in its order.
+    assert 0 < len(kept) <= len(expected[0]) == 20
+    positions = [int((expected[0] == box).all(dim=1).nonzero()) for box in kept]
+    assert positions == sorted(positions)
+
+
+def test_unknown_extent_is_warned_once_before_the_run(caplog):
+    fixed = FixedShapes([SIZE, SIZE], 4)
+    with caplog.at_level(logging.WARNING, logger="lazytrain.modeling.fixed_shapes"):
+        fixed.check_data(3, "a.jpg", [SIZE, SIZE])
+        assert not caplog.records
+        fixed.check_data(3, "a.jpg", None)
+    (record,) = caplog.records
+    assert "model.fixed_shapes.image_size" in record.getMessage()
+    assert "could not be checked before the run" in record.getMessage()
+    assert "max_instances" not in record.getMessage()
+
+
+def test_empty_boxes_are_left_out_and_not_counted_against_max_instances():
+    record = make_record(SIZE, SIZE, seed=3)
+    instances = record["instances"]
+    instances["boxes"] = torch.as_tensor(instances["boxes"]).clone()
+    instances["boxes"][0, 2] = instances["boxes"][0, 0]  # zero width, as a crop leaves it
+    batch = pad_batch([record], FixedShapes([SIZE, SIZE], 1), torch.device("cpu"), True)
+    assert batch.valid.tolist() == [[True]]
+    assert torch.equal(batch.boxes[0, 0], instances["boxes"][1])
+    assert int(batch.labels[0, 0]) == int(instances["classes"][1]) + 1
+    assert torch.equal(batch.masks[0, 0], _pad_masks(torch.as_tensor(instances["masks"])[1:], SIZE, SIZE)[0])
