@@ -7,6 +7,8 @@ import logging
 import os
 from collections.abc import Sequence
 
+import torch
+
 from lazytrain.engine.hooks.period import is_period_end
 from lazytrain.engine.train_loop import HookBase
 from lazytrain.utils import comm
@@ -23,8 +25,8 @@ _COUNTER_WARNINGS = {
         "subsample trained instead); set it to null (the sampler's most positives) to train on all of them"
     ),
     "nms_not_final": (
-        "the RPN's NMS needed more greedy steps than the fixed-shape step takes (%d times), so some "
-        "proposals may differ from the dynamic step's"
+        "the RPN's NMS needed more greedy steps than the fixed-shape step takes (%d times); there it kept "
+        "fewer proposals than the dynamic step (a subset: none that greedy NMS suppresses)"
     ),
 }
 
@@ -78,18 +80,26 @@ class PeriodicWriter(HookBase):
     def _put_model_counters(self) -> None:
         """The model's device counters (``fixed_shape_counters`` of an `RCNN` training with fixed shapes,
         summed over its steps) as metrics ``fixed_shapes/<name>``: the counts of the steps since the last
-        write, of this process. Read here only, as reading one waits for the device; a warning the first
-        time each is nonzero."""
+        write, summed over the processes. Read here only (every process runs this hook at the same
+        iterations, so the sum is one collective per write, none per step), as reading one waits for the
+        device; a warning the first time each is nonzero."""
         model = getattr(self.trainer, "model", None)
-        if model is None or not comm.is_main_process():
+        if model is None:
             return
         counters = getattr(comm.unwrap_model(model), "fixed_shape_counters", None)
         if counters is None:
             return
+        counts = {}
         for name, value in counters._asdict().items():
             total, before = int(value), self._counted.get(name, 0)
-            count = total - before if total >= before else total  # the model's totals were reset
             self._counted[name] = total
+            # Counts since the last write; where the model's totals were reset, all of them.
+            counts[name] = torch.tensor(total - before if total >= before else total, device=value.device)
+        counts = comm.reduce_dict(counts, average=False)  # on the main process: every process's counts
+        if not comm.is_main_process():
+            return
+        for name, value in counts.items():
+            count = round(float(value))
             self.trainer.storage.put_scalar(f"fixed_shapes/{name}", count, smoothing_hint=False)
             if count and name in _COUNTER_WARNINGS and name not in self._warned:
                 self._warned.add(name)
