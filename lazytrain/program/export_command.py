@@ -28,8 +28,8 @@ Each file is checked right after it is written: it must give the eager model's d
 (default: the first ``export.check_images`` images of the run's test data set), mapped to their original
 sizes, with boxes within 0.01 px, scores within 1e-4 and masks agreeing on 99.9% of their pixels
 (`lazytrain.modeling.export_parity.check_parity`); the command prints the measured differences. Other keys: ``export.checkpoint``, ``export.opset``, and any key of the run's config.
-Instead of RUN_DIR, a config file with ``export.checkpoint=PATH`` works as for predict. Existing files are
-never overwritten.
+Instead of RUN_DIR, a config file (or ``lazytrain://NAME``) with ``export.checkpoint=PATH`` works as for
+predict. Existing files are never overwritten.
 """
 
 from __future__ import annotations

@@ -2,9 +2,12 @@
 
     python -m lazytrain predict outputs/demo photos/ "shots/*.jpg" extra.png predict.draw=true
     python -m lazytrain predict my_config.py photos/ predict.checkpoint=model.pth
+    python -m lazytrain predict lazytrain://detectron2_coco_maskrcnn_r50 photos/ predict.checkpoint=model_final.pkl
 
 IMAGE: files, folders (their images, not sub-folders) and globs (``**`` recurses). Keys, in Hydra's override
 grammar: the ``predict.*`` keys below, and any key of the run's config (``model.roi_heads.nms_thresh=0.6``).
+Instead of RUN_DIR: a config file or a shipped config (``lazytrain://NAME``) with ``predict.checkpoint=PATH``,
+read as ``train.init_checkpoint`` reads it (a lazytrain, torchvision or detectron2 ``.pkl``/``.pth`` file).
 Predicting sets ``model.roi_heads.score_thresh=0.5`` and ``model.roi_heads.detections_per_img=100`` (evaluation
 keeps everything above a low threshold for AP) before the command line's keys, which override them.
 

@@ -30,8 +30,8 @@ from torch import Tensor
 from lazytrain.config import instantiate
 from lazytrain.data.catalog import DatasetCatalog, MetadataCatalog
 from lazytrain.data.mappers import DatasetMapper, read_image
-from lazytrain.engine.checkpoint import Checkpointer
 from lazytrain.evaluation.predictions import ImagePredictions, get_coco_entries, pack_instances
+from lazytrain.modeling.weights import load_init_weights
 from lazytrain.program.run_command import load_run, without_initial_weights, write_json
 
 __all__ = [
@@ -266,7 +266,8 @@ class Predictor:
             raise FileNotFoundError(f"Predictor: checkpoint {checkpoint} not found.")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model = instantiate(without_initial_weights(cfg).model)
-        _load_weights(model, checkpoint)
+        allow_unsafe = bool(OmegaConf.select(cfg, "train.allow_unsafe_checkpoint", default=False))
+        _load_weights(model, checkpoint, allow_unsafe=allow_unsafe)
         model.to(device)
         num_classes = int(getattr(model, "num_classes", 0) or 0)
         return cls(model, *_test_parts(cfg, categories, num_classes), batch_size=_batch_size(cfg, batch_size))
@@ -368,11 +369,12 @@ def _batch_size(cfg: DictConfig, batch_size: int | None) -> int:
     return batch_size if batch_size is not None else int(cfg.dataloader.test.get("batch_size", 1) or 1)
 
 
-def _load_weights(model: torch.nn.Module, checkpoint: str) -> None:
-    """Load `checkpoint` into `model`; every key must fit (a prediction from half-loaded weights is wrong)."""
-    checkpointer = Checkpointer(model)
-    checkpointer.load(checkpoint, checkpointables=[])
-    report = checkpointer.last_report
+def _load_weights(model: torch.nn.Module, checkpoint: str, *, allow_unsafe: bool = False) -> None:
+    """Load `checkpoint` into `model`; every key must fit (a prediction from half-loaded weights is wrong).
+
+    The file is read as ``train.init_checkpoint`` reads it (`load_init_weights`): a lazytrain checkpoint (its
+    EMA weights when it has them), a torchvision state dict, or a detectron2 ``.pkl``/``.pth``, converted."""
+    report = load_init_weights(model, checkpoint, allow_unsafe=allow_unsafe)
     problems = report.missing + [key for key, _, _ in report.shape_mismatched]
     if problems:
         raise ValueError(

@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lazytrain.config import LazyConfig
+from lazytrain.program.shipped_configs import get_config_file
 from lazytrain.utils.file_io import atomic_write
 
 __all__ = [
@@ -107,7 +108,8 @@ def load_run(
     """A trained run's config with `overrides` applied, and the weights file to use.
 
     Args:
-        source: a run directory (its ``config.yaml``), or a config file (whose weights must then be named).
+        source: a run directory (its ``config.yaml``), or a config file or shipped config
+            (``lazytrain://NAME``, `get_config_file`), whose weights must then be named.
         overrides: key=value overrides in Hydra's grammar; unknown keys are an error.
         checkpoint: the weights: a path, or a file name inside the run directory (``model_0000299.pth``);
             default: the run's newest checkpoint (``last_checkpoint``), else ``model_final.pth``.
@@ -121,7 +123,7 @@ def load_run(
         ConfigError: an override names an unknown key or a wrong value.
     """
     directory = source if os.path.isdir(source) else "."
-    config_file = os.path.join(source, "config.yaml") if os.path.isdir(source) else source
+    config_file = os.path.join(source, "config.yaml") if os.path.isdir(source) else get_config_file(source)
     if not os.path.isfile(config_file):
         raise FileNotFoundError(
             f"{config_file} not found: give a training run's directory (it holds config.yaml) or a config file"

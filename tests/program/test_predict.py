@@ -1,7 +1,9 @@
 """`Predictor` and ``python -m lazytrain predict`` on a tiny demo run (2 iterations on a 12-image data set)."""
 
+import argparse
 import json
 import os
+import pickle
 import shutil
 import socket
 
@@ -15,8 +17,10 @@ from lazytrain.config import LazyConfig, instantiate
 from lazytrain.data.mappers import read_image
 from lazytrain.program.entrypoint import main as lazytrain_main
 from lazytrain.program.predictor import Predictor, to_image_tensor
+from lazytrain.program.run_command import without_initial_weights
 from tests.modeling.helpers import needs_torch_export
-from tests.program.conftest import REPO
+from tests.modeling.test_detectron2_weights import _detectron2_checkpoint
+from tests.program.conftest import REPO, SMALLER_MODEL
 from tests.scripts.loading import load_script
 from tests.smoke import smoke_overrides
 
@@ -333,3 +337,50 @@ def test_limits_an_exported_file_cannot_honour_are_refused_before_it_is_read(tmp
     cfg = OmegaConf.create({"model": {"roi_heads": roi_heads}})
     with pytest.raises(ValueError, match=message):
         Predictor.from_exported(cfg, str(tmp_path / "model.pt2"))
+
+
+def test_predict_reads_a_detectron2_checkpoint_as_init_checkpoint_does(in_run_datasets, tmp_path, capsys):
+    # A detectron2 zoo-style .pkl (numpy arrays, detectron2's names) is converted, not refused as unsafe.
+    config = os.path.join(in_run_datasets["dir"], "config.yaml")
+    cfg = LazyConfig.load(config)
+    state = _detectron2_checkpoint(instantiate(without_initial_weights(cfg).model))
+    pkl = tmp_path / "model_final_abc.pkl"
+    with open(pkl, "wb") as file:
+        pickle.dump({"model": state, "__author__": "Detectron2 Model Zoo"}, file)
+    own = Predictor.from_config(cfg, str(pkl), device="cpu").model.state_dict()
+    conv1 = torch.from_numpy(state["backbone.bottom_up.stem.conv1.weight"])
+    assert torch.equal(own["backbone.body.conv1.weight"], conv1.flip(1))  # BGR to RGB
+    scores = torch.from_numpy(state["roi_heads.box_predictor.cls_score.bias"])
+    assert torch.equal(own["roi_heads.box_predictor.cls_score.bias"], torch.cat((scores[-1:], scores[:-1])))
+    image = _val_images(in_run_datasets)[0]["path"]
+    _predict(config, image, f"predict.checkpoint={pkl}", f"predict.output_dir={tmp_path / 'out'}")
+    assert "Predicted 1 images" in capsys.readouterr().out
+
+
+def test_predict_honours_the_unsafe_checkpoint_key_its_refusal_names(in_run_datasets, tmp_path, capsys):
+    config = os.path.join(in_run_datasets["dir"], "config.yaml")
+    weights = torch.load(os.path.join(in_run_datasets["dir"], "model_final.pth"), weights_only=True)
+    unsafe = tmp_path / "unsafe.pth"
+    torch.save({**weights, "args": argparse.Namespace(lr=1)}, unsafe)  # not loadable weights-only
+    image = _val_images(in_run_datasets)[0]["path"]
+    with pytest.raises(SystemExit):
+        _predict(config, image, f"predict.checkpoint={unsafe}", f"predict.output_dir={tmp_path / 'a'}")
+    assert "train.allow_unsafe_checkpoint=true" in capsys.readouterr().err
+    _predict(
+        config, image, f"predict.checkpoint={unsafe}", f"predict.output_dir={tmp_path / 'b'}",
+        "train.allow_unsafe_checkpoint=true",
+    )  # fmt: skip
+    assert "Predicted 1 images" in capsys.readouterr().out
+
+
+def test_predict_takes_a_shipped_config_by_its_lazytrain_name(in_run_datasets, tmp_path, capsys):
+    weights = os.path.join(in_run_datasets["dir"], "model_final.pth")
+    image = _val_images(in_run_datasets)[0]["path"]
+    _predict(
+        "lazytrain://rfs_maskrcnn_demo", image, f"predict.checkpoint={weights}",
+        f"predict.output_dir={tmp_path / 'out'}", *SMALLER_MODEL,
+    )  # fmt: skip
+    assert "Predicted 1 images" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        _predict("lazytrain://rfs_maskrcnn_dem", image, f"predict.checkpoint={weights}")
+    assert "Did you mean lazytrain://rfs_maskrcnn_demo" in capsys.readouterr().err
