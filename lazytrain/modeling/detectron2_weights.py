@@ -36,6 +36,7 @@ cascade heads, other backbones) are refused with their names.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import pickle
@@ -57,8 +58,14 @@ __all__ = [
     "read_detectron2_pickle",
 ]
 
+logger = logging.getLogger(__name__)
+
 # detectron2's MODEL.PIXEL_MEAN (BGR: 103.530, 116.280, 123.675) in RGB order; its MODEL.PIXEL_STD is 1.
 DETECTRON2_PIXEL_MEAN_RGB = (123.675, 116.28, 103.53)
+
+# Buffers older detectron2 versions saved beside the weights: the input normalisation (BGR, [3, 1, 1]) and the
+# anchor generator's cell anchors. They are not weights; lazytrain's model takes them from its keys.
+_BUFFERS = re.compile(r"^(pixel_mean|pixel_std|proposal_generator\.anchor_generator\.cell_anchors\.\d+)$")
 
 # Keys of the parts lazytrain cannot build from a detectron2 checkpoint: (pattern, what it is).
 _UNSUPPORTED = (
@@ -329,11 +336,13 @@ def convert_detectron2_state_dict(
         ``(state, notes)``: the renamed tensors, and one line per conversion applied (for the log).
 
     Raises:
-        ValueError: the checkpoint holds parts lazytrain cannot build (named), or names no rule knows.
+        CheckpointError (a ValueError): the checkpoint holds parts lazytrain cannot build (named), names no
+            rule knows, or has class-agnostic predictors; the message names `path`. Buffers older detectron2
+            versions saved (``pixel_mean``, ``pixel_std``, the RPN's ``cell_anchors``) are dropped with a note.
     """
     unsupported = sorted({what for key in state for pattern, what in _UNSUPPORTED if re.match(pattern, key)})
     if unsupported:
-        raise ValueError(
+        raise CheckpointError(
             f"convert_detectron2_state_dict: {path} holds parts lazytrain does not build: "
             f"{'; '.join(unsupported)}. Supported: Mask/Faster R-CNN with a ResNet-FPN backbone (FrozenBN, BN or "
             "SyncBN), a one-conv RPN head and the 2fc box head (the model zoo's R50/R101-FPN models)."
@@ -341,8 +350,9 @@ def convert_detectron2_state_dict(
     converted: dict[str, Tensor] = {}
     origin: dict[str, str] = {}
     unknown = []
+    buffers = {key: value for key, value in state.items() if _BUFFERS.match(key)}
     for key, value in state.items():
-        if key.endswith("num_batches_tracked"):
+        if key.endswith("num_batches_tracked") or key in buffers:
             continue
         new_key = _rename(key)
         if new_key is None:
@@ -350,18 +360,46 @@ def convert_detectron2_state_dict(
         else:
             converted[new_key], origin[new_key] = _to_tensor(value), key
     if unknown:
-        raise ValueError(
+        raise CheckpointError(
             f"convert_detectron2_state_dict: {path} has {len(unknown)} keys no rule maps, e.g. {unknown[:3]}; "
             "only Mask/Faster R-CNN R-FPN checkpoints convert."
         )
     absent = [what for key, what in _REQUIRED if key not in converted]
     if absent:
-        raise ValueError(
+        raise CheckpointError(
             f"convert_detectron2_state_dict: {path} is not a whole Mask/Faster R-CNN: it has no {', '.join(absent)}."
         )
     notes = [f"{len(converted)} detectron2 tensors renamed to lazytrain's (torchvision's) names"]
     notes += _convert_values(converted, origin)
+    if buffers:
+        notes.append(f"{len(buffers)} buffers that are not weights dropped ({', '.join(sorted(buffers))})")
+        notes += _pixel_statistics_notes(buffers, path)
     return converted, notes
+
+
+def _pixel_statistics_notes(buffers: Mapping[str, Any], path: str) -> list[str]:
+    """A warning (logged, and returned as a note) when a file's ``pixel_mean``/``pixel_std`` differ from
+    detectron2's defaults, which recipes/models/mask_rcnn_fpn_detectron2.py sets: the model was trained on
+    other input statistics, which its keys must then give."""
+    mean = buffers.get("pixel_mean")
+    std = buffers.get("pixel_std")
+    mean_rgb = None if mean is None else _to_tensor(mean).double().flatten().flip(0)
+    std_rgb = None if std is None else _to_tensor(std).double().flatten().flip(0)
+    same_mean = mean_rgb is None or torch.allclose(mean_rgb, torch.tensor(DETECTRON2_PIXEL_MEAN_RGB).double())
+    same_std = std_rgb is None or torch.allclose(std_rgb, torch.ones_like(std_rgb))
+    if same_mean and same_std:
+        return []
+    keys = []
+    if not same_mean:
+        keys.append(f"model.pixel_mean=[{','.join(f'{v:g}' for v in mean_rgb.tolist())}]")
+    if not same_std:
+        keys.append(f"model.pixel_std=[{','.join(f'{v:g}' for v in std_rgb.tolist())}]")
+    note = (
+        f"{path}'s pixel_mean/pixel_std differ from detectron2's defaults (mean {list(DETECTRON2_PIXEL_MEAN_RGB)} "
+        f"RGB, std 1) that the detectron2 recipe sets: give {' '.join(keys)}"
+    )
+    logger.warning("convert_detectron2_state_dict: %s", note)
+    return [note]
 
 
 def _pair(state: dict[str, Tensor], layer: str, origin: dict[str, str]) -> tuple[Tensor, Tensor] | None:
@@ -373,7 +411,7 @@ def _pair(state: dict[str, Tensor], layer: str, origin: dict[str, str]) -> tuple
     if weight is None or bias is None:
         present, absent = (".bias", ".weight") if weight is None else (".weight", ".bias")
         name = origin[layer + present].removesuffix(present) + absent
-        raise ValueError(
+        raise CheckpointError(
             f"convert_detectron2_state_dict: the checkpoint has no {name} (it has its {present[1:]})."
         )
     return weight, bias
@@ -408,7 +446,7 @@ def _convert_values(state: dict[str, Tensor], origin: dict[str, str]) -> list[st
         if rows != per_class * classes:
             name = origin[layer + ".weight"].removesuffix(".weight")
             agnostic = f", class-agnostic ({config_key}=True)" if rows == per_class else ""
-            raise ValueError(
+            raise CheckpointError(
                 f"convert_detectron2_state_dict: {name} has {rows} rows for {classes} classes{agnostic}; "
                 f"lazytrain's predictors have {per_class} per class: convert a model trained without {config_key}."
             )

@@ -212,10 +212,12 @@ def _find_resnet_prefix(model: nn.Module) -> str | None:
     return None
 
 
-def _convert(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> tuple[dict, str, list[str]]:
+def _convert(
+    model: nn.Module, state: dict[str, torch.Tensor], source: str, path: str
+) -> tuple[dict, str, list[str]]:
     """Rename file keys to model keys; returns (state, source, keys dropped on purpose)."""
     if is_detectron2_state_dict(state):
-        state, notes = convert_detectron2_state_dict(state)
+        state, notes = convert_detectron2_state_dict(state, path=path)
         kind = "detectron2 pickle" if source == "detectron2 pickle" else "detectron2 checkpoint"
         return state, f"{kind}, converted: " + "; ".join(notes), []
     if source == "detectron2 pickle":
@@ -296,7 +298,7 @@ def load_init_weights(
             with `for_evaluation`, the file does not fill the model's heads.
     """
     state, source = read_state_dict(path, allow_unsafe=allow_unsafe)
-    state, source, ignored = _convert(model, state, source)
+    state, source, ignored = _convert(model, state, source, path)
     report = load_state_dict_report(model, state, path=path, source=source)
     report.ignored = ignored
     unfilled = _unfilled_heads(report)

@@ -298,3 +298,50 @@ def test_eval_only_evaluates_only_checkpoints_that_fill_the_heads(checkpoints):
     load_init_checkpoint(cfg, _small_model())
     cfg.train.eval_only = False
     load_init_checkpoint(cfg, _small_model(5))
+
+
+def _with_buffers(state: dict[str, np.ndarray], std: float) -> dict[str, np.ndarray]:
+    """`state` with the buffers older detectron2 versions saved: BGR pixel statistics and 5 cell anchors."""
+    buffers = {
+        "pixel_mean": np.array([103.53, 116.28, 123.675], np.float32).reshape(3, 1, 1),
+        "pixel_std": np.full((3, 1, 1), std, np.float32),
+    }
+    buffers |= {
+        f"proposal_generator.anchor_generator.cell_anchors.{i}": np.zeros((3, 4), np.float32)
+        for i in range(5)
+    }
+    return {**state, **buffers}
+
+
+def test_buffers_older_detectron2_saved_are_dropped_with_a_note(checkpoints, tmp_path, caplog):
+    state, _, _ = checkpoints
+    pkl = tmp_path / "old.pkl"
+    with open(pkl, "wb") as file:
+        pickle.dump({"model": _with_buffers(state, 1.0)}, file)
+    with caplog.at_level("INFO"):
+        report = load_init_weights(_small_model(), str(pkl))
+    assert report.missing == [] and report.unexpected == [] and len(report.loaded) == len(state)
+    assert "7 buffers that are not weights dropped" in report.source and "differ" not in caplog.text
+
+
+def test_pixel_statistics_other_than_detectron2s_are_named_with_their_keys(checkpoints, caplog):
+    state, _, _ = checkpoints
+    with caplog.at_level("WARNING"):
+        _, notes = convert_detectron2_state_dict(_with_buffers(state, 57.5), path="old.pkl")
+    assert (
+        "old.pkl's pixel_mean/pixel_std differ" in notes[-1]
+        and "model.pixel_std=[57.5,57.5,57.5]" in notes[-1]
+    )
+    assert "model.pixel_mean" not in notes[-1] and "model.pixel_std=[57.5,57.5,57.5]" in caplog.text
+
+
+def test_lsj_checkpoint_through_init_checkpoint_is_a_checkpoint_error_naming_the_file(checkpoints, tmp_path):
+    state, _, _ = checkpoints
+    pkl = tmp_path / "lsj.pkl"
+    with open(pkl, "wb") as file:
+        pickle.dump(
+            {"model": {**state, "roi_heads.box_head.conv1.norm.weight": np.zeros(2, np.float32)}}, file
+        )
+    # A LazytrainError: a run stops with its message in one line (lazytrain.program.job), not a traceback.
+    with pytest.raises(CheckpointError, match=f"{re.escape(str(pkl))} holds parts .*4conv1fc"):
+        load_init_weights(_small_model(), str(pkl))
