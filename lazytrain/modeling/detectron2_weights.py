@@ -266,7 +266,8 @@ def read_detectron2_pickle(path: str, local_path: str | None = None) -> Any:
                 f"load_init_weights: refused to read {path} as a detectron2 pickle: {error}."
             ) from None
         except (EOFError, ValueError, TypeError, AttributeError, MemoryError, RecursionError) as error:
-            raise CheckpointError(f"load_init_weights: {path} is not a readable pickle: {error}") from None
+            detail = str(error) or f"{type(error).__name__} (it claims more data than fits in memory)"
+            raise CheckpointError(f"load_init_weights: {path} is not a readable pickle: {detail}") from None
 
 
 def is_detectron2_state_dict(state: Mapping[str, Any]) -> bool:

@@ -104,6 +104,15 @@ def test_arrays_larger_than_the_file_are_refused_before_they_are_allocated(tmp_p
         read_detectron2_pickle(path)
 
 
+def test_a_bytes_object_longer_than_the_file_is_one_line_not_an_uncaught_error(tmp_path):
+    # BINBYTES8 claiming 100 GB: the unpickler allocates it (MemoryError) or finds the file truncated.
+    path = _write(tmp_path, b"\x80\x04\x8e" + (10**11).to_bytes(8, "little") + b"abc")
+    with pytest.raises(
+        CheckpointError, match=r"is not a readable pickle: (MemoryError|pickle data was truncated)"
+    ):
+        read_detectron2_pickle(path)
+
+
 @pytest.mark.parametrize("protocol", range(6))
 def test_numeric_arrays_load_at_every_pickle_protocol(tmp_path, protocol):
     model = {
