@@ -134,6 +134,19 @@ def _describe_shipped_configs() -> str:
     return "\n".join(lines)
 
 
+def _delete_before_sweep(cfg, overrides: list[str]) -> list[str]:
+    """Hydra 1.4's sweepers hand each job a valueless ``~key`` as ``~key=null``, which its config loader then
+    refuses unless the key holds null (1.3 deleted it whatever it held): in a sweep, those deletions are made on
+    the stored config instead, the same for every job since a deletion is not swept."""
+    from lazytrain.config.overrides import apply_overrides
+
+    if "-m" not in overrides and "--multirun" not in overrides:
+        return overrides
+    deletions = [line for line in overrides if line.startswith("~") and "=" not in line]
+    apply_overrides(cfg, deletions)
+    return [line for line in overrides if line not in deletions]
+
+
 def _run_hydra(cfg, config_path: str, overrides: list[str]) -> tuple[int, list[str]]:
     """Run the Hydra app on `cfg` with `overrides`; return the number of failed jobs of a sweep and a line
     naming each with its reason."""
@@ -159,6 +172,7 @@ def _run_hydra(cfg, config_path: str, overrides: list[str]) -> tuple[int, list[s
             # allow-list would protect nothing and would refuse a user's own callbacks (docs/hydra_versions.md).
             from hydra.utils import UNSAFE_DISABLE_EXECUTION_CHECKS
 
+            overrides = _delete_before_sweep(cfg, overrides)
             ConfigStore.instance().store(name=CONFIG_NAME, node=cfg, replace=True)
             hydra_main = hydra.main(
                 config_path=None, config_name=CONFIG_NAME, execution_whitelist=UNSAFE_DISABLE_EXECUTION_CHECKS

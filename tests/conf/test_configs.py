@@ -22,7 +22,9 @@ from lazytrain.program.preflight.json_data import find_json_dataset_problems
 from tests.smoke import FEW_PROPOSALS, TINY_SYNTHETIC_LT, lsj_smoke_overrides, smoke_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIGS = sorted(f for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith(".py"))
+CONFIGS = sorted(
+    f for f in os.listdir(os.path.join(REPO, "conf")) if f.endswith(".py") and f != "__init__.py"
+)
 # torchvision's ResNet50_Weights.IMAGENET1K_V1, the backbone of its own Mask R-CNN (torchvision/models/resnet.py).
 IMAGENET_R50 = "https://download.pytorch.org/models/resnet50-0676ba61.pth"
 # The CPU-sized demos (ResNet-18s with trainable BN) start from scratch on purpose.
