@@ -17,8 +17,6 @@ import argparse
 import functools
 import os
 import sys
-from collections.abc import Callable
-from typing import IO, Any
 
 import torch
 
@@ -33,23 +31,6 @@ __all__ = ["main"]
 def _fail(message: str) -> None:
     print(f"lazytrain convert-detectron2: {message}", file=sys.stderr)
     raise SystemExit(1)
-
-
-def _write_new(path: str, write: Callable[[IO[bytes]], Any]) -> None:
-    """Write `path` through a temporary file linked to its name, which fails when `path` exists by then (a file
-    made since the first check is kept, not replaced)."""
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.link(tmp, path)
-    except FileExistsError:
-        _fail(f"{path} exists; give another name or --force to replace it.")
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def main(argv: list[str]) -> None:
@@ -75,11 +56,10 @@ def main(argv: list[str]) -> None:
         converted, notes = convert_detectron2_state_dict(state, path=args.file)
     except (LazytrainError, ValueError, FileNotFoundError) as error:
         _fail(str(error).splitlines()[0])
-    save = functools.partial(torch.save, {"model": converted})
-    if args.force:
-        atomic_write(args.out, save)
-    else:
-        _write_new(args.out, save)
+    try:
+        atomic_write(args.out, functools.partial(torch.save, {"model": converted}), replace=args.force)
+    except FileExistsError:
+        _fail(f"{args.out} exists; give another name or --force to replace it.")
     print(f"wrote {args.out}: {len(converted)} tensors")
     for note in notes:
         print(f"  {note}")

@@ -41,11 +41,13 @@ def fsync_folder(directory: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, write: Callable[[IO[bytes]], Any]) -> None:
+def atomic_write(path: str, write: Callable[[IO[bytes]], Any], replace: bool = True) -> None:
     """Call ``write(file)`` on a temporary file next to `path`, fsync it, then rename it to `path`.
 
     The temporary file is ``.<name of path>.tmp<pid>`` in the same folder (the rename is atomic only within
-    one file system); it is removed when `write` raises, but stays behind when the process is killed.
+    one file system); it is removed when `write` raises, but stays behind when the process is killed. With
+    ``replace=False`` the file is linked to `path` instead, which raises FileExistsError when `path` exists by
+    then (a file made since a caller's check is kept, not replaced).
     """
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
@@ -54,7 +56,11 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], Any]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            os.remove(tmp)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
