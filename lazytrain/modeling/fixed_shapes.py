@@ -187,6 +187,26 @@ class FixedShapeCounters(NamedTuple):
     nms_not_final: Tensor  # 1 where the RPN's NMS needed more than its steps (the proposals may differ)
 
 
+def _has_area(boxes: Tensor) -> Tensor:
+    return (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+
+
+def _non_empty_first(boxes: Tensor, fixed: FixedShapes) -> tuple[Tensor, int]:
+    """The rows of `boxes` to pad, those with an area first (in their order), and how many to take.
+
+    Zero-area boxes (a crop leaves them; the dynamic path drops them) are left out and not counted against
+    `max_instances`. The rows are ordered by a stable sort instead of a boolean index: the loader's tensors
+    stay on the host in a GPU run, but the CPU's host-sync count (the proxy) would see a boolean index, and
+    the count is read from the data only when the rows exceed the capacity."""
+    has_area = _has_area(boxes)
+    rows = torch.argsort((~has_area).to(torch.uint8), stable=True)
+    count = boxes.shape[0]
+    if count > fixed.max_instances:
+        count = int(has_area.sum())
+        fixed.check_instances(count)
+    return rows[:count], count
+
+
 def _pad_masks(masks: Tensor, height: int, width: int) -> Tensor:
     """[G, h, w] masks in an [G, height, width] canvas, zeros beyond, with the last row and column repeated
     once: RoIAlign then samples the same values inside the image as from the unpadded masks, whose border it
@@ -228,20 +248,18 @@ def pad_batch(
         h, w = image.shape[-2:]
         fixed.check_image_size(h, w, size_divisible=size_divisible)
         image_boxes = torch.as_tensor(instances["boxes"], dtype=torch.float32).reshape(-1, 4)
-        non_empty = (image_boxes[:, 2] > image_boxes[:, 0]) & (image_boxes[:, 3] > image_boxes[:, 1])
-        image_boxes = image_boxes[non_empty]
-        count = image_boxes.shape[0]
-        fixed.check_instances(count)
+        rows, count = _non_empty_first(image_boxes, fixed)
+        kept = _has_area(image_boxes)[rows]  # all True but where empty boxes fill the last rows: zeros there
         images[index, :, :h, :w] = image
         sizes[index] = torch.tensor((h, w))
-        boxes[index, :count] = image_boxes
-        labels[index, :count] = torch.as_tensor(instances["classes"]).long()[non_empty] + 1
-        valid[index, :count] = True
+        boxes[index, :count] = image_boxes[rows] * kept[:, None]
+        labels[index, :count] = (torch.as_tensor(instances["classes"]).long()[rows] + 1) * kept
+        valid[index, :count] = kept
         if masks is not None:
             if "masks" not in instances:
                 raise ValueError("RCNN: this model has a mask head but 'instances' has no 'masks'.")
             if count:
-                image_masks = torch.as_tensor(instances["masks"])[non_empty]
+                image_masks = torch.as_tensor(instances["masks"])[rows] * kept[:, None, None]
                 masks[index, :count] = _pad_masks(image_masks, height, width)
     values = (images, sizes, boxes, labels, valid, masks)
     # From page-locked memory the copies run alongside the GPU's work; from pageable memory the host waits.

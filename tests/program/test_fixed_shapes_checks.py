@@ -60,7 +60,7 @@ def test_an_image_size_the_mapper_exceeds_stops_before_the_first_step(
     with pytest.raises(
         ValueError,
         match=r"the train mapper's largest image is 128 x 119, larger than model.fixed_shapes.image_size=\[64, 96\]\. "
-        r"Raise model.fixed_shapes.image_size to at least \[128, 119\]",
+        r"Raise model.fixed_shapes.image_size to at least \[128, 128\]",
     ):
         _run_with(
             "{_target_:lazytrain.modeling.FixedShapes,image_size:[64,96],max_instances:100}",
