@@ -20,6 +20,7 @@ from typing import Any
 
 from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 
 from lazytrain.engine.plot_writer import write_sweep_plots
 from lazytrain.program.objective import FailedJobValue
@@ -258,7 +259,7 @@ def _count_failures(config, rows: list[dict[str, Any]]) -> int:
 
 
 class SweepSummaryCallback(Callback):
-    """Records each job's status and wall time; at the end of a multirun writes and prints the summary.
+    """Records each sweep job's status and wall time; at the end of a multirun writes and prints the summary.
 
     Args:
         result_file: where to write ``{"failed_jobs": N, "failures": [line per failed job]}`` at the end of a
@@ -273,6 +274,10 @@ class SweepSummaryCallback(Callback):
         self._start = time.perf_counter()
 
     def on_job_end(self, config, job_return, **kwargs: Any) -> None:
+        # Only a sweep's summary reads the record. A single run leaves its folder as it was: Hydra 1.4 also
+        # ends a run that stopped in preflight (SystemExit) here, which would overwrite a trained run's record.
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
         output_dir = config.hydra.runtime.output_dir
         failed = job_return.status != JobStatus.COMPLETED or isinstance(
             job_return.return_value, FailedJobValue
