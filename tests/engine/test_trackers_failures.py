@@ -182,6 +182,16 @@ def test_describe_error_is_one_line_without_the_sql():
     )
     assert describe_error(error) == "MlflowException: (sqlite3.DatabaseError) file is not a database"
     assert describe_error(ConnectionError()) == "ConnectionError"
+    # SQLAlchemy 2, when a query's autoflush fails (seen on a store replaced by a folder mid-run)
+    autoflush = mlflow.exceptions.MlflowException(
+        "(raised as a result of Query-invoked autoflush; consider using a session.no_autoflush block if this "
+        "flush is occurring prematurely)\n(sqlite3.OperationalError) unable to open database file\n"
+        "[SQL: INSERT INTO metrics (key) VALUES (?)]"
+    )
+    assert (
+        describe_error(autoflush)
+        == "MlflowException: (sqlite3.OperationalError) unable to open database file"
+    )
 
 
 def make_store(directory):

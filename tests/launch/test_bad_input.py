@@ -88,7 +88,7 @@ def test_bad_value_is_one_line_before_anything_runs(tmp_path, override, fragment
             ["+model.roi_heads.batch_size_per_imag=3"],
             "lazytrain: model.roi_heads.batch_size_per_imag: lazytrain.modeling.roi_heads.RoIHeads has no argument "
             "'batch_size_per_imag'. Did you mean 'batch_size_per_image'? Accepted: compiled_nms, detections_per_class, "
-            "box_roi_pool, ",
+            "detection_min_size, box_roi_pool, ",
             id="argument-of-a-base-class",
         ),
         param(

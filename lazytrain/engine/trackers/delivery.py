@@ -42,10 +42,16 @@ class TrackingLost(RuntimeError):
     """An error that trying again cannot mend (the run's local folder was deleted, say): the tracker stops."""
 
 
+# SQLAlchemy 2 puts this line above the database's own message when a query's autoflush fails.
+_SQLALCHEMY_NOTES = ("(raised as a result of",)
+
+
 def describe_error(error: BaseException) -> str:
-    """``Type: first line of the message``, without what databases append (SQLAlchemy's statement, parameters
-    and link), cut to a line's length."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    """``Type: first line of the message``, without what databases add (SQLAlchemy's autoflush note before the
+    cause, its statement, parameters and link after), cut to a line's length."""
+    lines = [line.strip() for line in str(error).strip().splitlines()]
+    lines = [line for line in lines if line and not line.startswith(_SQLALCHEMY_NOTES)]
+    text = lines[0] if lines else ""
     text = text.split("[SQL:")[0].split("(Background on this error")[0].strip()
     described = f"{type(error).__name__}: {text}" if text else type(error).__name__
     return described if len(described) <= _CAUSE_LENGTH else described[: _CAUSE_LENGTH - 3] + "..."
