@@ -281,7 +281,9 @@ def test_a_store_down_mid_run_gets_every_metric_when_it_is_back(tmp_path, caplog
         r.levelno == logging.DEBUG and "mlflow.store.db.utils ERROR" in r.getMessage() for r in caplog.records
     )
     (warning,) = warnings_of(caplog)
-    assert "MLflowTracker: logging metrics failed" in warning and "unable to open database file" in warning
+    # SQLite's own words vary with the pool's state when the file goes: "unable to open database file" or
+    # "attempt to write a readonly database" (both seen in CI); the warning names one, not SQLAlchemy's notes.
+    assert "MLflowTracker: logging metrics failed (MlflowException: (sqlite3.OperationalError) " in warning
     assert any("answers again" in r.getMessage() for r in caplog.records)
     history = mlflow_history(mlflow.MlflowClient(f"sqlite:///{run_dir}/mlflow.db"), tracker.run_id)
     written = metric_lines(run_dir)
