@@ -18,8 +18,8 @@ torchrun or SLURM, each running the program) download once:
   partial file, an interrupted download leaves nothing at the destination, and where the lock does not
   work (some network file systems) two processes download twice but each installs a complete file;
 - a process that dies while downloading releases the lock (the kernel drops it with the descriptor) and a
-  waiting one downloads instead. The empty ``.lock`` file stays: deleting it would let a late process lock
-  a new file while another still holds the old one.
+  waiting one downloads instead. filelock 4.x leaves the empty ``.lock`` file; 3.x removes it on release
+  and, locking, checks that the file it locked was not removed meanwhile.
 """
 
 from __future__ import annotations

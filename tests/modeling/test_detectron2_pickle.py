@@ -87,7 +87,8 @@ class _SharedBuffer:
     buffer = bytes(1 << 16)
 
     def __reduce__(self):
-        return np._core.numeric._frombuffer, (self.buffer, np.dtype("u1"), (len(self.buffer),), "C")
+        numeric = np._core.numeric if hasattr(np, "_core") else np.core.numeric  # numpy 2 / numpy 1
+        return numeric._frombuffer, (self.buffer, np.dtype("u1"), (len(self.buffer),), "C")
 
 
 @pytest.mark.parametrize("case", ["no data", "no data, 1e12 elements", "one buffer reused"])
