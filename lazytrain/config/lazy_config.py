@@ -14,6 +14,7 @@ from lazytrain.config.lazy import to_config_value
 from lazytrain.config.loading import execute_config_file, public_values
 from lazytrain.config.overrides import apply_overrides
 from lazytrain.config.rendering import render_python
+from lazytrain.config.shipped_configs import get_config_file
 from lazytrain.config.versioning import CONFIG_VERSION, VERSION_HEADER, read_version, upgrade_config
 from lazytrain.errors import ConfigError
 
@@ -61,7 +62,8 @@ class LazyConfig:
 
     @staticmethod
     def load(path: str | os.PathLike) -> DictConfig:
-        """Load a ``.py`` config (executed) or a saved ``.yaml`` config.
+        """Load a ``.py`` config (executed), a saved ``.yaml`` config, or a shipped config by its short name
+        ``lazytrain://NAME`` (``lazytrain.conf``'s ``NAME.py``: the repository's ``conf/``).
 
         In a ``.py`` file, relative imports (``from .base import model``, ``from ..recipes.x import y``)
         load other config files by location, no ``__init__.py`` needed, each import a fresh execution;
@@ -71,17 +73,17 @@ class LazyConfig:
         safe loader; files saved by an older lazytrain get renamed keys upgraded (`versioning`).
 
         Args:
-            path: the config file.
+            path: the config file, or ``lazytrain://NAME``.
 
         Returns:
             The config.
 
         Raises:
-            ConfigError: missing file (the path looked for), syntax or runtime error (file and line),
-                missing imported config file, ``from . import x``, import cycle, or a public value a config
-                cannot hold (naming it).
+            ConfigError: missing file (the path looked for) or shipped config (the closest names), syntax
+                or runtime error (file and line), missing imported config file, ``from . import x``, import
+                cycle, or a public value a config cannot hold (naming it).
         """
-        path = os.fspath(path)
+        path = get_config_file(os.fspath(path))
         if path.endswith(".py"):
             return tree.tuples_to_lists(OmegaConf.create(public_values(execute_config_file(path))))
         if path.endswith((".yaml", ".yml")):

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import textwrap
 
-from lazytrain.program.shipped_configs import SCHEME
+from lazytrain.config.shipped_configs import SCHEME
 
 __all__ = ["CONFIG_NAME", "SUBCOMMANDS", "main"]
 
@@ -91,13 +91,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{_USAGE}\n\n{_describe_shipped_configs()}")
             return
         _fail(f"no CONFIG file given.\n{_USAGE}")
+    from lazytrain.config.shipped_configs import get_config_file
     from lazytrain.errors import ConfigError
     from lazytrain.program.default import INJECTED_ARGUMENTS
     from lazytrain.program.objective import get_search_overrides
     from lazytrain.program.preflight import check_command_line
     from lazytrain.program.preflight.command_line import apply_plain_overrides
     from lazytrain.program.primary_config import DEFAULT_MAIN, load_primary_config
-    from lazytrain.program.shipped_configs import get_config_file
 
     try:
         cfg = load_primary_config(config_path)
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _describe_shipped_configs() -> str:
     """``--help``'s list of the configs in the package, by the name that runs them."""
+    from lazytrain.config.shipped_configs import list_shipped_configs
     from lazytrain.errors import ConfigError
-    from lazytrain.program.shipped_configs import list_shipped_configs
 
     try:
         configs = list_shipped_configs()

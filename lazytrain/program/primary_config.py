@@ -10,7 +10,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import lazytrain.data  # noqa: F401  (registers the lazytrain.json_* resolvers a config may use)
 from lazytrain.config import LazyConfig
-from lazytrain.program.shipped_configs import get_config_file, get_module_docstring
+from lazytrain.config.shipped_configs import get_config_file, get_module_docstring
 
 __all__ = ["DEFAULT_MAIN", "LAUNCH_DEFAULTS", "add_hydra_settings", "load_primary_config"]
 

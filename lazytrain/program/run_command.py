@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lazytrain.config import LazyConfig
-from lazytrain.program.shipped_configs import get_config_file
+from lazytrain.config.shipped_configs import get_config_file
 from lazytrain.utils.file_io import atomic_write
 
 __all__ = [

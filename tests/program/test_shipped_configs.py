@@ -12,7 +12,7 @@ import pytest
 
 from lazytrain.config import ConfigError, LazyConfig
 from lazytrain.config.loading import get_shipped_config_dir
-from lazytrain.program.shipped_configs import get_config_file, list_shipped_configs
+from lazytrain.config.shipped_configs import get_config_file, list_shipped_configs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,8 +42,13 @@ def test_a_config_anywhere_imports_shipped_configs_by_name_each_import_afresh(tm
     assert (cfg.train.max_iter, cfg.model.roi_heads.score_thresh) == (7, 0.5)
     # The demo's ResNet-18 came from the same recipe file as r50, whose depth the demo's import did not change.
     assert (cfg.model.backbone.depth, cfg.r50.backbone.depth) == (18, 50)
-    demo = LazyConfig.load(get_config_file("lazytrain://rfs_maskrcnn_demo"))
+    demo = LazyConfig.load("lazytrain://rfs_maskrcnn_demo")  # as from a notebook: the short name
+    assert demo == LazyConfig.load(get_config_file("lazytrain://rfs_maskrcnn_demo"))
     assert (demo.train.max_iter, demo.model.roi_heads.score_thresh) == (400, 0.001)
+    with pytest.raises(
+        ConfigError, match=r"ships no config 'rfs_maskrcnn_dem'\. Did you mean lazytrain://rfs_"
+    ):
+        LazyConfig.load("lazytrain://rfs_maskrcnn_dem")
 
 
 @pytest.mark.parametrize(
@@ -118,7 +123,7 @@ def test_another_clone_on_the_path_gets_its_own_configs_not_the_installed_checko
     write(tmp_path / "mine.py", "from lazytrain.recipes.schedule import steps\n")
     code = (
         "import lazytrain; from lazytrain.config import LazyConfig\n"
-        "from lazytrain.program.shipped_configs import get_config_file, list_shipped_configs\n"
+        "from lazytrain.config.shipped_configs import get_config_file, list_shipped_configs\n"
         "print(lazytrain.__file__); print(get_config_file('lazytrain://clone_only'))\n"
         "print([name for name, _ in list_shipped_configs()]); print(list(LazyConfig.load('mine.py').steps))\n"
     )
@@ -138,7 +143,8 @@ def test_another_clone_on_the_path_gets_its_own_configs_not_the_installed_checko
 def test_help_without_the_shipped_configs_prints_the_usage_and_one_line(monkeypatch, capsys):
     # A clone without an install, or an editable install older than the configs: --help ended in a traceback
     # (failed before).
-    from lazytrain.program import entrypoint, shipped_configs
+    from lazytrain.config import shipped_configs
+    from lazytrain.program import entrypoint
 
     def missing(package):
         raise ConfigError(f"{package} is not installed with this lazytrain; reinstall lazytrain.")

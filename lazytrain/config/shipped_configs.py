@@ -1,6 +1,7 @@
 """The configs shipped in the package, by short name: ``python -m lazytrain lazytrain://NAME`` runs
 ``NAME.py`` of ``lazytrain.conf`` (the repository's ``conf/``, installed by a wheel or an editable install),
-from any folder; ``python -m lazytrain --help`` lists them.
+from any folder, and ``LazyConfig.load("lazytrain://NAME")`` loads it (detectron2's ``model_zoo.get_config``);
+``python -m lazytrain --help`` lists them.
 
 Imports nothing heavy (no torch): ``--help`` answers at once.
 """
