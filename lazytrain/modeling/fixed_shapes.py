@@ -252,7 +252,7 @@ def pad_batch(
         kept = _has_area(image_boxes)[rows]  # all True but where empty boxes fill the last rows: zeros there
         images[index, :, :h, :w] = image
         sizes[index] = torch.tensor((h, w))
-        boxes[index, :count] = image_boxes[rows] * kept[:, None]
+        boxes[index, :count] = torch.where(kept[:, None], image_boxes[rows], 0.0)  # a NaN box too
         labels[index, :count] = (torch.as_tensor(instances["classes"]).long()[rows] + 1) * kept
         valid[index, :count] = kept
         if masks is not None:

@@ -348,3 +348,26 @@ def test_empty_boxes_are_left_out_and_not_counted_against_max_instances():
     assert torch.equal(batch.boxes[0, 0], instances["boxes"][1])
     assert int(batch.labels[0, 0]) == int(instances["classes"][1]) + 1
     assert torch.equal(batch.masks[0, 0], _pad_masks(torch.as_tensor(instances["masks"])[1:], SIZE, SIZE)[0])
+
+
+def test_rows_without_area_between_others_keep_the_order_and_leave_zeros_even_for_a_nan_box():
+    record, other = make_record(SIZE, SIZE, seed=3), make_record(SIZE, SIZE, seed=4)
+    instances = {
+        key: torch.cat([record["instances"][key], other["instances"][key]]) for key in record["instances"]
+    }
+    boxes = instances["boxes"].clone()
+    boxes[0] = float("nan")  # no area: the dynamic path drops it too
+    boxes[2, 3] = boxes[2, 1]  # zero height
+    record["instances"] = {**instances, "boxes": boxes}
+    batch = pad_batch([record], FixedShapes([SIZE, SIZE], 4), torch.device("cpu"), True)
+    assert batch.valid[0].tolist() == [True, True, False, False]
+    assert torch.equal(batch.boxes[0, :2], boxes[[1, 3]])
+    assert torch.equal(batch.boxes[0, 2:], torch.zeros(2, 4))  # zeros, not NaN
+    assert batch.labels[0].tolist() == [
+        int(instances["classes"][1]) + 1,
+        int(instances["classes"][3]) + 1,
+        0,
+        0,
+    ]
+    assert torch.equal(batch.masks[0, :2], _pad_masks(instances["masks"][[1, 3]], SIZE, SIZE))
+    assert int(batch.masks[0, 2:].sum()) == 0
