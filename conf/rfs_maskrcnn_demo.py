@@ -10,8 +10,8 @@ Runtime:   about 3-5 min on 2 CPU cores (start-up and data generation a few seco
            inference on 250 val images); the machine's own speed varies (scripts/machine_speed.py shows it),
            and on a busy machine the job takes twice as long. docs/benchmarks.md has the timings.
 Expected:  box AP 40.8 (APr 22.7), mask AP 40.0 (APr 25.2) (2 threads, seed 0; two runs gave exactly these)
-           on an AVX-512 AMD EPYC; other CPUs round differently: mask AP 39.5-40.4, APr 24.9-26.6, box AP
-           40.2-41.4 measured (README).
+           on an AVX-512 AMD EPYC; other CPUs round differently: mask AP 37.0-40.4, APr 24.9-26.6, box AP
+           37.5-41.4 measured (README).
            The README sweep (one thread per job), RFS t=0.3 against uniform, seeds 0 / 1: mask APr 20.5 / 22.5
            vs 5.3 / 5.6, box APr 18.2 / 18.3 vs 3.7 / 3.1, mask AP 35.4 / 36.6 vs 27.3 / 27.0
            (docs/results.md).
