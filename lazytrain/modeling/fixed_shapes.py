@@ -191,8 +191,9 @@ def _has_area(boxes: Tensor) -> Tensor:
     return (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
 
 
-def _non_empty_first(boxes: Tensor, fixed: FixedShapes) -> tuple[Tensor, int]:
-    """The rows of `boxes` to pad, those with an area first (in their order), and how many to take.
+def _non_empty_first(boxes: Tensor, fixed: FixedShapes) -> tuple[Tensor, Tensor]:
+    """The rows of `boxes` to pad, those with an area first (in their order), and which of them have an area
+    (all but the empty boxes that fill the last rows when there is room for them).
 
     Zero-area boxes (a crop leaves them; the dynamic path drops them) are left out and not counted against
     `max_instances`. The rows are ordered by a stable sort instead of a boolean index: the loader's tensors
@@ -204,7 +205,8 @@ def _non_empty_first(boxes: Tensor, fixed: FixedShapes) -> tuple[Tensor, int]:
     if count > fixed.max_instances:
         count = int(has_area.sum())
         fixed.check_instances(count)
-    return rows[:count], count
+    rows = rows[:count]
+    return rows, has_area[rows]
 
 
 def _pad_masks(masks: Tensor, height: int, width: int) -> Tensor:
@@ -248,8 +250,8 @@ def pad_batch(
         h, w = image.shape[-2:]
         fixed.check_image_size(h, w, size_divisible=size_divisible)
         image_boxes = torch.as_tensor(instances["boxes"], dtype=torch.float32).reshape(-1, 4)
-        rows, count = _non_empty_first(image_boxes, fixed)
-        kept = _has_area(image_boxes)[rows]  # all True but where empty boxes fill the last rows: zeros there
+        rows, kept = _non_empty_first(image_boxes, fixed)  # rows without an area are zeros in what follows
+        count = rows.shape[0]
         images[index, :, :h, :w] = image
         sizes[index] = torch.tensor((h, w))
         boxes[index, :count] = torch.where(kept[:, None], image_boxes[rows], 0.0)  # a NaN box too

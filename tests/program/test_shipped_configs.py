@@ -3,6 +3,7 @@ as config files (executed afresh, like relative imports), and ``lazytrain://NAME
 command line (README "Your own project"; tests/program/test_own_project.py runs them from an installed wheel)."""
 
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -49,6 +50,9 @@ def test_a_config_anywhere_imports_shipped_configs_by_name_each_import_afresh(tm
         ConfigError, match=r"ships no config 'rfs_maskrcnn_dem'\. Did you mean lazytrain://rfs_"
     ):
         LazyConfig.load("lazytrain://rfs_maskrcnn_dem")
+    # A Path collapses the scheme's '//': one line with the string to pass, not "file not found".
+    with pytest.raises(ConfigError, match=r"not a path .* pass 'lazytrain://rfs_maskrcnn_demo'\.$"):
+        LazyConfig.load(pathlib.Path("lazytrain://rfs_maskrcnn_demo"))
 
 
 @pytest.mark.parametrize(
