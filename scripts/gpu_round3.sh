@@ -2,8 +2,8 @@
 # Round 3 of the GPU step (docs/benchmarks.md, "Round 3"): the step with fixed shapes against today's dynamic
 # step, on one lent GPU, in the order of what matters most. Run from the project root on the GPU machine:
 #
-#   bash scripts/gpu_round3.sh WHEEL_DIR LOG_DIR 1   # ~7 min: eager dynamic vs fixed, one CUDA graph, syncs left
-#   bash scripts/gpu_round3.sh WHEEL_DIR LOG_DIR 2   # ~8 min: the whole fixed step compiled by inductor
+#   bash scripts/gpu_round3.sh WHEEL_DIR LOG_DIR 1   # ~6-7 min: eager dynamic vs fixed, one CUDA graph, syncs left
+#   bash scripts/gpu_round3.sh WHEEL_DIR LOG_DIR 2   # ~8 min: the whole fixed step compiled by inductor, the CUDA graph in fp32
 #
 # WHEEL_DIR holds the wheels the GPU machine lacks (../shared/gpu/wheels, carried in the checkout); each line
 # writes LOG_DIR/<name>.log and prints its tables. A session's device time (15 min, the start included) fits
@@ -17,6 +17,10 @@ if [ $# -lt 3 ]; then
 fi
 wheels=$1 logs=$2 part=$3
 shift 3
+if [ "$part" != 1 ] && [ "$part" != 2 ]; then # before the set-up spends device time
+    echo "gpu_round3.sh: PART is 1 or 2, got '$part'" >&2
+    exit 2
+fi
 export PYTHONUNBUFFERED=1 LAZYTRAIN_DATASETS=${LAZYTRAIN_DATASETS:-/tmp/lazytrain_datasets}
 mkdir -p "$logs"
 data=$LAZYTRAIN_DATASETS/synthetic_lt
@@ -26,7 +30,7 @@ uptime
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 fi
-if ! python3 -c "import hydra, msgspec, pycocotools" 2>/dev/null; then
+if ! python3 -c "import hydra, msgspec, pycocotools, iopath, faster_coco_eval" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps "$wheels"/*.whl 2>&1 | grep -v WARN | tail -2
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
@@ -60,10 +64,6 @@ case $part in
     measure cuda_graph_fp32 120 --precisions fp32 --variants "fixed-shapes cuda-graph" "$@"
     measure compiled_reduce_overhead_bf16 150 --precisions bf16 \
         --variants "fixed-shapes fixed-compile=reduce-overhead" "$@"
-    ;;
-*)
-    echo "gpu_round3.sh: PART is 1 or 2, got '$part'" >&2
-    exit 2
     ;;
 esac
 echo "== end (t=$((SECONDS - started)) s)"

@@ -28,12 +28,13 @@ def get_config_file(config: str) -> str:
     Raises:
         ConfigError: no shipped config of that name (the closest names and where the list is).
     """
-    if config.startswith(SCHEME.rstrip("/") + "/") and not config.startswith(SCHEME):
+    one_slash = config.startswith(SCHEME.rstrip("/") + "/") and not config.startswith(SCHEME)
+    if one_slash and not os.path.exists(config):
         # pathlib.Path("lazytrain://NAME") is "lazytrain:/NAME": say so instead of "file not found".
         name = config.split("/", 1)[1]
         raise ConfigError(
-            f"CONFIG {config}: a shipped config's short name is a string, not a path (pathlib.Path turns "
-            f"'//' into '/'): pass '{SCHEME}{name}'."
+            f"CONFIG {config}: a shipped config's short name has two slashes, and is a string, not a path "
+            f"(pathlib.Path turns '//' into '/'): pass '{SCHEME}{name}'."
         )
     if not config.startswith(SCHEME):
         return config

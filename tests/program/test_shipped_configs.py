@@ -28,7 +28,7 @@ def test_the_shipped_packages_are_the_repository_folders():
     assert get_shipped_config_dir("lazytrain.recipes") == os.path.join(REPO, "recipes")
 
 
-def test_a_config_anywhere_imports_shipped_configs_by_name_each_import_afresh(tmp_path):
+def test_a_config_anywhere_imports_shipped_configs_by_name_each_import_afresh(tmp_path, monkeypatch):
     mine = write(
         tmp_path / "mine.py",
         """
@@ -53,6 +53,11 @@ def test_a_config_anywhere_imports_shipped_configs_by_name_each_import_afresh(tm
     # A Path collapses the scheme's '//': one line with the string to pass, not "file not found".
     with pytest.raises(ConfigError, match=r"not a path .* pass 'lazytrain://rfs_maskrcnn_demo'\.$"):
         LazyConfig.load(pathlib.Path("lazytrain://rfs_maskrcnn_demo"))
+    # A real folder named "lazytrain:" is a path like any other.
+    (tmp_path / "lazytrain:").mkdir()
+    (tmp_path / "lazytrain:" / "mine.py").write_text("train = dict(max_iter=3)\n")
+    monkeypatch.chdir(tmp_path)
+    assert LazyConfig.load("lazytrain:/mine.py").train.max_iter == 3
 
 
 @pytest.mark.parametrize(
