@@ -226,8 +226,10 @@ class EventWriter:
 class JSONWriter(EventWriter):
     """Append one JSON object per written iteration to `json_file` (``metrics.json``), flushed each time.
 
-    A resumed run passes its `start_iter`: lines of later iterations (written before the run was stopped, and
-    about to be written again) are removed first, so the file reads as if the run had never stopped.
+    A training run passes its `start_iter`: lines of that and later iterations (written before the run was
+    stopped, and about to be written again) are removed first, so the file reads as if the run had never
+    stopped; a run resumed from no checkpoint (its first attempt failed before one) starts the file afresh.
+    Without `start_iter` (an evaluation) lines are appended.
 
     Each line holds ``iteration`` and every scalar updated since the last write (windowed median for
     smoothed ones), e.g. ``{"iteration": 99, "total_loss": 0.4, "lr": 0.02, "bbox/AP": 31.2}``. A value that
@@ -235,9 +237,9 @@ class JSONWriter(EventWriter):
     that any parser reads; `parse_metrics_line` reads it back as NaN.
     """
 
-    def __init__(self, json_file: str, window_size: int = 20, *, start_iter: int = 0) -> None:
+    def __init__(self, json_file: str, window_size: int = 20, *, start_iter: int | None = None) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(json_file)), exist_ok=True)
-        if start_iter > 0 and os.path.exists(json_file):
+        if start_iter is not None and os.path.exists(json_file):
             _drop_lines_from(json_file, start_iter)
         self._file = open(json_file, "a")
         self._window = window_size

@@ -52,6 +52,14 @@ def _orphan_annotations(data):
     data["annotations"][1]["category_id"] = 555
 
 
+def _strings_for_numbers(data):
+    # What real exports hold: numbers written as strings.
+    data["annotations"][0]["bbox"] = [str(v) for v in data["annotations"][0]["bbox"]]
+    data["annotations"][1]["bbox"] = "1,2,3,4"
+    data["annotations"][2]["category_id"] = str(data["annotations"][2]["category_id"])
+    data["images"][0]["width"] = str(data["images"][0]["width"])
+
+
 def _null_segmentation(data):
     data["annotations"][0]["segmentation"] = None
     data["annotations"][1]["segmentation"] = []
@@ -102,39 +110,52 @@ CASES = [
     pytest.param(
         dict(change_train=_orphan_annotations),
         [
-            r"train.json: 1 annotations whose image_id is not in 'images' \(first ids: \[1000\]\); remove those",
-            r"train.json: 1 annotations whose category_id is not in 'categories' \(first ids: \[1001\]\)",
+            r"train.json: 1 annotations whose image_id is not in 'images' \(first ids: 1000 \(image_id 12345\)\); "
+            r"remove those",
+            r"train.json: 1 annotations whose category_id is not in 'categories' \(first ids: 1001 "
+            r"\(category_id 555\)\)",
         ],
         id="annotations-pointing-nowhere",
     ),
     pytest.param(
         dict(change_train=_strip("bbox")),
-        [r"train.json: 1 annotations without 'bbox' \(first ids: \[1000\]\); give every annotation a 'bbox'"],
+        [r"train.json: 1 annotations without 'bbox' \(first ids: 1000\); give every annotation a 'bbox'"],
         id="annotation-without-bbox",
+    ),
+    pytest.param(
+        dict(change_train=_strings_for_numbers),
+        [
+            r"train.json: 1 images whose 'height'/'width' is not a positive number \(first ids: \d+ \(\d+ x "
+            r"\"\d+\"\)\); write each image's 'height' and 'width' as numbers",
+            r"train.json: 1 annotations whose category_id is not in 'categories' \(first ids: 1002 "
+            r"\(category_id \"\d+\"\)\); remove those annotations or add their categories \(an id in quotes is a "
+            r"string, not the number\)\.",
+            r"train.json: 2 annotations whose 'bbox' is not 4 numbers \(first ids: 1000 \(\[\"[\d.]+\",.*\]\), "
+            r"1001 \(\"1,2,3,4\"\)\); write every 'bbox' as \[x, y, width, height\]",
+        ],
+        id="numbers-written-as-strings",
     ),
     pytest.param(
         dict(change_train=_strip("segmentation", count=2)),
         [
-            r"train.json: 2 of 12 annotations have no 'segmentation' \(first ids: \[1000, 1001\]\), and this recipe "
+            r"train.json: 2 of 12 annotations have no 'segmentation' \(first ids: 1000, 1001\), and this recipe "
             r"trains masks; give them polygons or RLE, or drop them. For a box-only data set train Faster R-CNN"
         ],
         id="some-annotations-without-masks",
     ),
     pytest.param(
         dict(change_train=_null_segmentation),
-        [r"train.json: 2 of 12 annotations have no 'segmentation' \(first ids: \[1000, 1001\]\)"],
+        [r"train.json: 2 of 12 annotations have no 'segmentation' \(first ids: 1000, 1001\)"],
         id="null-or-empty-masks",
     ),
     pytest.param(
         dict(change_val=_strip("height", where="images")),
-        [
-            r"val.json: 1 images without 'height'/'width' \(first ids: \[100\]\); give every image its 'height'"
-        ],
+        [r"val.json: 1 images without 'height'/'width' \(first ids: 100\); give every image its 'height'"],
         id="image-without-size",
     ),
     pytest.param(
         dict(change_val=_strip("file_name", where="images")),
-        [r"val.json: 1 images without 'file_name' \(first ids: \[100\]\)"],
+        [r"val.json: 1 images without 'file_name' \(first ids: 100\)"],
         id="image-without-file-name",
     ),
     pytest.param(

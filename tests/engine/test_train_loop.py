@@ -119,10 +119,17 @@ def test_sigkill_and_resume_gives_bit_identical_weights(toy_cfg, tmp_path):
 def test_resume_without_checkpoint_warns_and_starts_fresh(toy_cfg, caplog):
     toy_cfg.train.resume = True
     toy_cfg.train.max_iter = 3
+    # What a first attempt that failed before its first checkpoint left (metrics of iterations to be redone).
+    os.makedirs(toy_cfg.train.output_dir, exist_ok=True)
+    with open(os.path.join(toy_cfg.train.output_dir, "metrics.json"), "w") as f:
+        f.writelines(f'{{"iteration": {i}, "stale": 1}}\n' for i in range(3))
     with caplog.at_level("WARNING", logger="lazytrain.program.default"):
         do_train(toy_cfg)
     assert "has no last_checkpoint: starting from scratch" in caplog.text
     assert os.path.exists(os.path.join(toy_cfg.train.output_dir, "model_final.pth"))
+    iterations = [record["iteration"] for record in read_metrics(toy_cfg.train.output_dir)]
+    assert iterations == sorted(set(iterations)), iterations  # each once, in order
+    assert not any("stale" in record for record in read_metrics(toy_cfg.train.output_dir))
 
 
 def test_nan_loss_raises_with_iteration_and_keeps_last_checkpoint(toy_cfg, caplog):

@@ -61,6 +61,27 @@ def test_json_writer_writes_each_iteration_once(tmp_path):
     assert lines == [{"iteration": 0, "loss": 1.0}, {"iteration": 1, "loss": 1.5}]
 
 
+def test_json_writer_of_a_training_run_drops_the_lines_it_redoes_and_an_evaluation_appends(tmp_path):
+    """A run resumed from iteration 2 keeps lines 0-1; a run resumed from no checkpoint (its first attempt
+    failed before one, so it starts at 0) starts the file afresh (failed before: iterations 1, 2, 1, 2); an
+    evaluation (no start_iter) appends."""
+    path = tmp_path / "metrics.json"
+    first_attempt = "".join(format_metrics_line(i, {"loss": 9.0}) for i in range(4))
+
+    def lines_after(start_iter, **kwargs):
+        path.write_text(first_attempt)
+        writer = JSONWriter(str(path), start_iter=start_iter, **kwargs)
+        with EventStorage(start_iter or 0) as storage:
+            storage.put_scalars(loss=1.0, smoothing_hint=False)
+            writer.write()
+        writer.close()
+        return [(r["iteration"], r["loss"]) for r in map(json.loads, path.read_text().splitlines())]
+
+    assert lines_after(2) == [(0, 9.0), (1, 9.0), (2, 1.0)]
+    assert lines_after(0) == [(0, 1.0)]
+    assert lines_after(None) == [(0, 9.0), (1, 9.0), (2, 9.0), (3, 9.0), (0, 1.0)]
+
+
 def _strict_json(line):
     def refuse(constant):
         raise ValueError(f"not strict JSON: {constant}")

@@ -39,9 +39,19 @@ _FIXES = {
     "images without 'height'/'width'": "give every image its 'height' and 'width' in pixels",
     "repeated category ids": "give every category a unique 'id'",
     "categories without a 'name'": "give every category a 'name'",
-    "annotations whose image_id is not in 'images'": "remove those annotations or add their images",
-    "annotations whose category_id is not in 'categories'": "remove those annotations or add their categories",
+    "annotations whose image_id is not in 'images'": (
+        "remove those annotations or add their images (an id in quotes is a string, not the number)"
+    ),
+    "annotations whose category_id is not in 'categories'": (
+        "remove those annotations or add their categories (an id in quotes is a string, not the number)"
+    ),
     "annotations without 'bbox'": "give every annotation a 'bbox' [x, y, width, height] in pixels",
+    "annotations whose 'bbox' is not 4 numbers": (
+        "write every 'bbox' as [x, y, width, height], four numbers in pixels (a number in quotes is a string)"
+    ),
+    "images whose 'height'/'width' is not a positive number": (
+        "write each image's 'height' and 'width' as numbers of pixels (a number in quotes is a string)"
+    ),
 }
 BOX_ONLY_HINT = (
     "For a box-only data set train Faster R-CNN: python -m lazytrain lazytrain://rfs_fasterrcnn_custom with the "
@@ -93,7 +103,7 @@ def _missing_images(summary: JsonSummary, image_root: str) -> list[str]:
 def _entry_problems(summary: JsonSummary, json_key: str, needs_masks: bool) -> list[str]:
     problems = [
         f"{summary.json_file}: {count} {what}"
-        + (f" (first ids: {ids})" if ids else "")
+        + (f" (first ids: {', '.join(map(str, ids))})" if ids else "")
         + f"; {_FIXES[what]}."
         for what, ids, count in summary.problems
     ]
@@ -107,7 +117,7 @@ def _entry_problems(summary: JsonSummary, json_key: str, needs_masks: bool) -> l
         else:
             problems.append(
                 f"{summary.json_file}: {count} of {summary.num_annotations} annotations have no 'segmentation' "
-                f"(first ids: {first}), and this recipe trains masks; give them polygons or RLE, or drop them. "
+                f"(first ids: {', '.join(map(str, first))}), and this recipe trains masks; give them polygons or RLE, or drop them. "
                 f"{BOX_ONLY_HINT}"
             )
     return problems
