@@ -226,10 +226,12 @@ class EventWriter:
 class JSONWriter(EventWriter):
     """Append one JSON object per written iteration to `json_file` (``metrics.json``), flushed each time.
 
-    A training run passes its `start_iter`: lines of that and later iterations (written before the run was
-    stopped, and about to be written again) are removed first, so the file reads as if the run had never
-    stopped; a run resumed from no checkpoint (its first attempt failed before one) starts the file afresh.
-    Without `start_iter` (an evaluation) lines are appended.
+    A training run passes its `start_iter`. A resumed one (`start_iter` > 0) first removes the lines of that and
+    later iterations (written before the run was stopped, and about to be written again), so the file reads as
+    if the run had never stopped. One that starts at 0 over an existing file (resumed from no checkpoint: its
+    first attempt failed before one) moves that file aside to ``metrics.earlier-N.json`` (N the first free
+    number; nothing is lost) and starts afresh, instead of mixing two runs' iterations. Without `start_iter`
+    (an evaluation) lines are appended.
 
     Each line holds ``iteration`` and every scalar updated since the last write (windowed median for
     smoothed ones), e.g. ``{"iteration": 99, "total_loss": 0.4, "lr": 0.02, "bbox/AP": 31.2}``. A value that
@@ -239,7 +241,13 @@ class JSONWriter(EventWriter):
 
     def __init__(self, json_file: str, window_size: int = 20, *, start_iter: int | None = None) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(json_file)), exist_ok=True)
-        if start_iter is not None and os.path.exists(json_file):
+        if start_iter == 0 and os.path.exists(json_file):
+            kept = _set_aside(json_file)
+            logger.warning(
+                f"{json_file}: this run starts at iteration 0 over the metrics of an earlier attempt; they are "
+                f"kept in {kept}."
+            )
+        elif start_iter and os.path.exists(json_file):
             _drop_lines_from(json_file, start_iter)
         self._file = open(json_file, "a")
         self._window = window_size
@@ -289,6 +297,17 @@ def get_scalars_by_iteration(
         if iteration > after:
             by_iter[iteration][name] = value
     return {iteration: by_iter[iteration] for iteration in sorted(by_iter)}
+
+
+def _set_aside(json_file: str) -> str:
+    """Rename `json_file` (``metrics.json``) to the first free ``metrics.earlier-N.json`` beside it."""
+    stem, extension = os.path.splitext(json_file)
+    number = 1
+    while os.path.exists(f"{stem}.earlier-{number}{extension}"):
+        number += 1
+    kept = f"{stem}.earlier-{number}{extension}"
+    os.replace(json_file, kept)
+    return kept
 
 
 def _drop_lines_from(json_file: str, start_iter: int) -> None:

@@ -130,6 +130,8 @@ def test_resume_without_checkpoint_warns_and_starts_fresh(toy_cfg, caplog):
     iterations = [record["iteration"] for record in read_metrics(toy_cfg.train.output_dir)]
     assert iterations == sorted(set(iterations)), iterations  # each once, in order
     assert not any("stale" in record for record in read_metrics(toy_cfg.train.output_dir))
+    kept = os.path.join(toy_cfg.train.output_dir, "metrics.earlier-1.json")
+    assert open(kept).read().count('"stale": 1') == 3  # the first attempt's metrics, kept
 
 
 def test_nan_loss_raises_with_iteration_and_keeps_last_checkpoint(toy_cfg, caplog):

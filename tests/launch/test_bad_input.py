@@ -175,7 +175,7 @@ def test_a_bad_value_over_an_earlier_run_is_named_first_and_the_run_kept(tmp_pat
     assert result.stderr.strip().splitlines()[-2:] == [
         "lazytrain: launch.num_processes=two: must be an integer >= 1.",
         f"hydra.run.dir={tmp_path}/run: holds an earlier run ({tmp_path}/run/model_final.pth); training there "
-        "from scratch would overwrite its weights and mix its metrics. Continue it with train.resume=true, or "
+        "from scratch would overwrite its weights and checkpoints. Continue it with train.resume=true, or "
         "choose another hydra.run.dir (or delete the folder to start over).",
     ]
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["model_final.pth"]

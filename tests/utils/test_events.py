@@ -63,8 +63,8 @@ def test_json_writer_writes_each_iteration_once(tmp_path):
 
 def test_json_writer_of_a_training_run_drops_the_lines_it_redoes_and_an_evaluation_appends(tmp_path):
     """A run resumed from iteration 2 keeps lines 0-1; a run resumed from no checkpoint (its first attempt
-    failed before one, so it starts at 0) starts the file afresh (failed before: iterations 1, 2, 1, 2); an
-    evaluation (no start_iter) appends."""
+    failed before one, so it starts at 0) starts the file afresh, the earlier lines kept beside it (failed
+    before: iterations 1, 2, 1, 2 in one file); an evaluation (no start_iter) appends."""
     path = tmp_path / "metrics.json"
     first_attempt = "".join(format_metrics_line(i, {"loss": 9.0}) for i in range(4))
 
@@ -79,6 +79,10 @@ def test_json_writer_of_a_training_run_drops_the_lines_it_redoes_and_an_evaluati
 
     assert lines_after(2) == [(0, 9.0), (1, 9.0), (2, 1.0)]
     assert lines_after(0) == [(0, 1.0)]
+    assert (tmp_path / "metrics.earlier-1.json").read_text() == first_attempt
+    assert lines_after(0) == [(0, 1.0)]  # a second time: the next free name, the first one untouched
+    assert (tmp_path / "metrics.earlier-2.json").read_text() == first_attempt
+    assert (tmp_path / "metrics.earlier-1.json").read_text() == first_attempt
     assert lines_after(None) == [(0, 9.0), (1, 9.0), (2, 9.0), (3, 9.0), (0, 1.0)]
 
 

@@ -1,7 +1,7 @@
 """A new run must not land on an earlier one: checked before Hydra creates or writes any directory.
 
 Training in a directory that holds a run would overwrite its weights, ``config.yaml`` and ``last_checkpoint``
-and append to its ``metrics.json``. Continuing it is ``train.resume=true``; a job its launcher started again (a
+(its ``metrics.json`` would be set aside as ``metrics.earlier-N.json``). Continuing it is ``train.resume=true``; a job its launcher started again (a
 requeued SLURM job, restarted torchrun workers) resumes by itself (`lazytrain.program.job_config`). Evaluating
 (``train.eval_only``) into a folder that holds a run or an earlier evaluation would replace its ``config.yaml``
 and append to its ``metrics.json``, whatever ``train.resume`` says (a resumed run's ``config.yaml`` holds
@@ -55,7 +55,7 @@ def find_existing_run_problems(cfg: DictConfig, overrides: list[str]) -> list[st
     what = "the jobs of an earlier sweep" if sweep else "an earlier run"
     return [
         f"{key}={value}: holds {what} ({found}); training there from scratch would overwrite its weights "
-        f"and mix its metrics. Continue it with train.resume=true, or choose another {key} (or delete the "
+        f"and checkpoints. Continue it with train.resume=true, or choose another {key} (or delete the "
         "folder to start over)."
     ]
 

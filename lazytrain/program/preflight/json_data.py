@@ -103,7 +103,7 @@ def _missing_images(summary: JsonSummary, image_root: str) -> list[str]:
 def _entry_problems(summary: JsonSummary, json_key: str, needs_masks: bool) -> list[str]:
     problems = [
         f"{summary.json_file}: {count} {what}"
-        + (f" (first ids: {', '.join(map(str, ids))})" if ids else "")
+        + (f" (first ids: {', '.join(ids)})" if ids else "")
         + f"; {_FIXES[what]}."
         for what, ids, count in summary.problems
     ]
@@ -117,7 +117,7 @@ def _entry_problems(summary: JsonSummary, json_key: str, needs_masks: bool) -> l
         else:
             problems.append(
                 f"{summary.json_file}: {count} of {summary.num_annotations} annotations have no 'segmentation' "
-                f"(first ids: {', '.join(map(str, first))}), and this recipe trains masks; give them polygons or RLE, or drop them. "
+                f"(first ids: {', '.join(first)}), and this recipe trains masks; give them polygons or RLE, or drop them. "
                 f"{BOX_ONLY_HINT}"
             )
     return problems
