@@ -230,7 +230,7 @@ class JSONWriter(EventWriter):
     later iterations (written before the run was stopped, and about to be written again), so the file reads as
     if the run had never stopped. One that starts at 0 over an existing file (resumed from no checkpoint: its
     first attempt failed before one) moves that file aside to ``metrics.earlier-N.json`` (N the first free
-    number; nothing is lost) and starts afresh, instead of mixing two runs' iterations. Without `start_iter`
+    number; nothing is lost; an empty file is reused) and starts afresh, instead of mixing two runs' iterations. Without `start_iter`
     (an evaluation) lines are appended.
 
     Each line holds ``iteration`` and every scalar updated since the last write (windowed median for
@@ -241,7 +241,7 @@ class JSONWriter(EventWriter):
 
     def __init__(self, json_file: str, window_size: int = 20, *, start_iter: int | None = None) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(json_file)), exist_ok=True)
-        if start_iter == 0 and os.path.exists(json_file):
+        if start_iter == 0 and os.path.exists(json_file) and os.path.getsize(json_file) > 0:
             kept = _set_aside(json_file)
             logger.warning(
                 f"{json_file}: this run starts at iteration 0 over the metrics of an earlier attempt; they are "

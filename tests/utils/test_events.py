@@ -80,6 +80,9 @@ def test_json_writer_of_a_training_run_drops_the_lines_it_redoes_and_an_evaluati
     assert lines_after(2) == [(0, 9.0), (1, 9.0), (2, 1.0)]
     assert lines_after(0) == [(0, 1.0)]
     assert (tmp_path / "metrics.earlier-1.json").read_text() == first_attempt
+    first_attempt = ""  # an attempt that failed before its first write: nothing to keep, no file added
+    assert lines_after(0) == [(0, 1.0)] and not (tmp_path / "metrics.earlier-2.json").exists()
+    first_attempt = "".join(format_metrics_line(i, {"loss": 9.0}) for i in range(4))
     assert lines_after(0) == [(0, 1.0)]  # a second time: the next free name, the first one untouched
     assert (tmp_path / "metrics.earlier-2.json").read_text() == first_attempt
     assert (tmp_path / "metrics.earlier-1.json").read_text() == first_attempt

@@ -151,7 +151,8 @@ _FOUR_NUMBERS = re.compile(
 )
 # Bytes a bbox of numbers ([x, y, w, h]) never holds: a quote (a number written as a string), a letter of
 # null/true/false or a brace.
-_NOT_IN_A_NUMBER_LIST = re.compile(rb'["{}a-df-zA-DF-Z]')
+_NOT_IN_A_NUMBER_LIST = np.zeros(256, dtype=bool)
+_NOT_IN_A_NUMBER_LIST[list(b'"{}abcdfghijklmnopqrstuvwxyzABCDFGHIJKLMNOPQRSTUVWXYZ')] = True
 
 
 def _boxes_not_numbers(annotations: list[JsonAnnotation]) -> list[str]:
@@ -164,13 +165,15 @@ def _boxes_not_numbers(annotations: list[JsonAnnotation]) -> list[str]:
     starts = ends - lengths
     data = np.frombuffer(joined, dtype=np.uint8)
 
-    def count_in_each(character: bytes) -> np.ndarray:
-        positions = np.flatnonzero(data == character[0])
+    def count_in_each(where: np.ndarray) -> np.ndarray:
+        positions = np.flatnonzero(where)
         return np.searchsorted(positions, ends) - np.searchsorted(positions, starts)
 
-    suspect = (lengths >= 5) & ((count_in_each(b",") != 3) | (count_in_each(b"[") != 1))
-    if _NOT_IN_A_NUMBER_LIST.search(joined):
-        suspect = lengths >= 5
+    suspect = (lengths >= 5) & (
+        (count_in_each(data == ord(",")) != 3)
+        | (count_in_each(data == ord("[")) != 1)
+        | (count_in_each(_NOT_IN_A_NUMBER_LIST[data]) > 0)
+    )
     offenders = []
     for index in np.flatnonzero(suspect).tolist():
         box = bytes(annotations[index].bbox)
