@@ -226,12 +226,12 @@ class EventWriter:
 class JSONWriter(EventWriter):
     """Append one JSON object per written iteration to `json_file` (``metrics.json``), flushed each time.
 
-    A training run passes its `start_iter`. A resumed one (`start_iter` > 0) first removes the lines of that and
-    later iterations (written before the run was stopped, and about to be written again), so the file reads as
-    if the run had never stopped. One that starts at 0 over an existing file (resumed from no checkpoint: its
-    first attempt failed before one) moves that file aside to ``metrics.earlier-N.json`` (N the first free
-    number; nothing is lost; an empty file is reused) and starts afresh, instead of mixing two runs' iterations. Without `start_iter`
-    (an evaluation) lines are appended.
+    A training run passes its `start_iter`. A resumed one (`start_iter` > 0) first removes the lines of that
+    and later iterations (written before the run was stopped, and about to be written again), so the file
+    reads as if the run had never stopped. One that starts at 0 over an existing file (resumed from no
+    checkpoint: its first attempt failed before one) moves that file aside to ``metrics.earlier-N.json`` (N
+    the first free number; nothing is lost; an empty file is reused) and starts afresh, instead of mixing two
+    runs' iterations. Without `start_iter` (an evaluation) lines are appended.
 
     Each line holds ``iteration`` and every scalar updated since the last write (windowed median for
     smoothed ones), e.g. ``{"iteration": 99, "total_loss": 0.4, "lr": 0.02, "bbox/AP": 31.2}``. A value that

@@ -155,12 +155,12 @@ _NOT_IN_A_NUMBER_LIST = np.zeros(256, dtype=bool)
 _NOT_IN_A_NUMBER_LIST[list(b'"{}abcdfghijklmnopqrstuvwxyzABCDFGHIJKLMNOPQRSTUVWXYZ')] = True
 
 
-def _boxes_not_numbers(annotations: list[JsonAnnotation]) -> list[str]:
-    """The annotations whose bbox is present (5 bytes or more) but not a list of four numbers, as "id (its
-    bbox)". All boxes are screened at once, on their raw bytes joined (LVIS: 1.27M): each must hold one '[',
-    three ',' and no byte that a list of numbers never holds; only the suspects are matched one by one."""
+def _boxes_not_numbers(annotations: list[JsonAnnotation], lengths: np.ndarray) -> list[str]:
+    """The annotations whose bbox is present (`lengths`, its raw bytes: 5 or more) but not a list of four
+    numbers, as "id (its bbox)". All boxes are screened at once, on their raw bytes joined (LVIS: 1.27M): each
+    must hold one '[', three ',' and no byte that a list of numbers never holds; only the suspects are matched
+    one by one."""
     joined = b"".join([ann.bbox for ann in annotations])  # msgspec.Raw is a buffer: no copy each
-    lengths = np.fromiter((len(ann.bbox) for ann in annotations), dtype=np.int64, count=len(annotations))
     ends = np.cumsum(lengths)
     starts = ends - lengths
     data = np.frombuffer(joined, dtype=np.uint8)
@@ -199,8 +199,8 @@ def _summarize(data: JsonFile, json_file: str) -> JsonSummary:
     not_int = [i for i in ids if not isinstance(i, int) or isinstance(i, bool)]
     if not_int:
         raise ValueError(
-            f"{json_file}: category ids must be integers; got {', '.join(_ids(not_int))} ({len(not_int)} categories). "
-            "Give every category an integer 'id' and use it as the annotations' 'category_id'."
+            f"{json_file}: category ids must be integers; got {', '.join(_ids(not_int))} "
+            f"({len(not_int)} categories). Give every category an integer 'id' and use it as the annotations' 'category_id'."
         )
     summary.categories = sorted(((c["id"], c.get("name")) for c in categories), key=lambda c: c[0])
     if categories and all(c.get("frequency") in ("r", "c", "f") for c in categories):
@@ -246,19 +246,22 @@ def _check_entries(
         problems.append(("categories without a 'name'", _ids(no_category_name), len(no_category_name)))
     ann_images = [ann.image_id for ann in annotations]
     ann_categories = [ann.category_id for ann in annotations]
-    for what, values, known in (
-        ("annotations whose image_id is not in 'images'", ann_images, image_ids),
-        ("annotations whose category_id is not in 'categories'", ann_categories, category_ids),
+    for field_name, values, known, where in (
+        ("image_id", ann_images, image_ids, "'images'"),
+        ("category_id", ann_categories, category_ids, "'categories'"),
     ):
         if not set(values) <= known:  # set algebra first: listing the offenders is the rare, slow path
-            field_name = what.split()[2]
+            what = f"annotations whose {field_name} is not in {where}"
             offenders = [(ann.id, value) for ann, value in zip(annotations, values) if value not in known]
             first = [f"{_value_text(i)} ({field_name} {_value_text(v)})" for i, v in _first(offenders)]
             problems.append((what, first, len(offenders)))
-    no_bbox = [ann.id for ann in annotations if len(ann.bbox) < 5]  # absent, null or shorter than [0,0,0,0]
-    if no_bbox:
-        problems.append(("annotations without 'bbox'", _ids(no_bbox), len(no_bbox)))
-    not_numbers = _boxes_not_numbers(annotations)
+    bbox_lengths = np.fromiter((len(ann.bbox) for ann in annotations), dtype=np.int64, count=len(annotations))
+    no_bbox = np.flatnonzero(bbox_lengths < 5)  # absent, null or shorter than [0,0,0,0]
+    if len(no_bbox):
+        problems.append(
+            ("annotations without 'bbox'", _ids([annotations[i].id for i in no_bbox[:_FIRST]]), len(no_bbox))
+        )
+    not_numbers = _boxes_not_numbers(annotations, bbox_lengths)
     if not_numbers:
         problems.append(("annotations whose 'bbox' is not 4 numbers", _first(not_numbers), len(not_numbers)))
     no_segmentation = [ann.id for ann in annotations if _is_empty(ann.segmentation)]

@@ -1,8 +1,9 @@
 """A new run must not land on an earlier one: checked before Hydra creates or writes any directory.
 
 Training in a directory that holds a run would overwrite its weights, ``config.yaml`` and ``last_checkpoint``
-(its ``metrics.json`` would be set aside as ``metrics.earlier-N.json``). Continuing it is ``train.resume=true``; a job its launcher started again (a
-requeued SLURM job, restarted torchrun workers) resumes by itself (`lazytrain.program.job_config`). Evaluating
+(its ``metrics.json`` would be set aside as ``metrics.earlier-N.json``). Continuing it is
+``train.resume=true``; a job its launcher started again (a requeued SLURM job, restarted torchrun workers)
+resumes by itself (`lazytrain.program.job_config`). Evaluating
 (``train.eval_only``) into a folder that holds a run or an earlier evaluation would replace its ``config.yaml``
 and append to its ``metrics.json``, whatever ``train.resume`` says (a resumed run's ``config.yaml`` holds
 ``resume: true``): an evaluation goes into a new folder of the run's ``eval/``. An evaluation started from a

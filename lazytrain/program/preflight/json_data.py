@@ -117,8 +117,8 @@ def _entry_problems(summary: JsonSummary, json_key: str, needs_masks: bool) -> l
         else:
             problems.append(
                 f"{summary.json_file}: {count} of {summary.num_annotations} annotations have no 'segmentation' "
-                f"(first ids: {', '.join(first)}), and this recipe trains masks; give them polygons or RLE, or drop them. "
-                f"{BOX_ONLY_HINT}"
+                f"(first ids: {', '.join(first)}), and this recipe trains masks; give them polygons or RLE, or "
+                f"drop them. {BOX_ONLY_HINT}"
             )
     return problems
 
